@@ -1,0 +1,49 @@
+"""Run a method's stages on a benchmark: the main job.
+
+    python jobs/run.py                                         # sample, StructMem, CPU profile
+    python jobs/run.py benchmark=locomo benchmark.path=FILE stages=[load] hydra.run.dir=DIR
+    python jobs/run.py -m consolidate.seed_k=0,5,10,15,20      # Hydra multirun sweep
+
+Expected errors (bad input files, bad config, missing tables) end the job with exit code 2 and
+one line naming the file and record, without a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # allow `python jobs/run.py` from a clean clone without install
+    sys.path.insert(0, str(ROOT))
+
+from structmem_gpu.errors import StructMemError  # noqa: E402
+
+log = logging.getLogger("structmem_gpu.run")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from structmem_gpu.methods.registry import stage_registry
+    from structmem_gpu.pipeline import run_stages
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
+    except StructMemError as err:
+        log.error("%s", err)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    report = run_dir / "report" / "report.md"
+    print(f"run directory: {run_dir}")
+    if report.exists():
+        print(f"report: {report}")
+
+
+if __name__ == "__main__":
+    main()

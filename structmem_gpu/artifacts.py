@@ -1,0 +1,163 @@
+"""The run directory: atomic Parquet tables, the manifest, resume bookkeeping.
+
+Layout (DESIGN.md "Run directory contract"; notebooks and jobs/report.py rely on it):
+
+    <run_dir>/manifest.json            written last by each stage
+    <run_dir>/tables/<name>.parquet    one file per table, replaced atomically
+    <run_dir>/report/                  report.json, report.md, *.png
+    <run_dir>/logs/                    server logs
+
+Every write goes to `<file>.tmp-<pid>` and is moved into place with `os.replace`, so a reader
+(or a killed job) never sees half a file. A stage is complete only once its manifest entry says
+so; tables without a matching entry are recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from structmem_gpu.errors import MissingTableError
+from structmem_gpu.hashing import file_sha256
+from structmem_gpu.schemas import REQUESTS, TABLES, conform, empty
+
+MANIFEST = "manifest.json"
+_PACKAGES = ("structmem-gpu", "polars", "pyarrow", "hydra-core", "torch", "transformers",
+             "sentence-transformers", "faiss-cpu", "faiss-gpu", "vllm", "llama-cpp-python")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_parquet(path: Path, df: pl.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    df.write_parquet(tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """One run (one Hydra job). Cheap to construct; creates folders on first write."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.tables_dir = self.root / "tables"
+        self.report_dir = self.root / "report"
+        self.logs_dir = self.root / "logs"
+
+    # ---- tables -------------------------------------------------------------------------
+    def table_path(self, name: str) -> Path:
+        return self.tables_dir / f"{name}.parquet"
+
+    def has_table(self, name: str) -> bool:
+        return self.table_path(name).exists()
+
+    def read_table(self, name: str, *, needed_by: str | None = None) -> pl.DataFrame:
+        path = self.table_path(name)
+        if not path.exists():
+            who = f"stage '{needed_by}' needs" if needed_by else "missing"
+            raise MissingTableError(
+                f"{who} table '{name}' ({path}), which no finished stage of this run directory "
+                f"wrote; run the stage that writes it first (or list it in stages=[...])"
+            )
+        return pl.read_parquet(path)
+
+    def write_table(self, name: str, df: pl.DataFrame) -> Path:
+        """Conform to the table's schema constant (when it has one) and write atomically."""
+        if name in TABLES:
+            df = conform(df, TABLES[name])
+        path = self.table_path(name)
+        atomic_write_parquet(path, df)
+        return path
+
+    def replace_requests(self, stage: str, rows: pl.DataFrame) -> None:
+        """Replace `stage`'s rows of requests.parquet (DESIGN: rewritten after each LLM stage)."""
+        rows = conform(rows, REQUESTS)
+        old = self.read_table("requests") if self.has_table("requests") else empty(REQUESTS)
+        old = conform(old, REQUESTS).select(list(REQUESTS))
+        merged = pl.concat([old.filter(pl.col("stage") != stage), rows.select(list(REQUESTS))])
+        self.write_table("requests", merged)
+
+    # ---- manifest -----------------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / MANIFEST
+
+    def load_manifest(self) -> dict[str, Any]:
+        if not self.manifest_path.exists():
+            return {"stages": {}}
+        return json.loads(self.manifest_path.read_text())
+
+    def save_manifest(self, manifest: Mapping[str, Any]) -> None:
+        atomic_write_text(self.manifest_path, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+
+    def stage_entry(self, stage: str) -> dict[str, Any] | None:
+        return self.load_manifest().get("stages", {}).get(stage)
+
+    def record_stage(self, stage: str, entry: Mapping[str, Any], header: Mapping[str, Any]) -> None:
+        """Write the stage's manifest entry (last step of a stage)."""
+        manifest = self.load_manifest()
+        manifest.update(header)
+        manifest.setdefault("stages", {})[stage] = dict(entry)
+        self.save_manifest(manifest)
+
+    def outputs_intact(self, entry: Mapping[str, Any]) -> bool:
+        """True when every output table recorded in `entry` exists with its recorded hash."""
+        for name, info in entry.get("outputs", {}).items():
+            path = self.table_path(name)
+            if not path.exists() or file_sha256(path) != info.get("sha256"):
+                return False
+        return True
+
+    def output_info(self, names: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        info = {}
+        for name in names:
+            path = self.table_path(name)
+            info[name] = {"sha256": file_sha256(path), "rows": pl.scan_parquet(path).select(pl.len()).collect().item()}
+        return info
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    """The project's git commit (with '-dirty' when the tree has changes), or None."""
+    here = cwd or Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("-dirty" if dirty else "")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

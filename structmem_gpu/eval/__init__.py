@@ -1,0 +1,1 @@
+"""Evaluation: answering, judging, metrics, reports, plots."""

@@ -1,0 +1,86 @@
+"""The backend contract every LLM backend implements (HTTP servers, vLLM offline, scripted).
+
+A stage builds its complete list of `LLMRequest`s and calls `backend.generate(requests)` once;
+the backend returns one `LLMResult` per request, **in input order**. A result is never missing:
+a request that failed after all retries comes back with `parse_ok=False` and `error` set, and
+the stage records it (requests.parquet) instead of dropping it.
+
+Example request (extraction window):
+
+    LLMRequest(request_id="extract:7f3a...", stage="extract", conv_id="conv-26",
+               messages=(Message("system", "..."), Message("user", "[1] Caroline: ...")),
+               schema={"type": "object", ...}, sampling=Sampling(max_tokens=512),
+               prompt_version="factual/1")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from structmem_gpu.hashing import stable_hash
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters sent explicitly with every request (never server defaults)."""
+
+    temperature: float = 0.0
+    max_tokens: int = 512
+    top_p: float = 1.0
+    seed: int | None = 0
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    request_id: str  # unique within the run; stable across reruns (derived from content)
+    stage: str
+    messages: tuple[Message, ...]
+    prompt_version: str  # e.g. "factual/1"; part of the cache key
+    sampling: Sampling = field(default_factory=Sampling)
+    schema: Mapping[str, Any] | None = None  # JSON schema the reply must satisfy; None = free text
+    conv_id: str | None = None
+
+    def messages_hash(self) -> str:
+        return stable_hash([m.as_dict() for m in self.messages], length=32)
+
+
+@dataclass(frozen=True)
+class LLMResult:
+    request_id: str
+    text: str  # the final reply text ("" when every attempt failed)
+    data: Any | None  # parsed JSON when a schema was given and the reply validated
+    parse_ok: bool  # True for free-text requests that returned; schema validity otherwise
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    latency_s: float
+    finish_reason: str  # "stop" | "length" | "error" | ...
+    cache_hit: bool
+    attempts: int  # HTTP attempts + repair attempts actually made (0 for a cache hit)
+    messages_hash: str
+    model: str
+    error: str | None = None
+
+
+class LLMBackend(Protocol):
+    """Requests in, results out, order preserved."""
+
+    model_id: str  # identifies weights (name + revision/path); part of every cache key
+
+    def generate(self, requests: Sequence[LLMRequest], *, desc: str = "") -> list[LLMResult]: ...
+
+
+def request_id(stage: str, *key: Any) -> str:
+    """Stable request id from the stage and what identifies the request's content."""
+    return f"{stage}:{stable_hash(stage, *key)}"

@@ -1,0 +1,1 @@
+"""Memory methods: each is a list of stages (methods/registry.py) over shared plumbing."""

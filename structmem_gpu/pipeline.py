@@ -1,0 +1,145 @@
+"""Stage order, skipping finished stages, and the per-stage manifest entry.
+
+    python jobs/run.py benchmark=sample method=structmem          # all stages of the method
+    python jobs/run.py stages=[judge,report] judge=other ...      # re-judge an existing run
+
+A stage is skipped when its manifest entry is `done` with the same fingerprint (stage version,
+the config keys it declares, the hashes of its input tables) and its output tables are intact.
+`force=true` recomputes every listed stage; the LLM and embedding caches still apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.artifacts import RunDir, git_commit, now_iso, package_versions
+from structmem_gpu.errors import ConfigError, MissingTableError
+from structmem_gpu.hashing import file_sha256, stable_hash
+from structmem_gpu.stage import Backends, Stage, StageContext, select_config
+
+log = logging.getLogger(__name__)
+
+# Never part of a fingerprint or of the config hash: where a run lives and how it is launched
+# does not change what it computes (DESIGN.md "Resume").
+EXCLUDED_TOP_KEYS = ("hydra", "paths", "stages", "force", "shard_index", "num_shards", "dry_run", "run_dir")
+EXCLUDED_KEYS = ("llm.base_url", "llm.max_in_flight", "llm.request_timeout_s", "llm.startup_timeout_s")
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Hash of everything that changes results (shards of one job must share it)."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    for key in EXCLUDED_TOP_KEYS:
+        data.pop(key, None)
+    for dotted in EXCLUDED_KEYS:
+        head, _, tail = dotted.partition(".")
+        if isinstance(data.get(head), dict):
+            data[head].pop(tail, None)
+    return stable_hash(data)
+
+
+def fingerprint(stage: Stage, cfg: DictConfig, run: RunDir) -> str:
+    inputs = {}
+    for name in stage.reads:
+        path = run.table_path(name)
+        if not path.exists():
+            raise MissingTableError(
+                f"stage '{stage.name}' needs table '{name}' ({path}), which no finished stage of "
+                f"this run directory wrote; run the stage that writes it first"
+            )
+        inputs[name] = file_sha256(path)
+    for name in stage.optional_reads:
+        if run.has_table(name):
+            inputs[name] = file_sha256(run.table_path(name))
+    values = select_config(cfg, [k for k in stage.config_keys if k not in EXCLUDED_KEYS])
+    extra = stage.extra_fingerprint(cfg) if stage.extra_fingerprint else None
+    return stable_hash(stage.name, stage.version, values, inputs, extra)
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    name: str
+    skipped: bool
+    wall_s: float
+
+
+def build_cost(frames: Sequence[pl.DataFrame]) -> dict[str, Any]:
+    if not frames:
+        return {"calls": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0, "parse_failures": 0}
+    df = pl.concat(frames)
+    return {
+        "calls": df.height,
+        "cache_hits": int(df["cache_hit"].sum()),
+        "prompt_tokens": int(df["prompt_tokens"].fill_null(0).sum()),
+        "completion_tokens": int(df["completion_tokens"].fill_null(0).sum()),
+        "parse_failures": int((~df["parse_ok"]).sum()),
+        "truncated": int((df["finish_reason"] == "length").sum()),
+    }
+
+
+def run_header(cfg: DictConfig) -> dict[str, Any]:
+    return {
+        "config_hash": config_hash(cfg),
+        "method": str(cfg.method.name),
+        "benchmark": str(cfg.benchmark.name),
+        "shard_index": int(cfg.shard_index),
+        "num_shards": int(cfg.num_shards),
+        "git_commit": git_commit(),
+        "packages": package_versions(),
+        "updated": now_iso(),
+    }
+
+
+def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[StageOutcome]:
+    """Run the configured stages in order inside one Backends scope (servers stop at the end)."""
+    names = list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ConfigError(f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")
+    run = RunDir(run_dir)
+    header = run_header(cfg)
+    outcomes = []
+    with Backends(cfg, run) as backends:
+        for name in names:
+            outcomes.append(_run_one(registry[name], cfg, run, backends, header))
+    return outcomes
+
+
+def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, header: Mapping[str, Any]) -> StageOutcome:
+    fp = fingerprint(stage, cfg, run)
+    entry = run.stage_entry(stage.name)
+    if (not cfg.get("force", False) and entry and entry.get("status") == "done"
+            and entry.get("fingerprint") == fp and run.outputs_intact(entry)):
+        log.info("stage %-12s skipped (finished, same fingerprint %s)", stage.name, fp)
+        return StageOutcome(stage.name, True, 0.0)
+    log.info("stage %-12s running", stage.name)
+    ctx = StageContext(cfg=cfg, run=run, stage=stage, backends=backends)
+    started = now_iso()
+    t0 = time.perf_counter()
+    tables = dict(stage.run(ctx))
+    if set(tables) != set(stage.writes):
+        raise RuntimeError(f"stage '{stage.name}' returned tables {sorted(tables)}, declared {sorted(stage.writes)}")
+    for name, df in tables.items():
+        run.write_table(name, df)
+    if ctx.request_frames:
+        run.replace_requests(stage.name, pl.concat(ctx.request_frames))
+    wall = time.perf_counter() - t0
+    cost = build_cost(ctx.request_frames)
+    cost.update(wall_s=round(wall, 3), llm_wall_s=round(ctx.llm_wall_s, 3),
+                encoder_wall_s=round(ctx.encoder_wall_s, 3), batches=ctx.batches)
+    cost["overhead_share"] = round(max(wall - ctx.llm_wall_s - ctx.encoder_wall_s, 0.0) / wall, 4) if wall > 0 else 0.0
+    run.record_stage(stage.name, {
+        "status": "done", "fingerprint": fp, "version": stage.version, "started": started,
+        "finished": now_iso(), "config": select_config(cfg, stage.config_keys),
+        "outputs": run.output_info(list(stage.writes)), "build_cost": cost, "notes": ctx.notes,
+    }, header)
+    log.info("stage %-12s done in %.1fs (%d LLM calls, %d cached)", stage.name, wall, cost["calls"], cost["cache_hits"])
+    return StageOutcome(stage.name, False, wall)

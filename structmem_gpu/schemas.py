@@ -1,0 +1,177 @@
+"""One Polars schema constant per table of the run directory (DESIGN.md "Table columns").
+
+Every writer builds its frame from these constants (`empty(SCHEMA)` / `frame(rows, SCHEMA)`),
+so shards of one table always have identical dtypes and `pl.scan_parquet` over many run
+directories never fails on a mismatched column. More columns than the contract lists are fine;
+fewer are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import polars as pl
+
+Schema = dict[str, pl.DataType]
+
+_STR = pl.String()
+_I32 = pl.Int32()
+_I64 = pl.Int64()
+_F64 = pl.Float64()
+_BOOL = pl.Boolean()
+_TIME = pl.Datetime("us")
+_STRLIST = pl.List(pl.String())
+_F32LIST = pl.List(pl.Float32())
+
+TURNS: Schema = {
+    "conv_id": _STR,
+    "session_index": _I32,  # 1-based session number (LoCoMo `session_<n>`, LongMemEval list position + 1)
+    "session_id": _STR,  # LoCoMo "S<n>"; LongMemEval haystack session id
+    "session_hash": _STR,  # hash of the session's turns and date: equal sessions share it
+    "session_time": _TIME,
+    "turn_index": _I32,  # 0-based position inside the session
+    "dia_id": _STR,  # LoCoMo "D<session>:<n>"; LongMemEval "<session_id>_<n>" (1-based, all turns)
+    "event_id": _STR,  # "<conv_id>:<dia_id>", the event anchor of every entry
+    "speaker": _STR,
+    "text": _STR,
+    "image_caption": _STR,  # null when the turn shares no image
+    "has_answer": _BOOL,  # LongMemEval evidence flag; null for LoCoMo
+}
+
+QUESTIONS: Schema = {
+    "conv_id": _STR,
+    "question_id": _STR,  # LoCoMo "<sample_id>:q<index>"; LongMemEval question_id
+    "question": _STR,
+    "answer": _STR,  # gold, always a string (LoCoMo ints are str()'d)
+    "adversarial_answer": _STR,
+    "category": _I32,
+    "category_name": _STR,
+    "evidence": _STRLIST,  # normalised dia_ids that resolve to turns
+    "evidence_raw": _STRLIST,  # the file's list, unchanged
+    "question_time": _TIME,  # null for LoCoMo
+    "is_abstention": _BOOL,
+}
+
+ENTRIES: Schema = {
+    "entry_id": _STR,
+    "conv_id": _STR,
+    "event_id": _STR,
+    "dia_id": _STR,
+    "session_index": _I32,
+    "turn_index": _I32,
+    "event_time": _TIME,
+    "speaker": _STR,
+    "kind": _STR,  # "fact" | "relation"
+    "text": _STR,
+    "request_id": _STR,
+    "prompt_version": _STR,
+    "model": _STR,
+}
+
+EMBEDDINGS: Schema = {
+    "item_id": _STR,  # entry_id / synth_id / question_id / turn event_id
+    "conv_id": _STR,
+    "model": _STR,
+    "text_hash": _STR,
+    "embedding": _F32LIST,  # unit-norm float32; fixed length per model
+}
+
+SYNTHESES: Schema = {
+    "synth_id": _STR,
+    "conv_id": _STR,
+    "window_index": _I32,
+    "window_start": _TIME,
+    "window_end": _TIME,
+    "text": _STR,
+    "buffer_entry_ids": _STRLIST,
+    "seed_entry_ids": _STRLIST,
+    "context_entry_ids": _STRLIST,
+    "request_id": _STR,
+    "prompt_version": _STR,
+    "parse_ok": _BOOL,
+}
+
+REQUESTS: Schema = {
+    "request_id": _STR,
+    "stage": _STR,
+    "conv_id": _STR,  # null when a request serves several conversations
+    "model": _STR,
+    "prompt_version": _STR,
+    "prompt_tokens": _I64,
+    "completion_tokens": _I64,
+    "cached_tokens": _I64,  # prefix-cache hits where the server reports them, else null
+    "latency_s": _F64,
+    "finish_reason": _STR,
+    "parse_ok": _BOOL,
+    "cache_hit": _BOOL,
+    "attempts": _I32,
+    "messages_hash": _STR,
+    "reply": _STR,
+    "error": _STR,
+}
+
+RETRIEVALS: Schema = {
+    "question_id": _STR,
+    "conv_id": _STR,
+    "circuit": _STR,  # "entries" | "syntheses" | "turns" | ... one row per (question, circuit, rank)
+    "rank": _I32,
+    "item_id": _STR,
+    "score": _F64,
+}
+
+ANSWERS: Schema = {
+    "question_id": _STR,
+    "conv_id": _STR,
+    "prediction": _STR,
+    "request_id": _STR,
+    "parse_ok": _BOOL,
+}
+
+JUDGMENTS: Schema = {
+    "question_id": _STR,
+    "judge_model": _STR,
+    "judge_name": _STR,
+    "prompt_version": _STR,
+    "label": _BOOL,  # null = unjudged (the reply did not parse); never counted as wrong
+    "reply_raw": _STR,
+    "f1_locomo": _F64,
+    "f1_mem0": _F64,
+    "bleu1": _F64,
+    "evidence_recall": _F64,  # null when the question has no resolvable evidence
+}
+
+TABLES: dict[str, Schema] = {
+    "turns": TURNS,
+    "questions": QUESTIONS,
+    "entries": ENTRIES,
+    "entry_embeddings": EMBEDDINGS,
+    "syntheses": SYNTHESES,
+    "synthesis_embeddings": EMBEDDINGS,
+    "requests": REQUESTS,
+    "retrievals": RETRIEVALS,
+    "answers": ANSWERS,
+    "judgments": JUDGMENTS,
+}
+
+
+def empty(schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    return pl.DataFrame(schema=dict(schema))
+
+
+def frame(rows: Iterable[Mapping[str, Any]], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    """Rows (dicts) to a frame with exactly the schema's dtypes; extra keys are an error."""
+    rows = list(rows)
+    if not rows:
+        return empty(schema)
+    return pl.DataFrame(rows, schema=dict(schema))
+
+
+def conform(df: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    """Cast and order the contract columns first; keep any extra columns after them."""
+    missing = [c for c in schema if c not in df.columns]
+    if missing:
+        raise ValueError(f"table is missing contract columns {missing}")
+    head = [pl.col(c).cast(t) for c, t in schema.items()]
+    extra = [c for c in df.columns if c not in schema]
+    return df.select(head + extra)

@@ -1,0 +1,163 @@
+"""Stage contract: a stage is a function from tables to tables with injected backends.
+
+    def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
+        turns = ctx.read("turns")
+        results = ctx.generate(requests)            # one batch, request log kept by ctx
+        return {"entries": entries_frame}
+
+    STAGE = Stage(name="extract", run=run_extract, reads=("turns",), writes=("entries",),
+                  config_keys=("extract", "llm.model", ...))
+
+The pipeline (pipeline.py) decides whether to run a stage (fingerprint of `config_keys` values
+plus the hashes of the `reads` tables), writes the returned tables atomically, replaces the
+stage's rows in requests.parquet and writes the manifest entry last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.artifacts import RunDir
+
+if TYPE_CHECKING:
+    from structmem_gpu.embed.encoder import Encoder
+    from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[["StageContext"], Mapping[str, pl.DataFrame]]
+    reads: tuple[str, ...] = ()  # tables of this run directory the stage needs (fingerprinted)
+    writes: tuple[str, ...] = ()  # tables it returns (all of them, every time)
+    config_keys: tuple[str, ...] = ()  # dotted config keys it reads (fingerprinted)
+    version: str = "1"  # bump when the stage's code changes its output for the same inputs
+    optional_reads: tuple[str, ...] = ()  # read when present (fingerprinted when present)
+    # Extra fingerprint material computed from the config (e.g. the sha256 of an input file).
+    extra_fingerprint: Callable[[DictConfig], Any] | None = None
+
+
+def select_config(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
+    """Values of dotted `keys` (missing keys map to None), as plain containers."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, DictConfig) or OmegaConf.is_list(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        out[key] = value
+    return out
+
+
+class Backends:
+    """Lazily opened LLM servers/clients and the encoder, closed together at the end of a job."""
+
+    def __init__(self, cfg: DictConfig, run: RunDir) -> None:
+        self.cfg = cfg
+        self.run = run
+        self._stack = contextlib.ExitStack()
+        self._llms: dict[str, LLMBackend] = {}
+        self._encoder: Encoder | None = None
+
+    def __enter__(self) -> "Backends":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _cache_dir(self, kind: str) -> Path | None:
+        if not bool(OmegaConf.select(self.cfg, f"cache.{kind}", default=True)):
+            return None
+        return Path(str(self.cfg.paths.cache_dir)) / kind
+
+    def llm(self, role: str = "llm", llm_cfg: Mapping[str, Any] | None = None) -> "LLMBackend":
+        """The backend for `role` ("llm" = the answer/build model; judges use their own names)."""
+        if role not in self._llms:
+            from structmem_gpu.llm.factory import open_llm
+
+            if llm_cfg is None:
+                llm_cfg = OmegaConf.to_container(self.cfg.llm, resolve=True)  # type: ignore[assignment]
+            cm = open_llm(llm_cfg, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
+            self._llms[role] = self._stack.enter_context(cm)
+        return self._llms[role]
+
+    def judges(self) -> list[tuple[str, "LLMBackend"]]:
+        """(judge_name, backend) for every configured judge; `llm: null` reuses the answer model."""
+        jcfg = OmegaConf.to_container(self.cfg.judge, resolve=True)
+        assert isinstance(jcfg, dict)
+        panel = jcfg.get("panel") or [{"name": jcfg["name"], "llm": jcfg.get("llm")}]
+        out = []
+        for member in panel:
+            name = str(member["name"])
+            llm_cfg = member.get("llm")
+            out.append((name, self.llm("llm") if llm_cfg is None else self.llm(f"judge-{name}", llm_cfg)))
+        return out
+
+    def encoder(self) -> "Encoder":
+        if self._encoder is None:
+            from structmem_gpu.embed.encoder import open_encoder
+
+            ecfg = OmegaConf.to_container(self.cfg.embedder, resolve=True)
+            self._encoder = open_encoder(ecfg, cache_dir=self._cache_dir("embeddings"))  # type: ignore[arg-type]
+        return self._encoder
+
+
+@dataclass
+class StageContext:
+    """What a stage function sees: config, run directory, backends, and its own accounting."""
+
+    cfg: DictConfig
+    run: RunDir
+    stage: Stage
+    backends: Backends
+    request_frames: list[pl.DataFrame] = field(default_factory=list)
+    batches: int = 0  # LLM batches sent (a wavefront stage sends several)
+    llm_wall_s: float = 0.0  # wall time spent inside backend.generate
+    encoder_wall_s: float = 0.0  # wall time spent inside the encoder (stages add to it)
+    notes: dict[str, Any] = field(default_factory=dict)  # stage-specific counters for the manifest
+
+    def read(self, name: str) -> pl.DataFrame:
+        return self.run.read_table(name, needed_by=self.stage.name)
+
+    def read_optional(self, name: str) -> pl.DataFrame | None:
+        return self.run.read_table(name) if self.run.has_table(name) else None
+
+    def llm(self, role: str = "llm") -> "LLMBackend":
+        return self.backends.llm(role)
+
+    def encoder(self) -> "Encoder":
+        return self.backends.encoder()
+
+    def generate(self, requests: Sequence["LLMRequest"], *, backend: "LLMBackend | None" = None,
+                 desc: str | None = None) -> list["LLMResult"]:
+        """Send one batch; log every request (cached or not) for requests.parquet."""
+        from structmem_gpu.llm.request_log import to_frame
+
+        if not requests:
+            return []
+        be = backend or self.llm()
+        t0 = time.perf_counter()
+        results = be.generate(requests, desc=desc or self.stage.name)
+        self.llm_wall_s += time.perf_counter() - t0
+        self.batches += 1
+        if len(results) != len(requests):
+            raise RuntimeError(f"backend returned {len(results)} results for {len(requests)} requests")
+        self.request_frames.append(to_frame(requests, results))
+        return results
+
+    def encode(self, texts: Sequence[str]) -> Any:
+        """Encode with the configured encoder, timing it for the overhead accounting."""
+        t0 = time.perf_counter()
+        out = self.encoder().encode(list(texts))
+        self.encoder_wall_s += time.perf_counter() - t0
+        return out

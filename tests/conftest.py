@@ -1,0 +1,7 @@
+"""Shared pytest configuration. Fixtures live in tests/fixtures/* (one module per area)."""
+
+pytest_plugins = [
+    "tests.fixtures.data",
+    "tests.fixtures.llm",
+    "tests.fixtures.pipeline",
+]
