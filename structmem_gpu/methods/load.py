@@ -54,7 +54,13 @@ def _benchmark_args(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _file_hash(cfg: DictConfig) -> str | None:
-    path = _benchmark_args(cfg)["path"]
+    """The benchmark file's sha256, so an edited file invalidates `load` and everything after."""
+    args = _benchmark_args(cfg)
+    path = args["path"]
+    if path is None and args["name"] == "sample":
+        from structmem_gpu.data import sample_path
+
+        path = str(sample_path())
     return file_sha256(path) if path and Path(path).is_file() else None
 
 

@@ -7,6 +7,7 @@ are "module:attribute" strings imported on demand, so a method's stages load onl
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.stage import Stage
@@ -41,7 +42,23 @@ def _resolve(ref: str) -> Stage:
     return stage
 
 
-def stage_registry(method: str) -> dict[str, Stage]:
+class _LazyStages(Mapping[str, Stage]):
+    """Stage name -> Stage, importing a stage's module only when that stage is used."""
+
+    def __init__(self, refs: Mapping[str, str]) -> None:
+        self._refs = dict(refs)
+
+    def __getitem__(self, name: str) -> Stage:
+        return _resolve(self._refs[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._refs)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+def stage_registry(method: str) -> Mapping[str, Stage]:
     if method not in METHODS:
         raise ConfigError(f"unknown method '{method}'; known: {sorted(METHODS)}")
-    return {name: _resolve(ref) for name, ref in METHODS[method].items()}
+    return _LazyStages(METHODS[method])

@@ -1,0 +1,216 @@
+"""Download benchmark files and verify their sha256.
+
+    python jobs/data.py                                  # LoCoMo -> data/locomo10.json
+    python jobs/data.py locomo longmemeval_s --data-dir /scratch/benchmarks
+    python jobs/data.py --check all                      # verify what is there; download nothing
+
+LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
+LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the
+first download records the sha256 it computed in a sidecar `<file>.sha256` (sha256sum format)
+and every later run, and `--check`, verifies the file against it (trust on first use).
+Downloads go to a temporary file in the data directory and are renamed into place only after
+the checksum is verified, so a killed download never leaves a truncated benchmark file.
+
+Exit codes: 0 ok; 1 `--check` found a missing, unverifiable or mismatched file; 2 a download
+or verification failed (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # allow `python jobs/data.py` from a clean clone without install
+    sys.path.insert(0, str(ROOT))
+
+from structmem_gpu.data.locomo import LOCOMO_SHA256  # noqa: E402
+from structmem_gpu.errors import InputError, StructMemError  # noqa: E402
+from structmem_gpu.hashing import file_sha256  # noqa: E402
+
+log = logging.getLogger("structmem_gpu.data_job")
+
+_HF = "https://huggingface.co/datasets/xiaowu0162/longmemeval-cleaned/resolve/main/"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    filename: str
+    url: str
+    sha256: str | None  # None: unpublished, recorded in a sidecar on first download
+
+
+DATASETS: dict[str, Dataset] = {
+    "locomo": Dataset(
+        "locomo10.json",
+        "https://raw.githubusercontent.com/snap-research/LoCoMo/main/data/locomo10.json",
+        LOCOMO_SHA256,
+    ),
+    # ~280 MB: the usual LongMemEval setting (about 115k tokens of history per question).
+    "longmemeval_s": Dataset(
+        "longmemeval_s_cleaned.json", _HF + "longmemeval_s_cleaned.json", None
+    ),
+    # ~2.7 GB: about 500 sessions per question.
+    "longmemeval_m": Dataset(
+        "longmemeval_m_cleaned.json", _HF + "longmemeval_m_cleaned.json", None
+    ),
+    # ~15 MB: evidence sessions only.
+    "longmemeval_oracle": Dataset("longmemeval_oracle.json", _HF + "longmemeval_oracle.json", None),
+}
+
+Fetcher = Callable[[str, Path], None]
+
+
+def http_fetch(url: str, dest: Path) -> None:
+    """Stream `url` into `dest` (which the caller later renames or deletes)."""
+    import httpx  # lazy: `--check` and the tests never touch the network
+
+    try:
+        with httpx.stream("GET", url, follow_redirects=True, timeout=60.0) as resp:
+            resp.raise_for_status()
+            with open(dest, "wb") as f:
+                for chunk in resp.iter_bytes(1 << 20):
+                    f.write(chunk)
+    except httpx.HTTPError as exc:
+        raise StructMemError(f"download of {url} failed: {exc}") from exc
+
+
+def sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def expected_sha256(ds: Dataset, data_dir: Path) -> str | None:
+    """The published checksum, else the one recorded in the sidecar, else None."""
+    if ds.sha256 is not None:
+        return ds.sha256
+    side = sidecar(data_dir / ds.filename)
+    if not side.is_file():
+        return None
+    fields = side.read_text(encoding="utf-8").split()
+    if not fields or len(fields[0]) != 64:
+        raise InputError(side, "malformed checksum sidecar (expected '<sha256>  <file>')")
+    return fields[0].lower()
+
+
+def _write_sidecar(path: Path, digest: str) -> None:
+    side = sidecar(path)
+    tmp = side.with_name(f".{side.name}.{os.getpid()}.part")
+    tmp.write_text(f"{digest}  {path.name}\n", encoding="utf-8")
+    os.replace(tmp, side)
+
+
+def ensure(ds: Dataset, data_dir: Path, fetch: Fetcher = http_fetch, force: bool = False) -> Path:
+    """Make `data_dir/ds.filename` present and verified; download only when needed."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    target = data_dir / ds.filename
+    expected = expected_sha256(ds, data_dir)
+    if target.is_file() and not force:
+        actual = file_sha256(target)
+        if expected is None:
+            _write_sidecar(target, actual)  # present but never recorded: trust on first use
+            log.info("%s: present; recorded sha256 %s in %s", target, actual, sidecar(target).name)
+            return target
+        if actual != expected:
+            raise InputError(
+                target, f"sha256 {actual} != expected {expected}; delete it or use --force"
+            )
+        log.info("%s: present, sha256 ok", target)
+        return target
+
+    # Same directory as the target so the final rename is atomic (same filesystem).
+    tmp = data_dir / f".{ds.filename}.{os.getpid()}.part"
+    try:
+        log.info("downloading %s -> %s", ds.url, target)
+        fetch(ds.url, tmp)
+        actual = file_sha256(tmp)
+        if ds.sha256 is not None and actual != ds.sha256:
+            raise InputError(
+                ds.url, f"downloaded sha256 {actual} != published {ds.sha256}; nothing written"
+            )
+        if ds.sha256 is None and expected is not None and actual != expected and not force:
+            raise InputError(
+                ds.url, f"downloaded sha256 {actual} != recorded {expected}; nothing written"
+            )
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)  # after a successful rename this is a no-op
+    if ds.sha256 is None:
+        _write_sidecar(target, actual)
+        log.info("%s: recorded sha256 %s in %s", target, actual, sidecar(target).name)
+    else:
+        log.info("%s: downloaded, sha256 ok", target)
+    return target
+
+
+def check(ds: Dataset, data_dir: Path) -> bool:
+    """True when the file is present and matches its published or recorded checksum."""
+    target = data_dir / ds.filename
+    if not target.is_file():
+        log.error("%s: missing", target)
+        return False
+    expected = expected_sha256(ds, data_dir)
+    if expected is None:
+        log.error("%s: no recorded checksum (run without --check once to record it)", target)
+        return False
+    actual = file_sha256(target)
+    if actual != expected:
+        log.error("%s: sha256 %s != expected %s", target, actual, expected)
+        return False
+    log.info("%s: sha256 ok", target)
+    return True
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog="LongMemEval has no published checksums: the first download records the sha256 "
+        "it computed in <file>.sha256 and later runs and --check verify against it.",
+    )
+    parser.add_argument(
+        "datasets",
+        nargs="*",
+        default=["locomo"],
+        metavar="DATASET",
+        help=f"any of {', '.join(DATASETS)} or 'all' (default: locomo)",
+    )
+    parser.add_argument("--data-dir", type=Path, default=Path("data"), help="default: data/")
+    parser.add_argument("--check", action="store_true", help="only verify; download nothing")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="download again even if present (re-records the sidecar of unpublished checksums)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    names = list(DATASETS) if "all" in args.datasets else list(dict.fromkeys(args.datasets))
+    unknown = [n for n in names if n not in DATASETS]
+    if unknown:
+        parser.error(f"unknown dataset(s) {unknown}; choose from {', '.join(DATASETS)} or all")
+    args.datasets = names
+    return args
+
+
+def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
+    )
+    if args.check:
+        ok = [check(DATASETS[n], args.data_dir) for n in args.datasets]
+        return 0 if all(ok) else 1
+    try:
+        for name in args.datasets:
+            ensure(DATASETS[name], args.data_dir, fetch=fetch, force=args.force)
+    except (StructMemError, OSError) as err:  # OSError: disk full, permissions, …
+        log.error("%s", err)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""LongMemEval loader: `longmemeval_{s_cleaned,m_cleaned,oracle}.json` -> (turns, questions).
+
+    turns, questions = load_longmemeval("data/longmemeval_s_cleaned.json", question_ids=None)
+
+Every instance is its own conversation (conv_id = question_id) over its haystack sessions.
+One instance (from the hand-written format example `longmemeval_synthetic_example.json`):
+
+    {"question_id": "synthetic_0001", "question_type": "knowledge-update",
+     "question": "Where do I work now?", "answer": "Northwind",
+     "question_date": "2023/06/01 (Thu) 10:15",
+     "haystack_session_ids": ["answer_synth01_1", "ultrachat_000001", "answer_synth01_2"],
+     "haystack_dates": ["2023/05/02 (Tue) 09:12", …],
+     "haystack_sessions": [[{"role": "user", "content": "I just started a job at Contoso.",
+                             "has_answer": true}, {"role": "assistant", …}], …],
+     "answer_session_ids": ["answer_synth01_1", "answer_synth01_2"]}
+    turns:     conv_id="synthetic_0001" session_index=1 session_id="answer_synth01_1"
+               turn_index=0 dia_id="answer_synth01_1_1" speaker="user" has_answer=True
+    questions: question_id="synthetic_0001" category=105 category_name="knowledge-update"
+               evidence=["answer_synth01_1_1", "answer_synth01_2_1"] is_abstention=False
+
+Rules (specs/benchmarks.md §3.2):
+- Sessions keep list order; they are not re-sorted by date, because same-day sessions may be
+  out of time order in the released files. session_index = list position + 1.
+- dia_id = `<session_id>_<n>`, n = 1-based position in the session counting all turns, the
+  turn-level corpus id of LongMemEval's own retrieval code; speaker = role.
+- evidence = dia_ids of `has_answer: true` turns inside `answer_session_ids` sessions (turn
+  level); evidence_raw = `answer_session_ids` as in the file (session level). `_abs` items keep
+  their evidence; evaluation excludes them from retrieval averages (§4.2).
+- session_hash hashes (turns, date) only, so a session shared by several haystacks with the
+  same date shares its hash (and its memory).
+- Unknown keys (the example's `_note`) are ignored. A turn whose `content` is missing or blank
+  is an InputError (LongMemEval has no image turns that could carry it).
+- Only the selected instances are validated.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+import polars as pl
+
+from structmem_gpu.data.categories import LONGMEMEVAL_TYPES
+from structmem_gpu.data.common import (
+    Question,
+    Turn,
+    check_max_sessions,
+    check_selection,
+    gold_text,
+    parse_time,
+    questions_frame,
+    read_json_list,
+    require,
+    require_str,
+    session_hash,
+    turns_frame,
+)
+from structmem_gpu.errors import InputError
+
+__all__ = ["DATE_FORMAT", "load_longmemeval"]
+
+log = logging.getLogger(__name__)
+
+DATE_FORMAT: Final = "%Y/%m/%d (%a) %H:%M"  # "2023/04/10 (Mon) 23:07"
+ABSTENTION_SUFFIX: Final = "_abs"
+_REQUIRED: Final = (
+    "question_id",
+    "question_type",
+    "question",
+    "answer",
+    "question_date",
+    "haystack_session_ids",
+    "haystack_dates",
+    "haystack_sessions",
+    "answer_session_ids",
+)
+
+
+def load_longmemeval(
+    path: str | Path,
+    question_ids: Sequence[str] | None = None,
+    max_sessions: int | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(turns, questions) frames with schemas.TURNS / schemas.QUESTIONS.
+
+    `question_ids`: instances to keep, in file order (None = all). `max_sessions`: keep the
+    first N haystack sessions; an instance whose evidence is empty or not entirely inside them
+    is dropped together with its turns (its conversation exists only for that question).
+    Raises InputError naming the file and record for malformed input; pure (writes nothing).
+    """
+    p = Path(path)
+    check_max_sessions(max_sessions)
+    data, _ = read_json_list(p)
+    records = [
+        require(p, r, ("question_id",), f"record {i}", "instance") for i, r in enumerate(data)
+    ]
+    ids = [
+        require_str(p, r["question_id"], "question_id", f"record {i}")
+        for i, r in enumerate(records)
+    ]
+    seen: set[str] = set()
+    for qid in ids:
+        if qid in seen:
+            raise InputError(p, "duplicate question_id", qid)
+        seen.add(qid)
+    check_selection(p, question_ids, ids, "question")
+    wanted = set(question_ids) if question_ids is not None else None
+
+    turns: list[Turn] = []
+    questions: list[Question] = []
+    dropped = 0
+    for qid, record in zip(ids, records, strict=True):
+        if wanted is not None and qid not in wanted:
+            continue
+        inst_turns, question = _load_instance(p, qid, record, max_sessions)
+        if question is None:
+            dropped += 1
+            continue
+        turns.extend(inst_turns)
+        questions.append(question)
+    log.info(
+        "%s: %d instances, %d turns; %d instances dropped by max_sessions=%s",
+        p.name,
+        len(questions),
+        len(turns),
+        dropped,
+        max_sessions,
+    )
+    return turns_frame(turns), questions_frame(questions)
+
+
+def _str_list(path: Path, value: Any, what: str, record: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InputError(path, f"{what} must be a list, got {type(value).__name__}", record)
+    return value
+
+
+def _load_instance(
+    path: Path, qid: str, rec: Mapping[str, Any], max_sessions: int | None
+) -> tuple[list[Turn], Question | None]:
+    rec = require(path, rec, _REQUIRED, qid, "instance")
+    qtype = require_str(path, rec["question_type"], "question_type", qid)
+    if qtype not in LONGMEMEVAL_TYPES:
+        raise InputError(
+            path,
+            f"unknown question_type {qtype!r} (expected one of {list(LONGMEMEVAL_TYPES)})",
+            qid,
+        )
+    question = require_str(path, rec["question"], "question", qid)
+    answer = gold_text(path, rec["answer"], "answer", qid)
+    question_time = parse_time(path, rec["question_date"], DATE_FORMAT, qid, "question_date")
+    sids = _str_list(path, rec["haystack_session_ids"], "haystack_session_ids", qid)
+    dates = _str_list(path, rec["haystack_dates"], "haystack_dates", qid)
+    sessions = _str_list(path, rec["haystack_sessions"], "haystack_sessions", qid)
+    answer_sids = _str_list(path, rec["answer_session_ids"], "answer_session_ids", qid)
+    if not (len(sids) == len(dates) == len(sessions)):
+        raise InputError(
+            path,
+            "haystack_session_ids, haystack_dates and haystack_sessions differ in length "
+            f"({len(sids)}, {len(dates)}, {len(sessions)})",
+            qid,
+        )
+    if not sessions:
+        raise InputError(path, "instance has no haystack sessions", qid)
+    if not all(isinstance(s, str) for s in answer_sids):
+        raise InputError(path, f"answer_session_ids must be strings, got {answer_sids!r}", qid)
+
+    answer_set = set(answer_sids)
+    seen: dict[str, str] = {}
+    per_session: list[list[Turn]] = []
+    for i, (sid, date, items) in enumerate(zip(sids, dates, sessions, strict=True)):
+        sid = require_str(path, sid, "haystack session id", f"{qid} session {i + 1}")
+        time = parse_time(path, date, DATE_FORMAT, f"{qid} {sid}", "session date")
+        per_session.append(_load_session(path, qid, i + 1, sid, time, items, seen))
+    evidence = tuple(
+        t.dia_id
+        for sess in per_session
+        if sess[0].session_id in answer_set
+        for t in sess
+        if t.has_answer is True
+    )
+    if max_sessions is not None:
+        per_session = per_session[:max_sessions]
+        kept = {t.dia_id for sess in per_session for t in sess}
+        if not evidence or not all(e in kept for e in evidence):
+            return [], None
+    q = Question(
+        conv_id=qid,
+        question_id=qid,
+        question=question,
+        answer=answer,
+        adversarial_answer=None,
+        category=LONGMEMEVAL_TYPES[qtype],
+        category_name=qtype,
+        evidence=evidence,
+        evidence_raw=tuple(answer_sids),
+        question_time=question_time,
+        is_abstention=qid.endswith(ABSTENTION_SUFFIX),
+    )
+    return [t for sess in per_session for t in sess], q
+
+
+def _load_session(
+    path: Path, qid: str, index: int, sid: str, time: datetime, items: Any, seen: dict[str, str]
+) -> list[Turn]:
+    record = f"{qid} {sid}"
+    if not isinstance(items, list):
+        raise InputError(
+            path, f"session must be a list of turns, got {type(items).__name__}", record
+        )
+    if not items:
+        raise InputError(path, "session has no turns", record)
+    parsed: list[tuple[str, str, str, bool | None]] = []  # (dia_id, role, content, has_answer)
+    for k, item in enumerate(items):
+        dia_id = f"{sid}_{k + 1}"
+        where = f"{qid} {sid} {dia_id}"
+        item = require(path, item, ("role",), where, "turn")
+        role = require_str(path, item["role"], "role", where)
+        content = item.get("content")
+        content = "" if content is None else require_str(path, content, "content", where)
+        if not content.strip():
+            raise InputError(path, "turn has no text (missing or empty content)", where)
+        has_answer = item.get("has_answer")
+        if has_answer is not None and not isinstance(has_answer, bool):
+            raise InputError(path, f"has_answer must be true/false, got {has_answer!r}", where)
+        if dia_id in seen:
+            # The same session id twice in one haystack would make turn ids ambiguous.
+            raise InputError(
+                path, f"duplicate dia_id (session id {sid!r} repeats in the haystack)", where
+            )
+        seen[dia_id] = sid
+        parsed.append((dia_id, role, content, has_answer))
+    h = session_hash([(r, c, None) for _, r, c, _ in parsed], time)
+    return [
+        Turn(
+            conv_id=qid,
+            session_index=index,
+            session_id=sid,
+            session_hash=h,
+            session_time=time,
+            turn_index=k,
+            dia_id=d,
+            event_id=f"{qid}:{d}",
+            speaker=r,
+            text=c,
+            image_caption=None,
+            has_answer=a,
+        )
+        for k, (d, r, c, a) in enumerate(parsed)
+    ]

@@ -1,0 +1,107 @@
+"""full_context baseline: no memory, the raw history in the prompt (`answer.prompt: full_context`).
+
+    python jobs/run.py method=full_context benchmark=sample
+
+Sessions are rendered newest first with a date header; turns keep their order inside a session.
+The history is cut to `answer.context_tokens`, estimated as characters / 4 (the usual ratio
+for English with Llama/Qwen/SmolLM tokenizers; no tokenizer is loaded, so the estimate is
+model-independent and free). The oldest sessions are dropped first; the first session that
+does not fit keeps its latest turns that do. Each conversation is rendered once and shared by
+its questions (LoCoMo: ~200 questions per conversation). One rendered block:
+
+    Session 5 (7:05 pm on 17 March 2024):
+    Tomas: Here he is on his first walk! [image: a photo of a small beagle puppy]
+    Ana: He is adorable!
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from structmem_gpu.data.common import display_text
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
+from structmem_gpu.prompts import answer_full_context as P
+
+log = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN = 4  # token estimate for the context budget (see module docstring)
+
+
+@dataclass(frozen=True)
+class History:
+    text: str
+    sessions_shown: int
+    sessions_total: int
+    truncated: bool
+
+
+def _session_blocks(turns: pl.DataFrame) -> list[tuple[str, list[str]]]:
+    """(header, turn lines) per session, newest session first."""
+    ordered = turns.sort(["session_index", "turn_index"], descending=[True, False])
+    blocks: list[tuple[str, list[str]]] = []
+    current: int | None = None
+    for idx, time, speaker, text, caption in ordered.select(
+            "session_index", "session_time", "speaker", "text", "image_caption").iter_rows():
+        if idx != current:
+            blocks.append((P.session_header(idx, time), []))
+            current = idx
+        blocks[-1][1].append(f"{speaker}: {display_text(text or '', caption)}")
+    return blocks
+
+
+def render_history(turns: pl.DataFrame, context_tokens: int) -> History:
+    """Newest sessions first, cut to `context_tokens * CHARS_PER_TOKEN` characters."""
+    budget = max(0, int(context_tokens)) * CHARS_PER_TOKEN
+    blocks = _session_blocks(turns)
+    parts: list[str] = []
+    used, shown, truncated = 0, 0, False
+    for header, lines in blocks:
+        block = "\n".join([header, *lines])
+        if used + len(block) + 1 <= budget:
+            parts.append(block)
+            used += len(block) + 1
+            shown += 1
+            continue
+        truncated = True
+        tail = _latest_turns_that_fit(lines, budget - used - len(header) - 2)
+        if tail:  # a partial session: its latest turns (closest to the question)
+            parts.append("\n".join([header, *tail]))
+            shown += 1
+        break
+    if truncated:
+        parts.append(P.TRUNCATED_NOTE)
+    return History("\n".join(parts), shown, len(blocks), truncated)
+
+
+def _latest_turns_that_fit(lines: Sequence[str], budget: int) -> list[str]:
+    kept: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        if used + len(line) + 1 > budget:
+            break
+        kept.append(line)
+        used += len(line) + 1
+    return kept[::-1]
+
+
+def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
+    turns = inputs.require("turns", "full_context")
+    context_tokens = int(inputs.cfg.answer.context_tokens)
+    convs = inputs.questions["conv_id"].unique().to_list()
+    histories: dict[str, History] = {}
+    for (conv,), conv_turns in turns.filter(pl.col("conv_id").is_in(convs)).group_by(["conv_id"]):
+        histories[conv] = render_history(conv_turns, context_tokens)
+    cut = sum(h.truncated for h in histories.values())
+    if cut:
+        log.info("full_context: %d of %d conversations truncated to ~%d tokens", cut, len(histories), context_tokens)
+    out = {}
+    for qid, conv, question, now in inputs.questions.select(
+            "question_id", "conv_id", "question", "question_time").iter_rows():
+        hist = histories.get(conv)
+        text = hist.text if hist else "(no history)"
+        out[qid] = AnswerPrompt(P.build_messages(question, text, now), P.VERSION)
+    return out

@@ -1,0 +1,219 @@
+"""Stage `extract`: dual-perspective extraction (paper §3.1; specs/structmem.md "Stage extract").
+
+    python jobs/run.py benchmark=sample method=structmem stages=[load,extract]
+
+Windows of `extract.turns_per_request` consecutive turns of one session (plus
+`extract.context_turns` earlier turns of that session shown read-only) each yield one request
+per perspective in `extract.perspectives`; every window of every conversation goes out in ONE
+`ctx.generate` batch. A reply item's `turn` is the window-local number 1..n and maps back to
+that turn's event. One entry row:
+
+    EntryRow(entry_id="3f0c9a1be2d47c55", conv_id="sample-1", event_id="sample-1:D2:1",
+             dia_id="D2:1", session_index=2, turn_index=0, event_time=datetime(2024, 3, 17, 19, 5),
+             speaker="Tomas", kind="fact", text="Tomas adopted a beagle puppy named Biscuit.",
+             request_id="extract:9b1d...", prompt_version="factual/1", model="smollm2|...")
+
+ctx.notes: windows, requests, parse_failures, truncated, rejected_items (unknown turn number),
+empty_items, duplicate_items, entries, entries_fact / entries_relation, turns, turns_covered.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu import schemas
+from structmem_gpu.data import display_text
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.hashing import stable_hash
+from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
+from structmem_gpu.prompts import extraction_prompt, extraction_schema, render_window
+from structmem_gpu.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
+
+STAGE_NAME = "extract"
+# The entries depend on the model that wrote them: a different model must recompute the stage.
+LLM_KEYS = ("llm.backend", "llm.model", "llm.served_name", "llm.revision")
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """One turn as extraction sees it (text already carries its image caption)."""
+
+    event_id: str
+    dia_id: str
+    session_index: int
+    turn_index: int
+    session_time: datetime
+    speaker: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ExtractionWindow:
+    conv_id: str
+    session_index: int
+    session_time: datetime
+    turns: tuple[TurnView, ...]  # numbered 1..n in the prompt
+    context: tuple[TurnView, ...]  # earlier turns of the session, shown read-only
+
+
+@dataclass(frozen=True)
+class EntryRow:
+    entry_id: str
+    conv_id: str
+    event_id: str
+    dia_id: str
+    session_index: int
+    turn_index: int
+    event_time: datetime
+    speaker: str
+    kind: str
+    text: str
+    request_id: str
+    prompt_version: str
+    model: str
+
+
+@dataclass(frozen=True)
+class ExtractSettings:
+    turns_per_request: int
+    context_turns: int
+    perspectives: tuple[str, ...]
+    max_tokens: int
+    max_items: int
+    max_item_chars: int
+    temperature: float
+
+    @classmethod
+    def from_cfg(cls, cfg: DictConfig) -> "ExtractSettings":
+        e = cfg.extract
+        s = cls(int(e.turns_per_request), int(e.context_turns or 0), tuple(str(p) for p in e.perspectives),
+                int(e.max_tokens), int(e.max_items), int(e.max_item_chars), float(e.temperature))
+        if s.turns_per_request < 1 or s.context_turns < 0 or not s.perspectives:
+            raise ConfigError(f"extract: need turns_per_request >= 1, context_turns >= 0 and at least one "
+                              f"perspective; got {OmegaConf.to_container(e)}")
+        for kind in s.perspectives:
+            extraction_prompt(kind)  # raises ConfigError naming an unknown perspective
+        return s
+
+
+@dataclass
+class MappedItems:
+    entries: list[EntryRow] = field(default_factory=list)
+    rejected: int = 0  # items whose turn number is not in 1..n
+    empty: int = 0  # items with blank text
+
+
+def entry_id(conv_id: str, event_id: str, kind: str, text: str) -> str:
+    return stable_hash(conv_id, event_id, kind, text)
+
+
+def _turn_view(row: dict[str, Any]) -> TurnView:
+    return TurnView(row["event_id"], row["dia_id"], row["session_index"], row["turn_index"],
+                    row["session_time"], row["speaker"], display_text(row["text"] or "", row["image_caption"]))
+
+
+def plan_windows(turns: pl.DataFrame, per_request: int, context_turns: int) -> list[ExtractionWindow]:
+    """Windows of consecutive turns inside each session, in (conv_id, session, turn) order."""
+    ordered = turns.sort("conv_id", "session_index", "turn_index")
+    out = []
+    keyed = itertools.groupby(ordered.iter_rows(named=True), key=lambda r: (r["conv_id"], r["session_index"]))
+    for (conv_id, session_index), rows in keyed:
+        views = [_turn_view(r) for r in rows]
+        for start in range(0, len(views), per_request):
+            out.append(ExtractionWindow(
+                conv_id, session_index, views[0].session_time, tuple(views[start : start + per_request]),
+                tuple(views[max(0, start - context_turns) : start])))
+    return out
+
+
+def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
+    prompt = extraction_prompt(kind)
+    user = render_window(window.session_time, [(t.speaker, t.text) for t in window.context],
+                         [(t.speaker, t.text) for t in window.turns])
+    schema = extraction_schema(len(window.turns), max_items=s.max_items, max_item_chars=s.max_item_chars)
+    # Content-derived id: stable across reruns (resume, caches); the first event keeps two
+    # identical windows of one conversation apart.
+    rid = request_id(STAGE_NAME, window.conv_id, window.turns[0].event_id, kind, prompt.VERSION, user, schema)
+    return LLMRequest(request_id=rid, stage=STAGE_NAME, conv_id=window.conv_id,
+                      messages=(Message("system", prompt.SYSTEM), Message("user", user)),
+                      prompt_version=prompt.VERSION, schema=schema,
+                      sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens))
+
+
+def map_items(window: ExtractionWindow, kind: str, request: LLMRequest, result: LLMResult) -> MappedItems:
+    """Reply items -> entries bound to the window's turns; unknown turn numbers are rejected."""
+    out = MappedItems()
+    if not result.parse_ok or not isinstance(result.data, dict):
+        return out
+    for item in result.data.get("entries") or []:
+        turn, text = item.get("turn"), str(item.get("text") or "").strip()
+        if isinstance(turn, bool) or not isinstance(turn, int) or not 1 <= turn <= len(window.turns):
+            out.rejected += 1
+            continue
+        if not text:
+            out.empty += 1
+            continue
+        t = window.turns[turn - 1]
+        out.entries.append(EntryRow(
+            entry_id(window.conv_id, t.event_id, kind, text), window.conv_id, t.event_id, t.dia_id,
+            t.session_index, t.turn_index, t.session_time, t.speaker, kind, text,
+            request.request_id, request.prompt_version, result.model))
+    return out
+
+
+def entries_frame(rows: Iterable[EntryRow]) -> pl.DataFrame:
+    return schemas.frame((asdict(r) for r in rows), schemas.ENTRIES)
+
+
+def collect_entries(plan: Sequence[tuple[ExtractionWindow, str, LLMRequest]], results: Sequence[LLMResult],
+                    notes: dict[str, Any]) -> list[EntryRow]:
+    """Map every reply, dedupe identical entry ids (first wins) and count what was dropped."""
+    seen: dict[str, EntryRow] = {}
+    counts = dict(parse_failures=0, truncated=0, rejected_items=0, empty_items=0, duplicate_items=0)
+    for (window, kind, req), res in zip(plan, results, strict=True):
+        counts["parse_failures"] += not res.parse_ok
+        counts["truncated"] += res.finish_reason == "length"
+        mapped = map_items(window, kind, req, res)
+        counts["rejected_items"] += mapped.rejected
+        counts["empty_items"] += mapped.empty
+        for row in mapped.entries:
+            if row.entry_id in seen:
+                counts["duplicate_items"] += 1
+            else:
+                seen[row.entry_id] = row
+    notes.update(counts)
+    if counts["rejected_items"] or counts["parse_failures"]:
+        log.warning("extract: %d parse failures, %d items with unknown turn numbers rejected (see requests.parquet)",
+                    counts["parse_failures"], counts["rejected_items"])
+    return list(seen.values())
+
+
+def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
+    s = ExtractSettings.from_cfg(ctx.cfg)
+    turns = ctx.read("turns")
+    windows = plan_windows(turns, s.turns_per_request, s.context_turns)
+    plan = [(w, kind, build_request(w, kind, s)) for w in windows for kind in s.perspectives]
+    results = ctx.generate([p[2] for p in plan], desc="extract")  # one batch, all conversations
+    rows = collect_entries(plan, results, ctx.notes)
+    covered = len({r.event_id for r in rows})
+    ctx.notes.update(windows=len(windows), requests=len(plan), entries=len(rows), turns=turns.height,
+                     turns_covered=covered,
+                     **{f"entries_{k}": sum(r.kind == k for r in rows) for k in s.perspectives})
+    log.info("extract: %s", ctx.notes)
+    return {"entries": entries_frame(rows)}
+
+
+STAGE = Stage(
+    name=STAGE_NAME, run=run_extract, reads=("turns",), writes=("entries",),
+    config_keys=("extract", *LLM_KEYS),
+)
