@@ -19,9 +19,17 @@ if TYPE_CHECKING:
     from structmem_gpu.llm.scripted import ScriptedLLM
 
 __all__ = [
-    "LLMBackend", "LLMRequest", "LLMResult", "Message", "Sampling", "ScriptedLLM",
-    "model_id", "open_llm", "request_id", "to_frame",
-]  # fmt: skip
+    "LLMBackend",
+    "LLMRequest",
+    "LLMResult",
+    "Message",
+    "Sampling",
+    "ScriptedLLM",
+    "model_id",
+    "open_llm",
+    "request_id",
+    "to_frame",
+]
 
 _LAZY = {
     "open_llm": "structmem_gpu.llm.factory",
@@ -33,7 +41,7 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib  # noqa: PLC0415
+        import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

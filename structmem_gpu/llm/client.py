@@ -1,0 +1,352 @@
+"""Async batch client for OpenAI-compatible chat servers (vLLM, llama.cpp, anything else).
+
+    backend = HTTPBackend(base_url="http://127.0.0.1:8000/v1", served_name="qwen",
+                          model_id="qwen|Qwen/Qwen2.5-7B-Instruct|", flavor="vllm",
+                          max_in_flight=256)
+    results = backend.generate(requests, desc="extract")   # same order as `requests`
+
+`max_in_flight` workers each take the next request, send it (retrying connection errors,
+timeouts, 429 and 5xx with exponential backoff), validate the reply and repair it once if
+needed (structured.py). Every request yields exactly one result: a request that never got an
+answer comes back with ``finish_reason="error"``, ``parse_ok=False`` and ``error`` set.
+Works from sync code (own event loop) and from inside a running loop (runs in a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import httpx
+
+from structmem_gpu.llm.structured import OnResult, RawReply, RepairState, response_format
+from structmem_gpu.llm.types import LLMRequest, LLMResult
+
+logger = logging.getLogger(__name__)
+
+_RETRY_STATUS = frozenset({408, 409, 425, 429})  # plus every 5xx
+_MAX_BACKOFF_S = 60.0
+_MAX_FAILURE_LOGS = 20
+T = TypeVar("T")
+
+
+class _Counter:
+    """Process-wide count of chat requests sent over HTTP (tests assert zero on cache reruns)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def add(self, k: int = 1) -> None:
+        with self._lock:
+            self._n += k
+
+    @property
+    def value(self) -> int:
+        return self._n
+
+
+HTTP_CALLS = _Counter()
+
+
+def request_body(
+    req: LLMRequest, *, served_name: str, flavor: str, extra_body: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON body of POST /chat/completions for one request.
+
+        >>> request_body(req, served_name="smollm2", flavor="llamacpp")["response_format"]
+        {'type': 'json_object', 'schema': {...}}
+
+    Sampling is always explicit (never server defaults). Structured output goes only through
+    `response_format`; vLLM silently ignores the removed guided-decoding fields.
+    """
+    s = req.sampling
+    body: dict[str, Any] = {
+        "model": served_name,
+        "messages": [m.as_dict() for m in req.messages],
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "stream": False,
+    }
+    # vLLM deprecates max_tokens for chat; llama.cpp only knows max_tokens.
+    body["max_completion_tokens" if flavor == "vllm" else "max_tokens"] = s.max_tokens
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if req.schema is not None:
+        body["response_format"] = response_format(req.schema, flavor, name=_schema_name(req))
+    for k, v in (extra_body or {}).items():
+        body.setdefault(k, v)  # config extras never override the request's own fields
+    return body
+
+
+def _schema_name(req: LLMRequest) -> str:
+    # OpenAI-style names allow [a-zA-Z0-9_-] only.
+    return "".join(c if c.isalnum() or c in "_-" else "_" for c in req.stage)[:64] or "reply"
+
+
+def parse_completion(payload: Any) -> tuple[str, str, int, int, int | None]:
+    """(text, finish_reason, prompt_tokens, completion_tokens, cached_tokens) of a response."""
+    choice = payload["choices"][0]
+    text = choice["message"].get("content") or ""
+    finish = choice.get("finish_reason") or "stop"
+    usage = payload.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return (
+        str(text),
+        str(finish),
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+        None if cached is None else int(cached),
+    )
+
+
+def run_sync(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, even when a loop is already running in
+    this thread (Jupyter): then it runs on a fresh loop in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())  # type: ignore[arg-type]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llm-client") as ex:
+        return ex.submit(lambda: asyncio.run(factory())).result()  # type: ignore[arg-type]
+
+
+class HTTPBackend:
+    """`LLMBackend` over one OpenAI-compatible chat endpoint."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        served_name: str,
+        model_id: str,
+        flavor: str = "vllm",
+        max_in_flight: int = 2,
+        request_timeout_s: float = 600.0,
+        max_retries: int = 4,
+        retry_backoff_s: float = 1.0,
+        repair_attempts: int = 1,
+        extra_body: Mapping[str, Any] | None = None,
+        api_key: str | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.served_name = served_name
+        self.model_id = model_id
+        self.flavor = flavor
+        self.max_in_flight = max(1, int(max_in_flight))
+        self.request_timeout_s = float(request_timeout_s)
+        self.max_retries = int(max_retries)
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.repair_attempts = int(repair_attempts)
+        self.extra_body = dict(extra_body or {})
+        self._api_key = api_key  # never logged
+        self.progress = progress
+        self.calls = 0  # HTTP requests sent by this backend (retries and repairs included)
+        self.server: Any = None  # the RunningServer when open_llm launched one
+        self._failures_logged = 0
+        httpx_log = logging.getLogger("httpx")
+        if httpx_log.level == logging.NOTSET:
+            # httpx logs every request at INFO: 100k lines per vLLM batch. Opt back in by
+            # setting the "httpx" logger's level explicitly.
+            httpx_log.setLevel(logging.WARNING)
+
+    @property
+    def cache_params(self) -> dict[str, Any]:
+        """Request extras that change the reply, hence part of the response-cache key."""
+        return dict(self.extra_body)
+
+    def __repr__(self) -> str:
+        return f"HTTPBackend({self.base_url!r}, model_id={self.model_id!r}, flavor={self.flavor!r})"
+
+    def generate(
+        self, requests: Sequence[LLMRequest], *, desc: str = "", on_result: OnResult | None = None
+    ) -> list[LLMResult]:
+        """Send all requests; one result each, in input order. `on_result(i, result)` fires as
+        each request finishes (the cache writes through it, so a crash keeps finished work)."""
+        return run_sync(lambda: self.agenerate(requests, desc=desc, on_result=on_result))
+
+    async def agenerate(
+        self, requests: Sequence[LLMRequest], *, desc: str = "", on_result: OnResult | None = None
+    ) -> list[LLMResult]:
+        n = len(requests)
+        results: list[LLMResult | None] = [None] * n
+        if n == 0:
+            return []
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=n,
+            desc=desc or "llm",
+            unit="req",
+            disable=not self.progress,
+            mininterval=1.0,
+            dynamic_ncols=True,
+        )
+        t0 = time.monotonic()
+        out_tokens = 0
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(n):
+            queue.put_nowait(i)
+
+        async def worker(client: httpx.AsyncClient) -> None:
+            nonlocal out_tokens
+            while True:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                res = await self._one(client, requests[i])
+                results[i] = res
+                out_tokens += res.completion_tokens
+                if on_result is not None:
+                    on_result(i, res)
+                bar.update(1)
+                bar.set_postfix(
+                    out_tok_s=f"{out_tokens / max(time.monotonic() - t0, 1e-9):.1f}", refresh=False
+                )
+
+        try:
+            async with self._client() as client:
+                workers = min(self.max_in_flight, n)
+                await asyncio.gather(*(worker(client) for _ in range(workers)))
+        finally:
+            bar.close()
+        done = [r for r in results if r is not None]
+        failed = sum(not r.parse_ok for r in done)
+        logger.info(
+            "%s: %d requests in %.1f s (%d failed), %d completion tokens (%.1f tok/s) from %s",
+            desc or "llm",
+            n,
+            time.monotonic() - t0,
+            failed,
+            out_tokens,
+            out_tokens / max(time.monotonic() - t0, 1e-9),
+            self.model_id,
+        )
+        return done
+
+    def _client(self) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        host = urlparse(self.base_url).hostname or ""
+        return httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(
+                self.request_timeout_s, connect=min(30.0, self.request_timeout_s)
+            ),
+            limits=httpx.Limits(
+                max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight
+            ),
+            # A cluster's http_proxy must never capture loopback traffic; remote URLs may need it.
+            trust_env=host not in ("127.0.0.1", "localhost", "::1"),
+        )
+
+    async def _one(self, client: httpx.AsyncClient, req: LLMRequest) -> LLMResult:
+        state = RepairState(req, self.repair_attempts)
+        nxt: LLMRequest | None = req
+        while nxt is not None:
+            raw = await self._send(client, nxt)
+            nxt = state.feed(raw)
+        return state.result(self.model_id)
+
+    async def _send(self, client: httpx.AsyncClient, req: LLMRequest) -> RawReply:
+        """One reply, retrying transient failures; never raises for server/network trouble."""
+        body = request_body(
+            req, served_name=self.served_name, flavor=self.flavor, extra_body=self.extra_body
+        )
+        error = "no attempt made"
+        spent = 0.0
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = min(self.retry_backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
+                await asyncio.sleep(delay * random.uniform(0.9, 1.1))  # jitter: no thundering herd
+            dead = self._server_death()
+            if dead:
+                # Our own server is gone: retrying every remaining request would only burn
+                # backoff time. Fail fast; a rerun resends exactly these (cache).
+                return RawReply("", "error", latency_s=spent, http_attempts=attempt, error=dead)
+            t = time.monotonic()
+            self.calls += 1
+            HTTP_CALLS.add()
+            retry, outcome = await self._post(client, body)
+            spent += time.monotonic() - t
+            if isinstance(outcome, tuple):
+                text, finish, p_tok, c_tok, cached = outcome
+                return RawReply(text, finish, p_tok, c_tok, cached, spent, attempt + 1)
+            error = outcome
+            self._log_failure(req, attempt, error, retry)
+            if not retry:
+                return RawReply(
+                    "", "error", latency_s=spent, http_attempts=attempt + 1, error=error
+                )
+        return RawReply(
+            "",
+            "error",
+            latency_s=spent,
+            http_attempts=self.max_retries + 1,
+            error=f"gave up after {self.max_retries + 1} attempts: {error}",
+        )
+
+    def _server_death(self) -> str | None:
+        """Why the server this backend launched is gone, or None (alive, or attached)."""
+        srv = self.server
+        if srv is None or srv.alive():
+            return None
+        return f"the {srv.name} server exited (code {srv.process.returncode}); see {srv.log_path}"
+
+    def _log_failure(self, req: LLMRequest, attempt: int, error: str, retry: bool) -> None:
+        # A dead endpoint fails every request several times: log the first few, then summarise.
+        self._failures_logged += 1
+        if self._failures_logged <= _MAX_FAILURE_LOGS:
+            logger.warning(
+                "%s attempt %d/%d failed%s: %s",
+                req.request_id,
+                attempt + 1,
+                self.max_retries + 1,
+                " (will retry)" if retry else "",
+                error,
+            )
+        elif self._failures_logged == _MAX_FAILURE_LOGS + 1:
+            logger.warning("further request failures are logged at DEBUG level")
+        else:
+            logger.debug("%s attempt %d failed: %s", req.request_id, attempt + 1, error)
+
+    async def _post(
+        self, client: httpx.AsyncClient, body: dict[str, Any]
+    ) -> tuple[bool, tuple[str, str, int, int, int | None] | str]:
+        """(retryable, parsed reply or error message) of one POST."""
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                resp = await client.post("/chat/completions", json=body)
+        except (TimeoutError, httpx.TimeoutException):
+            return True, f"timed out after {self.request_timeout_s:.0f} s"
+        except httpx.TransportError as e:
+            return True, f"{type(e).__name__}: {e or 'connection failed'}"
+        if resp.status_code != 200:
+            retry = resp.status_code >= 500 or resp.status_code in _RETRY_STATUS
+            return retry, f"HTTP {resp.status_code}: {resp.text[:300]}"
+        try:
+            return False, parse_completion(resp.json())
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            # A 200 whose body is not a chat completion: a proxy or an overloaded server.
+            return True, f"malformed response body ({type(e).__name__}): {resp.text[:200]!r}"
+
+
+def api_key_from_env(var: str | None) -> str | None:
+    """The API key for an external endpoint, read from the named environment variable."""
+    if not var:
+        return None
+    key = os.environ.get(var)
+    if key is None:
+        logger.warning("llm.api_key_env=%s is not set; sending no API key", var)
+    return key

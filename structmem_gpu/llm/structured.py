@@ -1,0 +1,224 @@
+"""Structured output: the JSON-schema constraint per server flavor, reply validation, repair.
+
+Every backend (HTTP, in-process vLLM, scripted) funnels its raw replies through this module,
+so "parse_ok" means the same thing everywhere: the reply parsed as JSON, validated against
+the request's schema with `jsonschema`, and was not cut off at `max_tokens`.
+
+    >>> response_format({"type": "object"}, "llamacpp")
+    {'type': 'json_object', 'schema': {'type': 'object'}}
+
+A request whose reply fails is sent once more (``repair_attempts``) with the bad reply appended
+as an assistant message and a user message naming the problem; if that fails too, the result
+comes back with ``parse_ok=False`` and ``error`` set. It is never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from structmem_gpu.hashing import stable_hash
+from structmem_gpu.llm.types import LLMRequest, LLMResult, Message
+
+logger = logging.getLogger(__name__)
+
+# How the server expects a JSON schema. "vllm" is the OpenAI-standard json_schema form (vLLM,
+# OpenAI, most hosted endpoints); "llamacpp" is llama-cpp-python's json_object + schema form
+# (its server answers json_schema with HTTP 500, specs/stack.md §4.4).
+Flavor = Literal["vllm", "llamacpp"]
+FLAVORS: tuple[str, ...] = ("vllm", "llamacpp")
+
+_MAX_ERROR_CHARS = 300  # a jsonschema message can quote a huge instance; keep repairs short
+
+
+def response_format(schema: Mapping[str, Any], flavor: str, name: str = "reply") -> dict[str, Any]:
+    """The `response_format` request field that constrains decoding to `schema`."""
+    if flavor == "vllm":
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": name, "schema": dict(schema), "strict": True},
+        }
+    if flavor == "llamacpp":
+        return {"type": "json_object", "schema": dict(schema)}
+    raise ValueError(f"unknown structured-output flavor {flavor!r}; expected one of {FLAVORS}")
+
+
+@dataclass(frozen=True)
+class RawReply:
+    """What one server round trip produced, before validation (one per attempt)."""
+
+    text: str
+    finish_reason: str  # "stop" | "length" | "error" | ...
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    latency_s: float = 0.0
+    http_attempts: int = 1  # round trips spent on this reply, HTTP retries included
+    error: str | None = None  # set when no reply arrived (all retries failed, 4xx, ...)
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    data: Any | None = None
+    error: str | None = None
+
+
+_VALIDATORS: dict[str, Any] = {}
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    """A compiled jsonschema validator, memoised per schema (batches share a few schemas)."""
+    key = stable_hash(schema)
+    v = _VALIDATORS.get(key)
+    if v is None:
+        import jsonschema
+
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        v = cls(schema)
+        _VALIDATORS[key] = v
+    return v
+
+
+def strip_fences(text: str) -> str:
+    """Remove a ```json ... ``` wrapper that unconstrained models like to add."""
+    s = text.strip()
+    if s.startswith("```"):
+        first_nl = s.find("\n")
+        s = s[first_nl + 1 :] if first_nl >= 0 else s[3:]
+        if s.rstrip().endswith("```"):
+            s = s.rstrip()[:-3]
+    return s.strip()
+
+
+def check_reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str) -> Check:
+    """Validate one reply: free text always passes; JSON must parse, validate and be complete.
+
+    >>> check_reply('{"city": "Paris"}', {"type": "object", "required": ["city"]}, "stop").ok
+    True
+    """
+    if schema is None:
+        return Check(ok=True)
+    try:
+        data = json.loads(strip_fences(text))
+    except json.JSONDecodeError as e:
+        if finish_reason == "length":
+            return Check(False, error="the reply was cut off at the token limit (incomplete JSON)")
+        return Check(False, error=f"the reply is not valid JSON ({e.msg} at char {e.pos})")
+    err = next(iter(_validator(schema).iter_errors(data)), None)
+    if err is not None:
+        path = "/".join(str(p) for p in err.absolute_path) or "(root)"
+        return Check(
+            False, data=data, error=f"schema violation at {path}: {err.message}"[:_MAX_ERROR_CHARS]
+        )
+    if finish_reason == "length":
+        # Valid JSON that hit the limit is still suspect (e.g. a list cut at an item boundary
+        # by a grammar that closes early); treat it as truncated so it is recorded as such.
+        return Check(False, data=data, error="the reply was cut off at the token limit")
+    return Check(True, data=data)
+
+
+def repair_messages(messages: Sequence[Message], bad_reply: str, error: str) -> tuple[Message, ...]:
+    """The conversation for a repair attempt: the bad reply, then what was wrong with it."""
+    ask = (
+        f"Your previous reply was invalid: {error}. Reply again with only a valid JSON object "
+        "that satisfies the required schema. Keep it short. No explanations, no code fences."
+    )
+    return (*messages, Message("assistant", bad_reply), Message("user", ask))
+
+
+@dataclass
+class RepairState:
+    """Attempt bookkeeping for one request; shared by the async and the batch drivers.
+
+    `feed` takes the raw reply of the current attempt and returns the next request to send (a
+    repair) or None when the request is finished; `result` then builds the `LLMResult`.
+    """
+
+    request: LLMRequest
+    repair_attempts: int
+    current: LLMRequest = field(init=False)
+    raws: list[RawReply] = field(default_factory=list)
+    check: Check = field(default_factory=lambda: Check(False, error="no attempt made"))
+
+    def __post_init__(self) -> None:
+        self.current = self.request
+
+    def feed(self, raw: RawReply) -> LLMRequest | None:
+        self.raws.append(raw)
+        if raw.error is not None:
+            self.check = Check(False, error=raw.error)
+            return None  # the server is unreachable or refused: a repair would not help
+        self.check = check_reply(raw.text, self.request.schema, raw.finish_reason)
+        repairs_done = len(self.raws) - 1
+        if self.check.ok or repairs_done >= self.repair_attempts:
+            return None
+        logger.debug("repairing %s: %s", self.request.request_id, self.check.error)
+        msgs = repair_messages(self.current.messages, raw.text, self.check.error or "invalid")
+        self.current = replace(self.current, messages=msgs)
+        return self.current
+
+    def result(self, model: str) -> LLMResult:
+        last = self.raws[-1] if self.raws else RawReply("", "error", error="no attempt made")
+        failed = last.error is not None
+        return LLMResult(
+            request_id=self.request.request_id,
+            text=last.text,
+            data=self.check.data if self.check.ok else None,
+            parse_ok=self.check.ok,
+            # Cost accounting: tokens and time of every attempt, repairs included.
+            prompt_tokens=sum(r.prompt_tokens for r in self.raws),
+            completion_tokens=sum(r.completion_tokens for r in self.raws),
+            cached_tokens=_sum_optional(r.cached_tokens for r in self.raws),
+            latency_s=sum(r.latency_s for r in self.raws),
+            finish_reason="error" if failed else last.finish_reason,
+            cache_hit=False,
+            attempts=sum(r.http_attempts for r in self.raws),
+            messages_hash=self.request.messages_hash(),
+            model=model,
+            error=None if self.check.ok else self.check.error,
+        )
+
+
+def _sum_optional(values: Any) -> int | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) if vals else None
+
+
+OnResult = Callable[[int, LLMResult], None]
+
+
+def run_in_rounds(
+    requests: Sequence[LLMRequest],
+    send: Callable[[list[LLMRequest]], list[RawReply]],
+    *,
+    model: str,
+    repair_attempts: int,
+    on_result: OnResult | None = None,
+) -> list[LLMResult]:
+    """Batch driver: send every request at once, then every needed repair at once, and so on.
+
+    `send` maps a list of requests to one `RawReply` each, in order (the in-process vLLM engine
+    and the scripted backend). `on_result(i, result)` fires as soon as request i is final.
+    """
+    states = [RepairState(r, repair_attempts) for r in requests]
+    results: list[LLMResult | None] = [None] * len(requests)
+    pending = list(range(len(requests)))
+    while pending:
+        raws = send([states[i].current for i in pending])
+        if len(raws) != len(pending):
+            raise RuntimeError(f"backend returned {len(raws)} replies for {len(pending)} requests")
+        nxt: list[int] = []
+        for i, raw in zip(pending, raws, strict=True):
+            if states[i].feed(raw) is not None:
+                nxt.append(i)
+                continue
+            results[i] = states[i].result(model)
+            if on_result is not None:
+                on_result(i, results[i])  # type: ignore[arg-type]
+        pending = nxt
+    return [r for r in results if r is not None]
