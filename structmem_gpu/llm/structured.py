@@ -104,7 +104,10 @@ def check_reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str)
     if schema is None:
         return Check(ok=True)
     try:
-        data = json.loads(strip_fences(text))
+        # strict=False: llama.cpp's JSON grammar lets raw control characters (a literal newline)
+        # into strings; the content is still the model's text, so accept it instead of
+        # failing the reply on a formality.
+        data = json.loads(strip_fences(text), strict=False)
     except json.JSONDecodeError as e:
         if finish_reason == "length":
             return Check(False, error="the reply was cut off at the token limit (incomplete JSON)")

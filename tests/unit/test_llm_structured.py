@@ -156,3 +156,12 @@ def test_run_in_rounds_order_and_callback() -> None:
     assert [r.attempts for r in res] == [2, 1, 2, 1, 2]
     assert rounds == [5, 3]
     assert sorted(seen) == list(range(5))
+
+
+def test_raw_control_character_inside_a_string_is_accepted() -> None:
+    # llama.cpp's grammar allows a literal newline inside a JSON string.
+    from structmem_gpu.llm.structured import check_reply
+
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    check = check_reply('{"text": "line one\nline two"}', schema, "stop")
+    assert check.ok and check.data == {"text": "line one\nline two"}

@@ -29,6 +29,7 @@ counters (embedded_new, cache_hits, embed_s, embeddings_per_s).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -44,10 +45,22 @@ from structmem_gpu import schemas
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
-from structmem_gpu.methods.structmem.embed import EMBED_KEYS, aligned_matrix, embeddings_frame, encode_notes
+from structmem_gpu.methods.structmem.embed import (
+    EMBED_KEYS,
+    attach_embeddings,
+    embedding_matrix,
+    embeddings_frame,
+    encode_notes,
+)
 from structmem_gpu.methods.structmem.extract import LLM_KEYS
 from structmem_gpu.methods.structmem.windows import (
-    SEED_SCOPES, Window, event_index, reconstruct_events, seed_pool, top_k_in_pool, windows_by_conversation,
+    SEED_SCOPES,
+    Window,
+    event_index,
+    reconstruct_events,
+    seed_pool,
+    top_k_in_pool,
+    windows_by_conversation,
 )
 from structmem_gpu.prompts import synthesis
 from structmem_gpu.stage import Stage, StageContext
@@ -70,16 +83,30 @@ class ConsolidateSettings:
     temperature: float
 
     @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> "ConsolidateSettings":
+    def from_cfg(cls, cfg: DictConfig) -> ConsolidateSettings:
         c = cfg.consolidate
-        s = cls(bool(c.enabled), float(c.window_seconds), int(c.seed_k), str(c.seed_scope), str(c.query_mode),
-                str(c.prompt_variant), int(c.max_tokens), float(c.temperature))
+        s = cls(
+            bool(c.enabled),
+            float(c.window_seconds),
+            int(c.seed_k),
+            str(c.seed_scope),
+            str(c.query_mode),
+            str(c.prompt_variant),
+            int(c.max_tokens),
+            float(c.temperature),
+        )
         if s.seed_k < 0 or s.window_seconds < 0:
-            raise ConfigError(f"consolidate: seed_k ({s.seed_k}) and window_seconds ({s.window_seconds}) must be >= 0")
+            raise ConfigError(
+                f"consolidate: seed_k ({s.seed_k}) and window_seconds ({s.window_seconds}) must be >= 0"
+            )
         if s.seed_scope not in SEED_SCOPES:
-            raise ConfigError(f"consolidate.seed_scope={s.seed_scope!r}; expected one of {list(SEED_SCOPES)}")
+            raise ConfigError(
+                f"consolidate.seed_scope={s.seed_scope!r}; expected one of {list(SEED_SCOPES)}"
+            )
         if s.query_mode not in QUERY_MODES:
-            raise ConfigError(f"consolidate.query_mode={s.query_mode!r}; expected one of {list(QUERY_MODES)}")
+            raise ConfigError(
+                f"consolidate.query_mode={s.query_mode!r}; expected one of {list(QUERY_MODES)}"
+            )
         synthesis.check_variant(s.prompt_variant)
         return s
 
@@ -121,32 +148,45 @@ class ConversationView:
 
 def _records(rows: pl.DataFrame, positions: Sequence[int]) -> list[synthesis.Record]:
     sub = rows[list(positions)] if positions else rows.clear()
-    return [synthesis.Record(r["event_time"], r["speaker"], r["kind"], r["text"]) for r in sub.iter_rows(named=True)]
+    return [
+        synthesis.Record(r["event_time"], r["speaker"], r["kind"], r["text"])
+        for r in sub.iter_rows(named=True)
+    ]
 
 
-def conversation_views(entries: pl.DataFrame, emb: pl.DataFrame, window_seconds: float) -> list[ConversationView]:
+def conversation_views(
+    entries: pl.DataFrame, emb: pl.DataFrame, window_seconds: float
+) -> list[ConversationView]:
+    with_vectors = attach_embeddings(entries, "entry_id", emb, "entry_embeddings")
     out = []
-    for conv_id, (rows, wins) in windows_by_conversation(entries, window_seconds).items():
-        matrix = aligned_matrix(rows["entry_id"].to_list(), emb, "entry_embeddings")
-        out.append(ConversationView(conv_id, rows, matrix, wins))
+    for conv_id, (rows, wins) in windows_by_conversation(with_vectors, window_seconds).items():
+        out.append(ConversationView(conv_id, rows, embedding_matrix(rows), wins))
     return out
 
 
-def query_vectors(ctx: StageContext, views: Sequence[ConversationView], mode: str) -> list[np.ndarray]:
+def query_vectors(
+    ctx: StageContext, views: Sequence[ConversationView], mode: str
+) -> list[np.ndarray]:
     """(windows, d) query matrix per conversation; `concat` encodes all windows in one call."""
     if mode == "mean":
         out = []
         for v in views:
-            q = np.stack([v.matrix[w.start : w.end].mean(axis=0) for w in v.windows]) if v.windows else v.matrix[:0]
+            q = (
+                np.stack([v.matrix[w.start : w.end].mean(axis=0) for w in v.windows])
+                if v.windows
+                else v.matrix[:0]
+            )
             out.append(q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12))
         return out
     texts = ["\n".join(v.rows["text"][w.start : w.end].to_list()) for v in views for w in v.windows]
     flat = ctx.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
     sizes = np.cumsum([0, *(len(v.windows) for v in views)])
-    return [flat[a:b] for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
+    return [flat[a:b] for a, b in itertools.pairwise(sizes)]
 
 
-def plan_conversation(view: ConversationView, queries: np.ndarray, s: ConsolidateSettings) -> list[WindowPlan]:
+def plan_conversation(
+    view: ConversationView, queries: np.ndarray, s: ConsolidateSettings
+) -> list[WindowPlan]:
     ids = view.rows["entry_id"].to_list()
     events = view.rows["event_id"].to_list()
     by_event = event_index(events)
@@ -156,23 +196,50 @@ def plan_conversation(view: ConversationView, queries: np.ndarray, s: Consolidat
     for w, row_scores in zip(view.windows, scores, strict=True):
         seeds = top_k_in_pool(row_scores, seed_pool(w, len(ids), s.seed_scope), s.seed_k)
         context = reconstruct_events(seeds, events, w, by_event)
-        messages = synthesis.build_messages(s.prompt_variant, _records(view.rows, range(w.start, w.end)),
-                                            _records(view.rows, context))
+        messages = synthesis.build_messages(
+            s.prompt_variant,
+            _records(view.rows, range(w.start, w.end)),
+            _records(view.rows, context),
+        )
         rid = request_id(STAGE_NAME, view.conv_id, w.index, version, messages[-1].content)
-        req = LLMRequest(request_id=rid, stage=STAGE_NAME, conv_id=view.conv_id, messages=messages,
-                         prompt_version=version, schema=None,  # free text: see prompts/synthesis.py
-                         sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens))
-        out.append(WindowPlan(w, tuple(ids[w.start : w.end]), tuple(ids[p] for p in seeds),
-                              tuple(ids[p] for p in context), req))
+        req = LLMRequest(
+            request_id=rid,
+            stage=STAGE_NAME,
+            conv_id=view.conv_id,
+            messages=messages,
+            prompt_version=version,
+            schema=None,  # free text: see prompts/synthesis.py
+            sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
+        )
+        out.append(
+            WindowPlan(
+                w,
+                tuple(ids[w.start : w.end]),
+                tuple(ids[p] for p in seeds),
+                tuple(ids[p] for p in context),
+                req,
+            )
+        )
     return out
 
 
 def synthesis_row(plan: WindowPlan, result: LLMResult) -> SynthesisRow:
     w, text = plan.window, result.text.strip()
     sid = stable_hash("synthesis", w.conv_id, w.index, plan.request.request_id)
-    return SynthesisRow(sid, w.conv_id, w.index, w.start_time, w.end_time, text, plan.buffer_ids, plan.seed_ids,
-                        plan.context_ids, plan.request.request_id, plan.request.prompt_version,
-                        bool(result.parse_ok and text))
+    return SynthesisRow(
+        sid,
+        w.conv_id,
+        w.index,
+        w.start_time,
+        w.end_time,
+        text,
+        plan.buffer_ids,
+        plan.seed_ids,
+        plan.context_ids,
+        plan.request.request_id,
+        plan.request.prompt_version,
+        bool(result.parse_ok and text),
+    )
 
 
 def syntheses_frame(rows: Sequence[SynthesisRow]) -> pl.DataFrame:
@@ -189,7 +256,10 @@ def _mean(values: Sequence[int]) -> float:
 
 def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s = ConsolidateSettings.from_cfg(ctx.cfg)
-    empty = {"syntheses": schemas.empty(schemas.SYNTHESES), "synthesis_embeddings": schemas.empty(schemas.EMBEDDINGS)}
+    empty = {
+        "syntheses": schemas.empty(schemas.SYNTHESES),
+        "synthesis_embeddings": schemas.empty(schemas.EMBEDDINGS),
+    }
     ctx.notes["enabled"] = s.enabled
     if not s.enabled:
         ctx.notes.update(windows=0, requests=0)
@@ -198,27 +268,49 @@ def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     views = conversation_views(entries, emb, s.window_seconds)
     before = encode_notes(ctx) if entries.height else None
     queries = query_vectors(ctx, views, s.query_mode)
-    plans = [p for v, q in tqdm(list(zip(views, queries, strict=True)), desc="consolidate: seeds", unit="conv",
-                                disable=len(views) < 50) for p in plan_conversation(v, q, s)]
+    plans = [
+        p
+        for v, q in tqdm(
+            list(zip(views, queries, strict=True)),
+            desc="consolidate: seeds",
+            unit="conv",
+            disable=len(views) < 50,
+        )
+        for p in plan_conversation(v, q, s)
+    ]
     results = ctx.generate([p.request for p in plans], desc="consolidate")  # one batch
     rows = [synthesis_row(p, r) for p, r in zip(plans, results, strict=True)]
     ok = [r for r in rows if r.parse_ok]
     emb_frame = empty["synthesis_embeddings"]
     if ok:
         mat = ctx.encode([r.text for r in ok])
-        emb_frame = embeddings_frame([r.synth_id for r in ok], [r.conv_id for r in ok], [r.text for r in ok],
-                                     mat, ctx.encoder().model_id)
+        emb_frame = embeddings_frame(
+            [r.synth_id for r in ok],
+            [r.conv_id for r in ok],
+            [r.text for r in ok],
+            mat,
+            ctx.encoder().model_id,
+        )
     ctx.notes.update(
-        conversations=len(views), windows=len(plans), requests=len(plans),
-        parse_failures=sum(not r.parse_ok for r in rows), truncated=sum(r.finish_reason == "length" for r in results),
-        buffer_entries_mean=_mean([len(p.buffer_ids) for p in plans]), seeds_mean=_mean([len(p.seed_ids) for p in plans]),
-        context_entries_mean=_mean([len(p.context_ids) for p in plans]), syntheses_embedded=len(ok),
-        **(encode_notes(ctx, before) if before is not None else {}))
+        conversations=len(views),
+        windows=len(plans),
+        requests=len(plans),
+        parse_failures=sum(not r.parse_ok for r in rows),
+        truncated=sum(r.finish_reason == "length" for r in results),
+        buffer_entries_mean=_mean([len(p.buffer_ids) for p in plans]),
+        seeds_mean=_mean([len(p.seed_ids) for p in plans]),
+        context_entries_mean=_mean([len(p.context_ids) for p in plans]),
+        syntheses_embedded=len(ok),
+        **(encode_notes(ctx, before) if before is not None else {}),
+    )
     log.info("consolidate: %s", ctx.notes)
     return {"syntheses": syntheses_frame(rows), "synthesis_embeddings": emb_frame}
 
 
 STAGE = Stage(
-    name=STAGE_NAME, run=run_consolidate, reads=("entries", "entry_embeddings"),
-    writes=("syntheses", "synthesis_embeddings"), config_keys=("consolidate", *EMBED_KEYS, *LLM_KEYS),
+    name=STAGE_NAME,
+    run=run_consolidate,
+    reads=("entries", "entry_embeddings"),
+    writes=("syntheses", "synthesis_embeddings"),
+    config_keys=("consolidate", *EMBED_KEYS, *LLM_KEYS),
 )

@@ -34,18 +34,33 @@ log = logging.getLogger(__name__)
 EMBED_KEYS = ("embedder.model", "embedder.max_seq_length")
 
 
-def embeddings_frame(item_ids: Sequence[str], conv_ids: Sequence[str], texts: Sequence[str],
-                     matrix: np.ndarray, model: str) -> pl.DataFrame:
+def embeddings_frame(
+    item_ids: Sequence[str],
+    conv_ids: Sequence[str],
+    texts: Sequence[str],
+    matrix: np.ndarray,
+    model: str,
+) -> pl.DataFrame:
     """EMBEDDINGS rows for aligned ids, conversations, texts and matrix rows."""
     if not (len(item_ids) == len(conv_ids) == len(texts) == matrix.shape[0]):
-        raise ValueError(f"misaligned embeddings: {len(item_ids)} ids, {len(texts)} texts, {matrix.shape[0]} rows")
+        raise ValueError(
+            f"misaligned embeddings: {len(item_ids)} ids, {len(texts)} texts, {matrix.shape[0]} rows"
+        )
     if not item_ids:
         return schemas.empty(schemas.EMBEDDINGS)
-    emb = pl.Series("embedding", np.ascontiguousarray(matrix, dtype=np.float32)).cast(pl.List(pl.Float32))
-    return pl.DataFrame({
-        "item_id": list(item_ids), "conv_id": list(conv_ids), "model": [model] * len(item_ids),
-        "text_hash": [text_sha(t) for t in texts], "embedding": emb,
-    }, schema=dict(schemas.EMBEDDINGS))
+    emb = pl.Series("embedding", np.ascontiguousarray(matrix, dtype=np.float32)).cast(
+        pl.List(pl.Float32)
+    )
+    return pl.DataFrame(
+        {
+            "item_id": list(item_ids),
+            "conv_id": list(conv_ids),
+            "model": [model] * len(item_ids),
+            "text_hash": [text_sha(t) for t in texts],
+            "embedding": emb,
+        },
+        schema=dict(schemas.EMBEDDINGS),
+    )
 
 
 def embedding_matrix(df: pl.DataFrame) -> np.ndarray:
@@ -60,26 +75,38 @@ def embedding_matrix(df: pl.DataFrame) -> np.ndarray:
     return np.ascontiguousarray(flat.reshape(df.height, d))
 
 
-def aligned_matrix(ids: Sequence[str], emb: pl.DataFrame, table: str) -> np.ndarray:
-    """Rows of `emb` (an EMBEDDINGS frame) in the order of `ids`; fails naming missing ids."""
-    order = pl.DataFrame({"item_id": list(ids)}, schema={"item_id": pl.String})
-    joined = order.join(emb.select("item_id", "embedding").unique("item_id", keep="first"),
-                        on="item_id", how="left", maintain_order="left")
-    missing = joined.filter(pl.col("embedding").is_null())["item_id"].to_list()
+def attach_embeddings(
+    frame: pl.DataFrame, id_col: str, emb: pl.DataFrame, table: str
+) -> pl.DataFrame:
+    """`frame` with an `embedding` column joined from `emb` (EMBEDDINGS) on `id_col`, row order
+    kept; fails naming the ids that have no embedding (one join for all conversations)."""
+    vectors = emb.select(pl.col("item_id").alias(id_col), "embedding").unique(id_col, keep="first")
+    joined = frame.join(vectors, on=id_col, how="left", maintain_order="left")
+    missing = joined.filter(pl.col("embedding").is_null())[id_col].to_list()
     if missing:
-        raise RuntimeError(f"{table}: {len(missing)} item(s) have no embedding (e.g. {missing[:3]}); "
-                           "rerun the stage that embeds them (force=true)")
-    return embedding_matrix(joined)
+        raise RuntimeError(
+            f"{table}: {len(missing)} item(s) have no embedding (e.g. {missing[:3]}); "
+            "rerun the stage that embeds them (force=true)"
+        )
+    return joined
 
 
 def encode_notes(ctx: StageContext, before: dict[str, Any] | None = None) -> dict[str, Any]:
     """Encoder counters since `before` (a previous return value), for ctx.notes."""
     st = ctx.encoder().stats
-    now = {"embedded_new": st.embedded, "cache_hits": st.cache_hits, "embed_s": round(st.embed_s, 3)}
+    now = {
+        "embedded_new": st.embedded,
+        "cache_hits": st.cache_hits,
+        "embed_s": round(st.embed_s, 3),
+    }
     if before:
-        now = {k: round(v - before.get(k, 0), 3) if isinstance(v, float) else v - before.get(k, 0)
-               for k, v in now.items()}
-    now["embeddings_per_s"] = round(now["embedded_new"] / now["embed_s"], 1) if now["embed_s"] > 0 else None
+        now = {
+            k: round(v - before.get(k, 0), 3) if isinstance(v, float) else v - before.get(k, 0)
+            for k, v in now.items()
+        }
+    now["embeddings_per_s"] = (
+        round(now["embedded_new"] / now["embed_s"], 1) if now["embed_s"] > 0 else None
+    )
     return now
 
 
@@ -92,13 +119,20 @@ def run_embed(ctx: StageContext) -> dict[str, pl.DataFrame]:
     texts = entries["text"].to_list()
     matrix = ctx.encode(texts)  # batched and cached inside the encoder
     enc = ctx.encoder()
-    ctx.notes.update(embeddings=len(texts), model=enc.model_id, dim=enc.dim, **encode_notes(ctx, before))
+    ctx.notes.update(
+        embeddings=len(texts), model=enc.model_id, dim=enc.dim, **encode_notes(ctx, before)
+    )
     log.info("embed: %s", ctx.notes)
-    frame = embeddings_frame(entries["entry_id"].to_list(), entries["conv_id"].to_list(), texts, matrix, enc.model_id)
+    frame = embeddings_frame(
+        entries["entry_id"].to_list(), entries["conv_id"].to_list(), texts, matrix, enc.model_id
+    )
     return {"entry_embeddings": frame}
 
 
 STAGE = Stage(
-    name="embed", run=run_embed, reads=("entries",), writes=("entry_embeddings",),
+    name="embed",
+    run=run_embed,
+    reads=("entries",),
+    writes=("entry_embeddings",),
     config_keys=EMBED_KEYS,
 )

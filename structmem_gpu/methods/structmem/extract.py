@@ -94,13 +94,22 @@ class ExtractSettings:
     temperature: float
 
     @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> "ExtractSettings":
+    def from_cfg(cls, cfg: DictConfig) -> ExtractSettings:
         e = cfg.extract
-        s = cls(int(e.turns_per_request), int(e.context_turns or 0), tuple(str(p) for p in e.perspectives),
-                int(e.max_tokens), int(e.max_items), int(e.max_item_chars), float(e.temperature))
+        s = cls(
+            int(e.turns_per_request),
+            int(e.context_turns or 0),
+            tuple(str(p) for p in e.perspectives),
+            int(e.max_tokens),
+            int(e.max_items),
+            int(e.max_item_chars),
+            float(e.temperature),
+        )
         if s.turns_per_request < 1 or s.context_turns < 0 or not s.perspectives:
-            raise ConfigError(f"extract: need turns_per_request >= 1, context_turns >= 0 and at least one "
-                              f"perspective; got {OmegaConf.to_container(e)}")
+            raise ConfigError(
+                f"extract: need turns_per_request >= 1, context_turns >= 0 and at least one "
+                f"perspective; got {OmegaConf.to_container(e)}"
+            )
         for kind in s.perspectives:
             extraction_prompt(kind)  # raises ConfigError naming an unknown perspective
         return s
@@ -118,56 +127,104 @@ def entry_id(conv_id: str, event_id: str, kind: str, text: str) -> str:
 
 
 def _turn_view(row: dict[str, Any]) -> TurnView:
-    return TurnView(row["event_id"], row["dia_id"], row["session_index"], row["turn_index"],
-                    row["session_time"], row["speaker"], display_text(row["text"] or "", row["image_caption"]))
+    return TurnView(
+        row["event_id"],
+        row["dia_id"],
+        row["session_index"],
+        row["turn_index"],
+        row["session_time"],
+        row["speaker"],
+        display_text(row["text"] or "", row["image_caption"]),
+    )
 
 
-def plan_windows(turns: pl.DataFrame, per_request: int, context_turns: int) -> list[ExtractionWindow]:
+def plan_windows(
+    turns: pl.DataFrame, per_request: int, context_turns: int
+) -> list[ExtractionWindow]:
     """Windows of consecutive turns inside each session, in (conv_id, session, turn) order."""
     ordered = turns.sort("conv_id", "session_index", "turn_index")
     out = []
-    keyed = itertools.groupby(ordered.iter_rows(named=True), key=lambda r: (r["conv_id"], r["session_index"]))
+    keyed = itertools.groupby(
+        ordered.iter_rows(named=True), key=lambda r: (r["conv_id"], r["session_index"])
+    )
     for (conv_id, session_index), rows in keyed:
         views = [_turn_view(r) for r in rows]
         for start in range(0, len(views), per_request):
-            out.append(ExtractionWindow(
-                conv_id, session_index, views[0].session_time, tuple(views[start : start + per_request]),
-                tuple(views[max(0, start - context_turns) : start])))
+            out.append(
+                ExtractionWindow(
+                    conv_id,
+                    session_index,
+                    views[0].session_time,
+                    tuple(views[start : start + per_request]),
+                    tuple(views[max(0, start - context_turns) : start]),
+                )
+            )
     return out
 
 
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
     prompt = extraction_prompt(kind)
-    user = render_window(window.session_time, [(t.speaker, t.text) for t in window.context],
-                         [(t.speaker, t.text) for t in window.turns])
-    schema = extraction_schema(len(window.turns), max_items=s.max_items, max_item_chars=s.max_item_chars)
+    user = render_window(
+        window.session_time,
+        [(t.speaker, t.text) for t in window.context],
+        [(t.speaker, t.text) for t in window.turns],
+    )
+    schema = extraction_schema(
+        len(window.turns), max_items=s.max_items, max_item_chars=s.max_item_chars
+    )
     # Content-derived id: stable across reruns (resume, caches); the first event keeps two
     # identical windows of one conversation apart.
-    rid = request_id(STAGE_NAME, window.conv_id, window.turns[0].event_id, kind, prompt.VERSION, user, schema)
-    return LLMRequest(request_id=rid, stage=STAGE_NAME, conv_id=window.conv_id,
-                      messages=(Message("system", prompt.SYSTEM), Message("user", user)),
-                      prompt_version=prompt.VERSION, schema=schema,
-                      sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens))
+    rid = request_id(
+        STAGE_NAME, window.conv_id, window.turns[0].event_id, kind, prompt.VERSION, user, schema
+    )
+    return LLMRequest(
+        request_id=rid,
+        stage=STAGE_NAME,
+        conv_id=window.conv_id,
+        messages=(Message("system", prompt.SYSTEM), Message("user", user)),
+        prompt_version=prompt.VERSION,
+        schema=schema,
+        sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
+    )
 
 
-def map_items(window: ExtractionWindow, kind: str, request: LLMRequest, result: LLMResult) -> MappedItems:
+def map_items(
+    window: ExtractionWindow, kind: str, request: LLMRequest, result: LLMResult
+) -> MappedItems:
     """Reply items -> entries bound to the window's turns; unknown turn numbers are rejected."""
     out = MappedItems()
     if not result.parse_ok or not isinstance(result.data, dict):
         return out
     for item in result.data.get("entries") or []:
         turn, text = item.get("turn"), str(item.get("text") or "").strip()
-        if isinstance(turn, bool) or not isinstance(turn, int) or not 1 <= turn <= len(window.turns):
+        if (
+            isinstance(turn, bool)
+            or not isinstance(turn, int)
+            or not 1 <= turn <= len(window.turns)
+        ):
             out.rejected += 1
             continue
         if not text:
             out.empty += 1
             continue
         t = window.turns[turn - 1]
-        out.entries.append(EntryRow(
-            entry_id(window.conv_id, t.event_id, kind, text), window.conv_id, t.event_id, t.dia_id,
-            t.session_index, t.turn_index, t.session_time, t.speaker, kind, text,
-            request.request_id, request.prompt_version, result.model))
+        out.entries.append(
+            EntryRow(
+                entry_id(window.conv_id, t.event_id, kind, text),
+                window.conv_id,
+                t.event_id,
+                t.dia_id,
+                t.session_index,
+                t.turn_index,
+                t.session_time,
+                t.speaker,
+                kind,
+                text,
+                request.request_id,
+                request.prompt_version,
+                result.model,
+            )
+        )
     return out
 
 
@@ -175,11 +232,20 @@ def entries_frame(rows: Iterable[EntryRow]) -> pl.DataFrame:
     return schemas.frame((asdict(r) for r in rows), schemas.ENTRIES)
 
 
-def collect_entries(plan: Sequence[tuple[ExtractionWindow, str, LLMRequest]], results: Sequence[LLMResult],
-                    notes: dict[str, Any]) -> list[EntryRow]:
+def collect_entries(
+    plan: Sequence[tuple[ExtractionWindow, str, LLMRequest]],
+    results: Sequence[LLMResult],
+    notes: dict[str, Any],
+) -> list[EntryRow]:
     """Map every reply, dedupe identical entry ids (first wins) and count what was dropped."""
     seen: dict[str, EntryRow] = {}
-    counts = dict(parse_failures=0, truncated=0, rejected_items=0, empty_items=0, duplicate_items=0)
+    counts = {
+        "parse_failures": 0,
+        "truncated": 0,
+        "rejected_items": 0,
+        "empty_items": 0,
+        "duplicate_items": 0,
+    }
     for (window, kind, req), res in zip(plan, results, strict=True):
         counts["parse_failures"] += not res.parse_ok
         counts["truncated"] += res.finish_reason == "length"
@@ -193,8 +259,11 @@ def collect_entries(plan: Sequence[tuple[ExtractionWindow, str, LLMRequest]], re
                 seen[row.entry_id] = row
     notes.update(counts)
     if counts["rejected_items"] or counts["parse_failures"]:
-        log.warning("extract: %d parse failures, %d items with unknown turn numbers rejected (see requests.parquet)",
-                    counts["parse_failures"], counts["rejected_items"])
+        log.warning(
+            "extract: %d parse failures, %d items with unknown turn numbers rejected (see requests.parquet)",
+            counts["parse_failures"],
+            counts["rejected_items"],
+        )
     return list(seen.values())
 
 
@@ -202,18 +271,28 @@ def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s = ExtractSettings.from_cfg(ctx.cfg)
     turns = ctx.read("turns")
     windows = plan_windows(turns, s.turns_per_request, s.context_turns)
-    plan = [(w, kind, build_request(w, kind, s)) for w in windows for kind in s.perspectives]
+    # Grouped by perspective: consecutive requests share the system prompt, which llama.cpp
+    # (one slot, reuses the previous prompt's common prefix) then evaluates once per group.
+    plan = [(w, kind, build_request(w, kind, s)) for kind in s.perspectives for w in windows]
     results = ctx.generate([p[2] for p in plan], desc="extract")  # one batch, all conversations
     rows = collect_entries(plan, results, ctx.notes)
     covered = len({r.event_id for r in rows})
-    ctx.notes.update(windows=len(windows), requests=len(plan), entries=len(rows), turns=turns.height,
-                     turns_covered=covered,
-                     **{f"entries_{k}": sum(r.kind == k for r in rows) for k in s.perspectives})
+    ctx.notes.update(
+        windows=len(windows),
+        requests=len(plan),
+        entries=len(rows),
+        turns=turns.height,
+        turns_covered=covered,
+        **{f"entries_{k}": sum(r.kind == k for r in rows) for k in s.perspectives},
+    )
     log.info("extract: %s", ctx.notes)
     return {"entries": entries_frame(rows)}
 
 
 STAGE = Stage(
-    name=STAGE_NAME, run=run_extract, reads=("turns",), writes=("entries",),
+    name=STAGE_NAME,
+    run=run_extract,
+    reads=("turns",),
+    writes=("entries",),
     config_keys=("extract", *LLM_KEYS),
 )

@@ -48,7 +48,9 @@ def _by_conversation(emb: pl.DataFrame | None) -> dict[str, tuple[list[str], np.
     return out
 
 
-def _memory_ids(table: pl.DataFrame | None, id_col: str, extra: pl.Expr | None = None) -> set[str] | None:
+def _memory_ids(
+    table: pl.DataFrame | None, id_col: str, extra: pl.Expr | None = None
+) -> set[str] | None:
     """Ids present in the memory table (embeddings of deleted rows must not be retrieved)."""
     if table is None:
         return None
@@ -57,8 +59,9 @@ def _memory_ids(table: pl.DataFrame | None, id_col: str, extra: pl.Expr | None =
     return set(table[id_col].to_list())
 
 
-def _restrict(pool: dict[str, tuple[list[str], np.ndarray]], keep: set[str] | None
-              ) -> dict[str, tuple[list[str], np.ndarray]]:
+def _restrict(
+    pool: dict[str, tuple[list[str], np.ndarray]], keep: set[str] | None
+) -> dict[str, tuple[list[str], np.ndarray]]:
     if keep is None:
         return pool
     out = {}
@@ -68,9 +71,16 @@ def _restrict(pool: dict[str, tuple[list[str], np.ndarray]], keep: set[str] | No
     return out
 
 
-def search_rows(circuit: str, qids: Sequence[str], conv_id: str, queries: np.ndarray,
-                pool: tuple[list[str], np.ndarray] | None, k: int, index_cfg: dict[str, Any],
-                on_gpu: set[bool] | None = None) -> list[dict[str, Any]]:
+def search_rows(
+    circuit: str,
+    qids: Sequence[str],
+    conv_id: str,
+    queries: np.ndarray,
+    pool: tuple[list[str], np.ndarray] | None,
+    k: int,
+    index_cfg: dict[str, Any],
+    on_gpu: set[bool] | None = None,
+) -> list[dict[str, Any]]:
     """RETRIEVALS rows for one conversation's questions against one circuit's memory."""
     if pool is None or k <= 0 or not pool[0]:
         return []
@@ -79,8 +89,17 @@ def search_rows(circuit: str, qids: Sequence[str], conv_id: str, queries: np.nda
         on_gpu.add(index.on_gpu)
     rows = []
     for qid, hits in zip(qids, index.search(queries, k), strict=True):
-        rows.extend({"question_id": qid, "conv_id": conv_id, "circuit": circuit, "rank": r, "item_id": item,
-                     "score": score} for r, (item, score) in enumerate(hits))
+        rows.extend(
+            {
+                "question_id": qid,
+                "conv_id": conv_id,
+                "circuit": circuit,
+                "rank": r,
+                "item_id": item,
+                "score": score,
+            }
+            for r, (item, score) in enumerate(hits)
+        )
     return rows
 
 
@@ -88,13 +107,20 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
     cfg = ctx.cfg
     questions = selected_questions(cfg, ctx.read("questions"))
     ks = {"entries": int(cfg.retrieve.entries_k), "syntheses": int(cfg.retrieve.syntheses_k)}
-    index_cfg = {"use_gpu": cfg.index.get("use_gpu", "auto"), "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K))}
+    index_cfg = {
+        "use_gpu": cfg.index.get("use_gpu", "auto"),
+        "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
+    }
     syntheses = ctx.read_optional("syntheses")
     pools = {
-        "entries": _restrict(_by_conversation(ctx.read("entry_embeddings")),
-                             _memory_ids(ctx.read("entries"), "entry_id")),
-        "syntheses": _restrict(_by_conversation(ctx.read_optional("synthesis_embeddings")),
-                               _memory_ids(syntheses, "synth_id", pl.col("parse_ok"))),
+        "entries": _restrict(
+            _by_conversation(ctx.read("entry_embeddings")),
+            _memory_ids(ctx.read("entries"), "entry_id"),
+        ),
+        "syntheses": _restrict(
+            _by_conversation(ctx.read_optional("synthesis_embeddings")),
+            _memory_ids(syntheses, "synth_id", pl.col("parse_ok")),
+        ),
     }
     before = encode_notes(ctx) if questions.height else None
     qmat = ctx.encode(questions["question"].to_list()) if questions.height else None
@@ -105,21 +131,39 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
     for (conv_id,), part in tqdm(groups, desc="retrieve", unit="conv", disable=len(groups) < 50):
         qids, qvec = part["question_id"].to_list(), qmat[part["_pos"].to_numpy()]
         for circuit in CIRCUITS:
-            rows.extend(search_rows(circuit, qids, str(conv_id), qvec, pools[circuit].get(str(conv_id)),
-                                    ks[circuit], index_cfg, on_gpu))
+            rows.extend(
+                search_rows(
+                    circuit,
+                    qids,
+                    str(conv_id),
+                    qvec,
+                    pools[circuit].get(str(conv_id)),
+                    ks[circuit],
+                    index_cfg,
+                    on_gpu,
+                )
+            )
     out = schemas.frame(rows, schemas.RETRIEVALS)
     hit_q = set(out.filter(pl.col("circuit") == "entries")["question_id"].to_list())
     ctx.notes.update(
-        questions=questions.height, conversations=len(groups), index_on_gpu=any(on_gpu), search_s=round(time.perf_counter() - t0, 3),
-        rows_entries=int((out["circuit"] == "entries").sum()), rows_syntheses=int((out["circuit"] == "syntheses").sum()),
+        questions=questions.height,
+        conversations=len(groups),
+        index_on_gpu=any(on_gpu),
+        search_s=round(time.perf_counter() - t0, 3),
+        rows_entries=int((out["circuit"] == "entries").sum()),
+        rows_syntheses=int((out["circuit"] == "syntheses").sum()),
         questions_without_entries=questions.height - len(hit_q),
-        **(encode_notes(ctx, before) if before is not None else {}))
+        **(encode_notes(ctx, before) if before is not None else {}),
+    )
     log.info("retrieve: %s", ctx.notes)
     return {"retrievals": out}
 
 
 STAGE = Stage(
-    name="retrieve", run=run_retrieve, reads=("questions", "entries", "entry_embeddings"),
-    optional_reads=("syntheses", "synthesis_embeddings"), writes=("retrievals",),
+    name="retrieve",
+    run=run_retrieve,
+    reads=("questions", "entries", "entry_embeddings"),
+    optional_reads=("syntheses", "synthesis_embeddings"),
+    writes=("retrievals",),
     config_keys=("retrieve.entries_k", "retrieve.syntheses_k", "benchmark.categories", *EMBED_KEYS),
 )

@@ -3,9 +3,8 @@
 specs/structmem.md "Stage consolidate" steps 1, 4 and 5, without any LLM or encoder, so the
 rules can be tested directly and the LoCoMo window count checked at turn level:
 
-    >>> turns = load_benchmark("locomo", path, None, None)[0]
-    >>> count_windows(turns.rename({"session_time": "event_time"}), 3600)
-    272
+    turns = load_benchmark("locomo", path, None, None)[0]
+    count_windows(turns.rename({"session_time": "event_time"}), 3600)   # -> 272
 
 One window of the bundled sample (sessions 2 and 3 of sample-1 are 43 minutes apart, so they
 share a window):
@@ -44,17 +43,21 @@ class Window:
 
 def sort_entries(df: pl.DataFrame, time_col: str = "event_time") -> pl.DataFrame:
     """One conversation's rows in consolidation order: (time, session, turn), then stable ties."""
-    keys = [c for c in (time_col, "session_index", "turn_index", "kind", "entry_id") if c in df.columns]
+    keys = [
+        c for c in (time_col, "session_index", "turn_index", "kind", "entry_id") if c in df.columns
+    ]
     return df.sort(keys, maintain_order=True)
 
 
-def greedy_windows(times_us: Sequence[int] | np.ndarray, window_seconds: float) -> list[tuple[int, int]]:
+def greedy_windows(
+    times_us: Sequence[int] | np.ndarray, window_seconds: float
+) -> list[tuple[int, int]]:
     """(start, end) slices over sorted times: a window starts at the first unassigned time and
     takes every time within `window_seconds` of it (inclusive)."""
     t = np.asarray(times_us, dtype=np.int64)
     if t.size and np.any(np.diff(t) < 0):
         raise ValueError("greedy_windows needs times sorted ascending")
-    width = int(round(float(window_seconds) * 1_000_000))
+    width = round(float(window_seconds) * 1_000_000)
     out: list[tuple[int, int]] = []
     start = 0
     while start < t.size:
@@ -64,8 +67,9 @@ def greedy_windows(times_us: Sequence[int] | np.ndarray, window_seconds: float) 
     return out
 
 
-def conversation_windows(conv_id: str, sorted_df: pl.DataFrame, window_seconds: float,
-                         time_col: str = "event_time") -> list[Window]:
+def conversation_windows(
+    conv_id: str, sorted_df: pl.DataFrame, window_seconds: float, time_col: str = "event_time"
+) -> list[Window]:
     """Windows of one conversation whose rows are already in `sort_entries` order."""
     times = sorted_df[time_col]
     micros = times.dt.epoch("us").to_numpy()
@@ -75,15 +79,19 @@ def conversation_windows(conv_id: str, sorted_df: pl.DataFrame, window_seconds: 
     return out
 
 
-def windows_by_conversation(df: pl.DataFrame, window_seconds: float, time_col: str = "event_time"
-                            ) -> dict[str, tuple[pl.DataFrame, list[Window]]]:
+def windows_by_conversation(
+    df: pl.DataFrame, window_seconds: float, time_col: str = "event_time"
+) -> dict[str, tuple[pl.DataFrame, list[Window]]]:
     """conv_id -> (its rows in consolidation order, its windows); conversations sorted by id."""
     if window_seconds < 0:
         raise ConfigError(f"consolidate.window_seconds={window_seconds} must be >= 0")
     out = {}
     for (conv_id,), part in sorted(df.group_by("conv_id"), key=lambda kv: str(kv[0][0])):
         ordered = sort_entries(part, time_col)
-        out[str(conv_id)] = (ordered, conversation_windows(str(conv_id), ordered, window_seconds, time_col))
+        out[str(conv_id)] = (
+            ordered,
+            conversation_windows(str(conv_id), ordered, window_seconds, time_col),
+        )
     return out
 
 
@@ -129,8 +137,12 @@ def event_index(event_ids: Sequence[str]) -> dict[str, list[int]]:
     return out
 
 
-def reconstruct_events(seeds: Sequence[int], event_ids: Sequence[str], window: Window,
-                       by_event: Mapping[str, Sequence[int]] | None = None) -> list[int]:
+def reconstruct_events(
+    seeds: Sequence[int],
+    event_ids: Sequence[str],
+    window: Window,
+    by_event: Mapping[str, Sequence[int]] | None = None,
+) -> list[int]:
     """Every position sharing an event_id with a seed (the seeds included), buffer excluded,
     deduplicated, in time order (Eq. 4-5)."""
     by_event = event_index(event_ids) if by_event is None else by_event

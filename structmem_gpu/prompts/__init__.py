@@ -1,0 +1,91 @@
+"""Prompt modules, one per prompt, each with a VERSION (part of cache keys and provenance).
+
+Extraction (StructMem's two perspectives) shares one user message and one reply schema,
+defined here so that the factual and relational prompts cannot drift apart:
+
+    >>> print(render_window(datetime(2023, 5, 8, 13, 56), [], [("Caroline", "I went hiking.")]))
+    Session date: 2023-05-08 13:56 (Monday)
+    <BLANKLINE>
+    Turns:
+    [1] Caroline: I went hiking.
+
+    extraction_schema(8, max_items=32, max_item_chars=400)
+    # {"type": "object", "properties": {"entries": {"type": "array", "maxItems": 32, "items":
+    #   {"type": "object", "properties": {"turn": {"type": "integer", "minimum": 1, "maximum": 8,
+    #    "enum": [1, 2, 3, 4, 5, 6, 7, 8]},
+    #    "text": {"type": "string", "minLength": 1, "maxLength": 400}}, ...}}}, ...}
+
+Changing `render_window` changes what both extraction prompts see: bump both VERSIONs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from types import ModuleType
+from typing import Any
+
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.prompts import factual, relational
+
+# kind of entry -> prompt module (each has VERSION, KIND, SYSTEM)
+EXTRACTION_PROMPTS: dict[str, ModuleType] = {factual.KIND: factual, relational.KIND: relational}
+
+
+def extraction_prompt(kind: str) -> ModuleType:
+    """The prompt module of an extraction perspective ("fact" | "relation")."""
+    try:
+        return EXTRACTION_PROMPTS[kind]
+    except KeyError:
+        raise ConfigError(
+            f"extract.perspectives: unknown perspective {kind!r}; expected some of {sorted(EXTRACTION_PROMPTS)}"
+        ) from None
+
+
+def extraction_schema(n_turns: int, *, max_items: int, max_item_chars: int) -> dict[str, Any]:
+    """Reply schema: `{"entries": [{"turn": 1..n_turns, "text": str}]}`, bounded so that a reply
+    capped by max_tokens on a small model is still short enough to be valid JSON."""
+    if n_turns < 1 or max_items < 1 or max_item_chars < 1:
+        raise ValueError(
+            f"bad extraction schema bounds: {n_turns=}, {max_items=}, {max_item_chars=}"
+        )
+    item = {
+        "type": "object",
+        "properties": {
+            # enum as well as the bounds: llama.cpp's grammar ignores integer minimum/maximum
+            # (seen: SmolLM2 answered turn 2 of a 1-turn window) but compiles enum exactly.
+            "turn": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": n_turns,
+                "enum": list(range(1, n_turns + 1)),
+            },
+            "text": {"type": "string", "minLength": 1, "maxLength": max_item_chars},
+        },
+        "required": ["turn", "text"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {"entries": {"type": "array", "maxItems": max_items, "items": item}},
+        "required": ["entries"],
+        "additionalProperties": False,
+    }
+
+
+def render_window(
+    session_time: datetime, context: Sequence[tuple[str, str]], turns: Sequence[tuple[str, str]]
+) -> str:
+    """The extraction user message: session date, read-only context lines, numbered turns.
+
+    `context` and `turns` are (speaker, display text) pairs; the display text already carries
+    an image caption as ` [image: <caption>]` (structmem_gpu.data.display_text).
+    """
+    lines = [f"Session date: {session_time:%Y-%m-%d %H:%M} ({session_time:%A})", ""]
+    if context:
+        lines.append("Earlier in this session (context only):")
+        lines.extend(f"(context) {speaker}: {text}" for speaker, text in context)
+        lines.append("")
+    lines.append("Turns:")
+    lines.extend(f"[{i}] {speaker}: {text}" for i, (speaker, text) in enumerate(turns, start=1))
+    return "\n".join(lines)
