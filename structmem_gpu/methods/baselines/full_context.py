@@ -45,7 +45,8 @@ def _session_blocks(turns: pl.DataFrame) -> list[tuple[str, list[str]]]:
     blocks: list[tuple[str, list[str]]] = []
     current: int | None = None
     for idx, time, speaker, text, caption in ordered.select(
-            "session_index", "session_time", "speaker", "text", "image_caption").iter_rows():
+        "session_index", "session_time", "speaker", "text", "image_caption"
+    ).iter_rows():
         if idx != current:
             blocks.append((P.session_header(idx, time), []))
             current = idx
@@ -97,10 +98,16 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
         histories[conv] = render_history(conv_turns, context_tokens)
     cut = sum(h.truncated for h in histories.values())
     if cut:
-        log.info("full_context: %d of %d conversations truncated to ~%d tokens", cut, len(histories), context_tokens)
+        log.info(
+            "full_context: %d of %d conversations truncated to ~%d tokens",
+            cut,
+            len(histories),
+            context_tokens,
+        )
     out = {}
     for qid, conv, question, now in inputs.questions.select(
-            "question_id", "conv_id", "question", "question_time").iter_rows():
+        "question_id", "conv_id", "question", "question_time"
+    ).iter_rows():
         hist = histories.get(conv)
         text = hist.text if hist else "(no history)"
         out[qid] = AnswerPrompt(P.build_messages(question, text, now), P.VERSION)

@@ -1,0 +1,283 @@
+"""Stage `answer`: one prompt per selected question, all questions in ONE LLM batch.
+
+    python jobs/run.py method=structmem stages=[answer] hydra.run.dir=DIR
+
+What the reader sees is decided by a *context builder*, chosen by `answer.prompt`:
+
+    structmem     retrieved entries by speaker + syntheses (this module)
+    full_context  the raw history, newest session first (methods/baselines/full_context.py)
+    pkg.mod:func  any importable builder, or a name added with `register_context_builder`
+
+A builder maps `AnswerInputs` (config, selected questions, the optional tables present) to
+`{question_id: AnswerPrompt}`. The reply is free text (no schema: small models answer a short
+phrase more reliably than they fill JSON); `parse_ok` = the request succeeded and the reply is
+non-empty. One answers row, e.g.
+
+    {"question_id": "sample-1:q0", "conv_id": "sample-1", "prediction": "Biscuit",
+     "request_id": "answer:3f0c…", "parse_ok": True}
+
+Every selected question gets a row; a failed request gets `parse_ok=False`, prediction "".
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu import schemas
+from structmem_gpu.errors import ConfigError, MissingTableError
+from structmem_gpu.eval.selection import selected_questions
+from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
+from structmem_gpu.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
+
+OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns")
+# The llm-config keys that change replies (same set as the response-cache key plus sampling
+# seed); connection settings such as base_url or max_in_flight never enter a fingerprint.
+LLM_IDENTITY_KEYS = (
+    "backend",
+    "model",
+    "served_name",
+    "revision",
+    "seed",
+    "api_flavor",
+    "extra_body",
+    "chat_template_kwargs",
+)
+_ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class AnswerPrompt:
+    messages: tuple[Message, ...]
+    prompt_version: str
+
+
+@dataclass(frozen=True)
+class AnswerInputs:
+    """What a context builder may use. `tables` holds only the optional tables that exist."""
+
+    cfg: DictConfig
+    questions: pl.DataFrame  # the selected questions, table order
+    tables: Mapping[str, pl.DataFrame] = field(default_factory=dict)
+
+    def table(self, name: str) -> pl.DataFrame | None:
+        return self.tables.get(name)
+
+    def require(self, name: str, prompt: str) -> pl.DataFrame:
+        if name not in self.tables:
+            raise MissingTableError(
+                f"answer.prompt={prompt} needs table '{name}', which no finished stage of this "
+                f"run directory wrote; run the stage that writes it first (or pick another "
+                f"answer.prompt)"
+            )
+        return self.tables[name]
+
+
+ContextBuilder = Callable[[AnswerInputs], Mapping[str, AnswerPrompt]]
+
+# Built-in builders, imported on first use ("module:function").
+_BUILTIN: dict[str, str] = {
+    "structmem": "structmem_gpu.eval.answer:build_structmem_prompts",
+    "full_context": "structmem_gpu.methods.baselines.full_context:build_prompts",
+}
+_REGISTERED: dict[str, ContextBuilder] = {}
+
+
+def register_context_builder(name: str, builder: ContextBuilder) -> None:
+    """Make `answer.prompt=<name>` use `builder` (methods call this at import time)."""
+    _REGISTERED[name] = builder
+
+
+def context_builder(name: str) -> ContextBuilder:
+    """The builder for `answer.prompt`: registered, built-in, or a "module:function" path."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    ref = _BUILTIN.get(name, name)
+    module, sep, attr = ref.partition(":")
+    if not sep:
+        known = sorted(set(_BUILTIN) | set(_REGISTERED))
+        raise ConfigError(f"unknown answer.prompt '{name}'; known: {known} (or 'module:function')")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"answer.prompt '{name}': cannot import {ref} ({exc})") from exc
+    return fn  # type: ignore[no-any-return]
+
+
+def llm_identity(llm_cfg: Any) -> dict[str, Any] | None:
+    """The reply-relevant part of an llm config (None = reuse the answer model)."""
+    if llm_cfg is None:
+        return None
+    if OmegaConf.is_config(llm_cfg):
+        llm_cfg = OmegaConf.to_container(llm_cfg, resolve=True)
+    return {k: llm_cfg.get(k) for k in LLM_IDENTITY_KEYS}
+
+
+def _answer_fingerprint(cfg: DictConfig) -> Any:
+    return llm_identity(OmegaConf.select(cfg, "llm", default=None))
+
+
+def clean_prediction(text: str) -> str:
+    """The reply as the prediction: stripped, without a leading "Answer:" label."""
+    return _ANSWER_PREFIX.sub("", text or "", count=1).strip()
+
+
+def sampling(cfg: DictConfig) -> Sampling:
+    return Sampling(
+        temperature=float(cfg.answer.temperature), max_tokens=int(cfg.answer.max_tokens)
+    )
+
+
+def make_requests(
+    questions: pl.DataFrame, prompts: Mapping[str, AnswerPrompt], samp: Sampling
+) -> list[LLMRequest]:
+    missing = [q for q in questions["question_id"].to_list() if q not in prompts]
+    if missing:
+        raise RuntimeError(
+            f"context builder produced no prompt for {len(missing)} questions, e.g. {missing[:3]}"
+        )
+    out = []
+    for qid, conv in questions.select("question_id", "conv_id").iter_rows():
+        p = prompts[qid]
+        digest = [m.as_dict() for m in p.messages]
+        out.append(
+            LLMRequest(
+                request_id=request_id("answer", qid, p.prompt_version, digest, asdict(samp)),
+                stage="answer",
+                messages=p.messages,
+                prompt_version=p.prompt_version,
+                sampling=samp,
+                schema=None,
+                conv_id=conv,
+            )
+        )
+    return out
+
+
+def answer_rows(questions: pl.DataFrame, results: list[LLMResult]) -> pl.DataFrame:
+    rows = []
+    for (qid, conv), res in zip(questions.select("question_id", "conv_id").iter_rows(), results):
+        pred = clean_prediction(res.text) if res.error is None else ""
+        rows.append(
+            {
+                "question_id": qid,
+                "conv_id": conv,
+                "prediction": pred,
+                "request_id": res.request_id,
+                "parse_ok": bool(res.parse_ok and pred),
+            }
+        )
+    return schemas.frame(rows, schemas.ANSWERS)
+
+
+def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
+    questions = selected_questions(ctx.cfg, ctx.read("questions"))
+    tables = {n: t for n in OPTIONAL_TABLES if (t := ctx.read_optional(n)) is not None}
+    prompt = str(ctx.cfg.answer.prompt)
+    prompts = context_builder(prompt)(AnswerInputs(ctx.cfg, questions, tables))
+    requests = make_requests(questions, prompts, sampling(ctx.cfg))
+    results = ctx.generate(requests, desc="answer")
+    answers = answer_rows(questions, results)
+    failed = int((~answers["parse_ok"]).sum())
+    ctx.notes.update(questions=answers.height, failed=failed, prompt=prompt)
+    if failed:
+        log.warning(
+            "answer: %d of %d questions got no usable reply (parse_ok=False)",
+            failed,
+            answers.height,
+        )
+    return {"answers": answers}
+
+
+# ---- the StructMem context builder --------------------------------------------------------
+def build_structmem_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
+    """Entries (chronological, grouped by speaker) and syntheses (by window) per question."""
+    from structmem_gpu.prompts import answer_structmem as P
+
+    retrievals = inputs.require("retrievals", "structmem")
+    entries = inputs.require("entries", "structmem")
+    syntheses = inputs.table("syntheses")
+    qids = set(inputs.questions["question_id"].to_list())
+    retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))
+    lines = _entry_lines(retrievals, entries, P.MemoryLine)
+    synths = _synthesis_lines(retrievals, syntheses, P.SynthesisLine)
+    out: dict[str, AnswerPrompt] = {}
+    for qid, question, now in inputs.questions.select(
+        "question_id", "question", "question_time"
+    ).iter_rows():
+        msgs = P.build_messages(question, lines.get(qid, []), synths.get(qid, []), now)
+        out[qid] = AnswerPrompt(msgs, P.VERSION)
+    return out
+
+
+def _entry_lines(
+    retrievals: pl.DataFrame, entries: pl.DataFrame, make: Callable[..., Any]
+) -> dict[str, list[Any]]:
+    # Chronological order (not rank order): the reader resolves relative dates and "most
+    # recent wins" more easily when memories read as a timeline.
+    hits = retrievals.filter(pl.col("circuit") == "entries")
+    joined = hits.join(
+        entries.select("entry_id", "speaker", "event_time", "text", "session_index", "turn_index"),
+        left_on="item_id",
+        right_on="entry_id",
+        how="inner",
+    )
+    if joined.height < hits.height:
+        log.warning(
+            "answer: %d retrieved entry ids are not in entries.parquet", hits.height - joined.height
+        )
+    joined = joined.sort(
+        ["question_id", "event_time", "session_index", "turn_index", "rank"], nulls_last=True
+    )
+    # Identical (speaker, date, text) lines say nothing new: the two perspectives sometimes
+    # word a statement the same way; show it once.
+    joined = joined.unique(
+        subset=["question_id", "speaker", "event_time", "text"], keep="first", maintain_order=True
+    )
+    out: dict[str, list[Any]] = {}
+    for qid, speaker, t, text in joined.select(
+        "question_id", "speaker", "event_time", "text"
+    ).iter_rows():
+        out.setdefault(qid, []).append(make(speaker=speaker, time=t, text=text))
+    return out
+
+
+def _synthesis_lines(
+    retrievals: pl.DataFrame, syntheses: pl.DataFrame | None, make: Callable[..., Any]
+) -> dict[str, list[Any]]:
+    hits = retrievals.filter(pl.col("circuit") == "syntheses")
+    if syntheses is None or hits.height == 0:
+        return {}
+    joined = hits.join(
+        syntheses.select("synth_id", "window_start", "window_end", "text"),
+        left_on="item_id",
+        right_on="synth_id",
+        how="inner",
+    )
+    joined = joined.sort(["question_id", "window_start", "rank"], nulls_last=True)
+    out: dict[str, list[Any]] = {}
+    for qid, a, b, text in joined.select(
+        "question_id", "window_start", "window_end", "text"
+    ).iter_rows():
+        out.setdefault(qid, []).append(make(start=a, end=b, text=text))
+    return out
+
+
+STAGE = Stage(
+    name="answer",
+    run=run_answer,
+    reads=("questions",),
+    writes=("answers",),
+    optional_reads=OPTIONAL_TABLES,
+    config_keys=("answer", "benchmark.name", "benchmark.categories"),
+    extra_fingerprint=_answer_fingerprint,
+)

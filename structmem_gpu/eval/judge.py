@@ -1,0 +1,308 @@
+"""Stage `judge`: LLM-as-judge labels, lexical metrics and evidence recall for every answer.
+
+    python jobs/run.py stages=[judge,report] judge=second_cpu hydra.run.dir=EXISTING_RUN
+
+Re-judging never re-answers: the stage reads answers.parquet only. For each judge of
+`ctx.backends.judges()` (one batch per judge):
+
+- LoCoMo / sample questions: CORRECT / WRONG (prompts/judge_locomo.py);
+- LongMemEval questions (category ids of data/categories.LONGMEMEVAL_TYPES): yes / no with
+  the rule of the question type (prompts/judge_longmemeval.py);
+- LoCoMo category 5: LoCoMo's "not mentioned" rule, no LLM call (judge_model "rule:locomo-cat5");
+- an empty prediction (the answer request failed): WRONG without a call ("rule:empty-answer").
+
+A reply without a readable label gives `label = null` (unjudged): recorded with its raw
+reply, never counted as wrong, never dropped. Rows of other judge names already in
+judgments.parquet are kept (one row per (question, judge)) unless their `prediction` no longer
+matches answers.parquet (stale: judged an older answer). One row:
+
+    {"question_id": "sample-1:q0", "judge_model": "smollm2|…", "judge_name": "same_as_llm",
+     "prompt_version": "judge_locomo/1", "label": True, "reply_raw": "{\\"reasoning\\": …}",
+     "f1_locomo": 1.0, "f1_mem0": 1.0, "bleu1": 1.0, "evidence_recall": 0.5,
+     "prediction": "Biscuit"}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu import schemas
+from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
+from structmem_gpu.errors import StructMemError
+from structmem_gpu.eval.answer import llm_identity
+from structmem_gpu.eval.metrics import lexical_scores, says_not_mentioned
+from structmem_gpu.eval.recall import recall_by_question
+from structmem_gpu.eval.selection import selected_questions
+from structmem_gpu.llm.structured import strip_fences
+from structmem_gpu.llm.types import LLMBackend, LLMRequest, Sampling, request_id
+from structmem_gpu.prompts import judge_locomo, judge_longmemeval
+from structmem_gpu.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
+
+RULE_CAT5 = "rule:locomo-cat5"
+RULE_EMPTY = "rule:empty-answer"
+RULE_CAT5_VERSION = "locomo_cat5_rule/1"
+LONGMEMEVAL_IDS = frozenset(LONGMEMEVAL_TYPES.values())
+# JSON overhead of {"reasoning": "...", "label": "CORRECT"} in tokens, and chars per token,
+# used to bound the reasoning so that a reply capped at judge.max_tokens is still valid JSON.
+# SmolLM2 spends ~1.5 characters per token on dates and digits (one token per digit) and pads
+# the JSON with spaces, hence the conservative ratio (measured on the CI sample run).
+_JSON_OVERHEAD_TOKENS = 24
+_CHARS_PER_TOKEN = 1.5
+_LABEL_RE = re.compile(r'"label"\s*:\s*"([A-Za-z]+)"')
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    question_id: str
+    conv_id: str
+    question: str
+    gold: str
+    category: int
+    category_name: str
+    is_abstention: bool
+    prediction: str
+
+
+@dataclass(frozen=True)
+class JudgmentRow:
+    question_id: str
+    judge_model: str
+    judge_name: str
+    prompt_version: str
+    label: bool | None
+    reply_raw: str | None
+    f1_locomo: float
+    f1_mem0: float | None
+    bleu1: float | None
+    evidence_recall: float | None
+    prediction: str  # the judged answer text (detects stale rows after a re-answer)
+
+
+JUDGMENT_COLUMNS: schemas.Schema = {**schemas.JUDGMENTS, "prediction": pl.String()}
+
+
+def parse_label(data: Any, text: str, positive: str, negative: str) -> bool | None:
+    """True / False from a judge reply; None when no valid label can be read (unjudged).
+
+    Uses the schema-validated object when there is one, else a lenient read of the raw text
+    (fences stripped, JSON object or a `"label": "…"` fragment), so that a reply cut after its
+    label still counts. Matching is case-insensitive; anything else is None, never False.
+    """
+    label: Any = data.get("label") if isinstance(data, Mapping) else None
+    if label is None and text:
+        try:
+            obj = json.loads(strip_fences(text))
+            label = obj.get("label") if isinstance(obj, dict) else None
+        except json.JSONDecodeError:
+            m = _LABEL_RE.search(text)
+            label = m.group(1) if m else None
+    if not isinstance(label, str):
+        return None
+    low = label.strip().lower()
+    if low == positive.lower():
+        return True
+    if low == negative.lower():
+        return False
+    return None
+
+
+def judge_items(questions: pl.DataFrame, answers: pl.DataFrame) -> list[JudgeItem]:
+    """Selected questions joined with their answers; error if any selected question has none."""
+    preds = dict(answers.select("question_id", "prediction").iter_rows())
+    missing = [q for q in questions["question_id"].to_list() if q not in preds]
+    if missing:
+        raise StructMemError(
+            f"stage 'judge': answers.parquet has no answer for {len(missing)} selected questions "
+            f"(e.g. {missing[:3]}); rerun stage 'answer' with the same benchmark.categories"
+        )
+    cols = (
+        "question_id",
+        "conv_id",
+        "question",
+        "answer",
+        "category",
+        "category_name",
+        "is_abstention",
+    )
+    return [
+        JudgeItem(qid, conv, q, gold or "", int(cat), name or "", bool(abst), preds[qid] or "")
+        for qid, conv, q, gold, cat, name, abst in questions.select(cols).iter_rows()
+    ]
+
+
+def reasoning_chars(max_tokens: int) -> int:
+    """maxLength of the reasoning field: 24 chars at 40 tokens (CI), 156 at 128."""
+    return max(16, int((max_tokens - _JSON_OVERHEAD_TOKENS) * _CHARS_PER_TOKEN))
+
+
+def build_request(item: JudgeItem, judge_name: str, samp: Sampling) -> LLMRequest:
+    chars = reasoning_chars(samp.max_tokens)
+    if item.category in LONGMEMEVAL_IDS:
+        msgs = judge_longmemeval.build_messages(
+            item.question, item.gold, item.prediction, item.category_name, item.is_abstention
+        )
+        version, sch = judge_longmemeval.VERSION, judge_longmemeval.schema(chars)
+    else:
+        msgs = judge_locomo.build_messages(item.question, item.gold, item.prediction)
+        version, sch = judge_locomo.VERSION, judge_locomo.schema(chars)
+    rid = request_id(
+        "judge", judge_name, item.question_id, version, [m.as_dict() for m in msgs], asdict(samp)
+    )
+    return LLMRequest(
+        request_id=rid,
+        stage="judge",
+        messages=msgs,
+        prompt_version=version,
+        sampling=samp,
+        schema=sch,
+        conv_id=item.conv_id,
+    )
+
+
+def _labels_for(item: JudgeItem) -> tuple[str, str]:
+    if item.category in LONGMEMEVAL_IDS:
+        return judge_longmemeval.POSITIVE, judge_longmemeval.NEGATIVE
+    return judge_locomo.POSITIVE, judge_locomo.NEGATIVE
+
+
+Verdict = tuple[str, str, bool | None, str | None]  # judge_model, prompt_version, label, reply_raw
+
+
+def rule_verdict(item: JudgeItem) -> Verdict | None:
+    """The verdict of an item that needs no LLM call, else None."""
+    if item.category == LOCOMO_ADVERSARIAL:
+        return RULE_CAT5, RULE_CAT5_VERSION, says_not_mentioned(item.prediction), None
+    if not item.prediction.strip():
+        # The answer request failed or returned nothing: the method gave no answer -> WRONG.
+        return RULE_EMPTY, RULE_EMPTY, False, None
+    return None
+
+
+def judge_with(
+    ctx: StageContext, name: str, backend: LLMBackend, items: Sequence[JudgeItem], samp: Sampling
+) -> list[Verdict]:
+    """One verdict per item, in item order; the LLM part goes out as one batch."""
+    verdicts: list[Verdict | None] = [rule_verdict(it) for it in items]
+    ask = [i for i, v in enumerate(verdicts) if v is None]
+    requests = [build_request(items[i], name, samp) for i in ask]
+    results = ctx.generate(requests, backend=backend, desc=f"judge:{name}")
+    for i, req, res in zip(ask, requests, results):
+        pos, neg = _labels_for(items[i])
+        label = parse_label(res.data, res.text, pos, neg)
+        verdicts[i] = (res.model or backend.model_id, req.prompt_version, label, res.text)
+    return [v for v in verdicts if v is not None]
+
+
+def keep_other_judges(
+    old: pl.DataFrame | None, names: Sequence[str], answers: pl.DataFrame
+) -> pl.DataFrame:
+    """Existing rows of other judge names whose judged prediction is still the current one."""
+    if old is None or old.height == 0:
+        return schemas.empty(JUDGMENT_COLUMNS)
+    others = old.filter(~pl.col("judge_name").is_in(list(names)))
+    if "prediction" not in others.columns:
+        return schemas.conform(
+            others.with_columns(pl.lit(None, pl.String()).alias("prediction")), JUDGMENT_COLUMNS
+        )
+    current = answers.select("question_id", pl.col("prediction").alias("_current"))
+    joined = others.join(current, on="question_id", how="left")
+    fresh = joined.filter(
+        pl.col("_current").is_not_null() & (pl.col("prediction") == pl.col("_current"))
+    )
+    if fresh.height < others.height:
+        log.warning(
+            "judge: dropped %d stale rows of other judges (their answers changed)",
+            others.height - fresh.height,
+        )
+    return schemas.conform(fresh.drop("_current"), JUDGMENT_COLUMNS).select(list(JUDGMENT_COLUMNS))
+
+
+def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
+    questions = selected_questions(ctx.cfg, ctx.read("questions"))
+    answers = ctx.read("answers")
+    items = judge_items(questions, answers)
+    recall, unresolved = recall_by_question(
+        questions,
+        ctx.read_optional("retrievals"),
+        ctx.read_optional("entries"),
+        ctx.read_optional("syntheses"),
+    )
+    lexical = {it.question_id: lexical_scores(it.prediction, it.gold, it.category) for it in items}
+    samp = Sampling(
+        temperature=float(ctx.cfg.judge.temperature), max_tokens=int(ctx.cfg.judge.max_tokens)
+    )
+    rows: list[JudgmentRow] = []
+    judges = ctx.backends.judges()
+    for name, backend in judges:
+        for it, (model, version, label, raw) in zip(
+            items, judge_with(ctx, name, backend, items, samp)
+        ):
+            lex = lexical[it.question_id]
+            rows.append(
+                JudgmentRow(
+                    it.question_id,
+                    model,
+                    name,
+                    version,
+                    label,
+                    raw,
+                    lex.f1_locomo,
+                    lex.f1_mem0,
+                    lex.bleu1,
+                    recall.get(it.question_id),
+                    it.prediction,
+                )
+            )
+    names = [n for n, _ in judges]
+    # Read unfingerprinted on purpose: it is this stage's own output (see STAGE below).
+    kept = keep_other_judges(ctx.read_optional("judgments"), names, answers)
+    new = schemas.frame([asdict(r) for r in rows], JUDGMENT_COLUMNS)
+    unjudged = int(new["label"].is_null().sum())
+    ctx.notes.update(
+        judges=names,
+        rows=new.height,
+        unjudged=unjudged,
+        kept_other_judges=kept.height,
+        recall_unresolved_items=unresolved,
+    )
+    if unjudged:
+        log.warning(
+            "judge: %d of %d judgments unjudged (reply without a valid label)", unjudged, new.height
+        )
+    return {"judgments": pl.concat([kept, new])}
+
+
+def judge_identity(cfg: DictConfig) -> dict[str, Any]:
+    """Judge names, their models and sampling, without connection settings."""
+    j = OmegaConf.to_container(cfg.judge, resolve=True) if "judge" in cfg else {}
+    assert isinstance(j, dict)
+    panel = j.get("panel") or [{"name": j.get("name"), "llm": j.get("llm")}]
+    return {
+        "panel": [{"name": m.get("name"), "llm": llm_identity(m.get("llm"))} for m in panel],
+        "max_tokens": j.get("max_tokens"),
+        "temperature": j.get("temperature"),
+        "answer_llm": llm_identity(OmegaConf.select(cfg, "llm", default=None)),
+    }
+
+
+# judgments is deliberately NOT an optional_read: it is this stage's own output, so hashing it
+# would change the fingerprint after every run and the stage would never be skipped.
+STAGE = Stage(
+    name="judge",
+    run=run_judge,
+    reads=("questions", "answers"),
+    writes=("judgments",),
+    optional_reads=("retrievals", "entries", "syntheses"),
+    config_keys=("benchmark.name", "benchmark.categories"),
+    extra_fingerprint=judge_identity,
+)

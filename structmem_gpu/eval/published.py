@@ -1,0 +1,96 @@
+"""Published figures (StructMem, SEEM) as data, matched to a run's configuration.
+
+The numbers live in `eval/published/*.json`, each row with its source (paper, table/figure,
+row) and a `match` block of config values that make a run comparable, e.g.
+
+    {"id": "structmem-fig3d-k10", "source": "StructMem paper, Figure 3d (seed K sweep), K = 10",
+     "match": {"benchmark": "locomo", "method": "structmem", "consolidate.seed_k": 10},
+     "judge_model": "gpt-4o-mini", "categories": [1, 2, 3, 4],
+     "overall": {"judge_accuracy": 76.49}, "by_category": {}}
+
+`match` keys: "benchmark" (= benchmark.name), "method" (= method.name), or any dotted config
+key. `match: null` rows (methods this project does not implement) are data only and never
+matched. Values are percentages, as printed in the papers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
+_ALIASES = {"benchmark": "benchmark.name", "method": "method.name"}
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    id: str
+    paper: str
+    source: str
+    label: str
+    match: Mapping[str, Any] | None
+    judge_model: str
+    categories: tuple[int, ...]  # the categories the row's overall figures cover
+    overall: Mapping[str, float]  # metric -> percent
+    by_category: Mapping[str, Mapping[str, float]]  # metric -> category id (str) -> percent
+    extra: Mapping[str, Any] = field(default_factory=dict)  # build_cost, correct_by_category, ...
+
+
+_KNOWN = {"id", "source", "label", "match", "judge_model", "categories", "overall", "by_category"}
+
+
+def _row(paper: str, raw: Mapping[str, Any], origin: Path) -> PublishedRow:
+    missing = _KNOWN - set(raw)
+    if missing:
+        raise ValueError(f"{origin}: row {raw.get('id')!r} lacks {sorted(missing)}")
+    return PublishedRow(
+        id=str(raw["id"]),
+        paper=paper,
+        source=str(raw["source"]),
+        label=str(raw["label"]),
+        match=raw["match"],
+        judge_model=str(raw["judge_model"]),
+        categories=tuple(int(c) for c in raw["categories"]),
+        overall={k: float(v) for k, v in (raw["overall"] or {}).items()},
+        by_category={
+            m: {c: float(v) for c, v in cats.items()}
+            for m, cats in (raw["by_category"] or {}).items()
+        },
+        extra={k: v for k, v in raw.items() if k not in _KNOWN},
+    )
+
+
+@lru_cache(maxsize=1)
+def load_published(directory: Path = PUBLISHED_DIR) -> tuple[PublishedRow, ...]:
+    rows: list[PublishedRow] = []
+    for path in sorted(directory.glob("*.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        rows.extend(_row(str(doc["paper"]), raw, path) for raw in doc["rows"])
+    ids = [r.id for r in rows]
+    if len(ids) != len(set(ids)):
+        raise ValueError(f"duplicate published row ids in {directory}")
+    return tuple(rows)
+
+
+def config_fact(cfg: DictConfig, key: str) -> Any:
+    value = OmegaConf.select(cfg, _ALIASES.get(key, key), default=None)
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def matching_rows(
+    cfg: DictConfig, rows: Sequence[PublishedRow] | None = None
+) -> list[PublishedRow]:
+    """Rows whose every `match` value equals the run's config value."""
+    out = []
+    for row in load_published() if rows is None else rows:
+        if row.match and all(config_fact(cfg, k) == v for k, v in row.match.items()):
+            out.append(row)
+    return out

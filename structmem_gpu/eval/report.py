@@ -1,0 +1,345 @@
+"""Stage `report`: report/report.json + report/report.md (+ LongMemEval hypotheses export).
+
+    python jobs/run.py stages=[report] hydra.run.dir=DIR
+
+Reads questions, answers, judgments (requests and the manifest for rates and cost) and writes
+no tables. report.json (DESIGN.md contract; scores in [0, 1]):
+
+    {"overall": {"name": "overall", "n": 12, "judge_accuracy": 0.5,
+                 "judge_accuracy_ci95": [0.25, 0.75], "f1_locomo": 0.41, "f1_mem0": 0.38,
+                 "bleu1": 0.30, "evidence_recall": 0.66},
+     "by_category": {"4": {...}}, "unjudged": 1, "judge": "same_as_llm", "by_judge": {...},
+     "category_names": {"1": "multi-hop", ...}, "judge_models": {"same_as_llm": ["smollm2|…"]},
+     "parse_failure_rate": {"extract": 0.02, "answer": 0.0}, "truncation_rate": {...},
+     "build_cost": {"extract": {"calls": 40, "cache_hits": 0, "prompt_tokens": …, "wall_s": …}}, …}
+
+n = judged questions (label not null); F1/BLEU-1 average every answer of the group, evidence
+recall the questions with resolvable evidence. When any LLM stage's parse-failure rate exceeds
+`report.max_parse_failure_rate`, the files are written first and then StructMemError is
+raised, so a broken prompt is never reported as a low score.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.artifacts import atomic_write_text
+from structmem_gpu.data.categories import (
+    CATEGORY_NAMES,
+    LOCOMO_ADVERSARIAL,
+    LOCOMO_CATEGORIES,
+    LONGMEMEVAL_TYPES,
+)
+from structmem_gpu.errors import StructMemError
+from structmem_gpu.eval.bootstrap import bootstrap_ci
+from structmem_gpu.eval.judge import judge_identity
+from structmem_gpu.eval.published import config_fact, load_published, matching_rows
+from structmem_gpu.eval.selection import selected_questions
+from structmem_gpu.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
+
+LONGMEMEVAL_IDS = frozenset(LONGMEMEVAL_TYPES.values())
+COST_KEYS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    bootstrap_resamples: int = 1000
+    bootstrap_seed: int = 0
+    max_parse_failure_rate: float = 0.5
+
+    @classmethod
+    def from_cfg(cls, cfg: DictConfig) -> ReportSettings:
+        # Defaults apply when conf/config.yaml has no `report:` block (older configs).
+        r = OmegaConf.select(cfg, "report", default=None) or {}
+        return cls(
+            int(r.get("bootstrap_resamples", cls.bootstrap_resamples)),
+            int(r.get("bootstrap_seed", cls.bootstrap_seed)),
+            float(r.get("max_parse_failure_rate", cls.max_parse_failure_rate)),
+        )
+
+
+# ---- scores ---------------------------------------------------------------------------------
+def _mean(s: pl.Series) -> float | None:
+    s = s.drop_nulls()
+    return float(s.mean()) if s.len() else None  # type: ignore[arg-type]
+
+
+def group_summary(rows: pl.DataFrame, name: str, st: ReportSettings) -> dict[str, Any]:
+    """The contract block of one group (one judge's rows of a category, or of all categories)."""
+    judged = rows["label"].drop_nulls().cast(pl.Float64)
+    ci = bootstrap_ci(judged.to_list(), resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
+    return {
+        "name": name,
+        "n": judged.len(),
+        "judge_accuracy": float(judged.mean()) if judged.len() else None,  # type: ignore[arg-type]
+        "judge_accuracy_ci95": list(ci) if ci else None,
+        "f1_locomo": _mean(rows["f1_locomo"]),
+        "f1_mem0": _mean(rows["f1_mem0"]),
+        "bleu1": _mean(rows["bleu1"]),
+        "evidence_recall": _mean(rows["evidence_recall"]),
+    }
+
+
+def longmemeval_summary(rows: pl.DataFrame) -> dict[str, Any]:
+    """Overall (micro), task-averaged (unweighted over types) and abstention accuracy (§3.5)."""
+    judged = rows.filter(pl.col("label").is_not_null())
+    per_type = judged.group_by("category").agg(pl.col("label").cast(pl.Float64).mean().alias("acc"))
+    abst = judged.filter(pl.col("is_abstention"))
+    return {
+        "overall_accuracy": _mean(judged["label"].cast(pl.Float64)),
+        "overall_n": judged.height,
+        "task_averaged_accuracy": _mean(per_type["acc"]),
+        "task_averaged_types": per_type.height,
+        "abstention_accuracy": _mean(abst["label"].cast(pl.Float64)),
+        "abstention_n": abst.height,
+    }
+
+
+def judge_summary(
+    rows: pl.DataFrame, names: Mapping[int, str], st: ReportSettings
+) -> dict[str, Any]:
+    """overall / by_category / unjudged (+ LongMemEval and non-adversarial totals) of one judge."""
+    by_cat = {
+        str(c): group_summary(rows.filter(pl.col("category") == c), names.get(c, str(c)), st)
+        for c in sorted(rows["category"].unique().to_list())
+    }
+    out: dict[str, Any] = {
+        "overall": group_summary(rows, "overall", st),
+        "by_category": by_cat,
+        "unjudged": int(rows["label"].is_null().sum()),
+        "judge_models": sorted(rows["judge_model"].unique().drop_nulls().to_list()),
+    }
+    cats = set(rows["category"].to_list())
+    if LOCOMO_ADVERSARIAL in cats and len(cats) > 1:
+        # The Mem0-style headline leaves category 5 out; SEEM-style totals keep it (seem.md §14).
+        out["overall_without_adversarial"] = group_summary(
+            rows.filter(pl.col("category") != LOCOMO_ADVERSARIAL), "overall without adversarial", st
+        )
+    if cats & LONGMEMEVAL_IDS:
+        out["longmemeval"] = longmemeval_summary(rows)
+    return out
+
+
+def headline_judge(cfg: DictConfig, present: Sequence[str]) -> str | None:
+    """The first configured judge (panel order) that has rows, else the first judge present."""
+    panel = OmegaConf.select(cfg, "judge.panel", default=None)
+    configured = (
+        [str(m["name"]) for m in panel]
+        if panel
+        else [str(OmegaConf.select(cfg, "judge.name", default=""))]
+    )
+    for name in configured:
+        if name in present:
+            return name
+    return present[0] if present else None
+
+
+# ---- LLM stage quality and cost --------------------------------------------------------------
+def stage_rates(
+    requests: pl.DataFrame | None, answers: pl.DataFrame, judgments: pl.DataFrame | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-stage parse-failure and truncation rates, from requests.parquet, except:
+
+    - answer: answers.parquet (failed request or empty reply; free text always "parses");
+    - judge: the share of LLM-judged rows without a readable label (what the scores lose; the
+      lenient label reader recovers some schema failures), for all judges together and, with
+      several judges, per judge as "judge:<name>" (requests.parquet keeps only the last run's).
+    """
+    parse: dict[str, float] = {}
+    trunc: dict[str, float] = {}
+    if requests is not None and requests.height:
+        agg = requests.group_by("stage", maintain_order=True).agg(
+            (~pl.col("parse_ok").fill_null(False)).cast(pl.Float64).mean().alias("p"),
+            (pl.col("finish_reason") == "length")
+            .fill_null(False)
+            .cast(pl.Float64)
+            .mean()
+            .alias("t"),
+        )
+        for stage, p, t in agg.iter_rows():
+            parse[stage], trunc[stage] = float(p), float(t)
+    if answers.height:
+        parse["answer"] = _mean((~answers["parse_ok"].fill_null(False)).cast(pl.Float64)) or 0.0
+    if judgments is not None:
+        parse.update(judge_failure_rates(judgments))
+    return parse, trunc
+
+
+def judge_failure_rates(judgments: pl.DataFrame) -> dict[str, float]:
+    asked = judgments.filter(~pl.col("judge_model").str.starts_with("rule:"))
+    if asked.height == 0:
+        return {}
+    unjudged = pl.col("label").is_null().cast(pl.Float64).mean()
+    out = {"judge": float(asked.select(unjudged).item())}
+    per = asked.group_by("judge_name", maintain_order=True).agg(unjudged.alias("u"))
+    if per.height > 1:
+        out.update({f"judge:{name}": float(u) for name, u in per.iter_rows()})
+    return out
+
+
+def build_costs(
+    manifest: Mapping[str, Any], requests: pl.DataFrame | None, order: Sequence[str]
+) -> dict[str, Any]:
+    """build_cost[stage] from the manifest; stages only in requests.parquet get token sums."""
+    stages = manifest.get("stages", {})
+    names = [s for s in order if s in stages] + sorted(s for s in stages if s not in order)
+    out: dict[str, Any] = {}
+    for name in names:
+        cost = stages[name].get("build_cost") or {}
+        out[name] = {k: cost.get(k, 0 if k != "wall_s" else None) for k in COST_KEYS}
+    if requests is not None:
+        for (stage,), df in requests.group_by(["stage"], maintain_order=True):
+            if stage not in out:
+                out[stage] = {
+                    "calls": df.height,
+                    "cache_hits": int(df["cache_hit"].fill_null(False).sum()),
+                    "prompt_tokens": int(df["prompt_tokens"].fill_null(0).sum()),
+                    "completion_tokens": int(df["completion_tokens"].fill_null(0).sum()),
+                    "wall_s": None,
+                }
+    out["total"] = {k: sum((v.get(k) or 0) for v in out.values()) for k in COST_KEYS}
+    return out
+
+
+# ---- assembly --------------------------------------------------------------------------------
+def scored_rows(questions: pl.DataFrame, judgments: pl.DataFrame) -> pl.DataFrame:
+    q = questions.select("question_id", "category", "category_name", "is_abstention")
+    return judgments.join(q, on="question_id", how="inner")
+
+
+def category_names(questions: pl.DataFrame) -> dict[str, str]:
+    """The benchmark family's full id -> name mapping, plus any name the questions carry."""
+    cats = set(questions["category"].to_list())
+    family = dict(LONGMEMEVAL_TYPES) if cats & LONGMEMEVAL_IDS else {}
+    base = {v: k for k, v in family.items()} if family else dict(LOCOMO_CATEGORIES)
+    for c, n in questions.select("category", "category_name").unique().iter_rows():
+        base[int(c)] = n or CATEGORY_NAMES.get(int(c), str(c))
+    return {str(k): v for k, v in sorted(base.items())}
+
+
+def build_report(
+    cfg: DictConfig,
+    questions: pl.DataFrame,
+    answers: pl.DataFrame,
+    judgments: pl.DataFrame,
+    requests: pl.DataFrame | None,
+    manifest: Mapping[str, Any],
+    st: ReportSettings,
+) -> dict[str, Any]:
+    names = {int(k): v for k, v in category_names(questions).items()}
+    rows = scored_rows(questions, judgments)
+    judges = list(dict.fromkeys(rows["judge_name"].to_list()))
+    by_judge = {j: judge_summary(rows.filter(pl.col("judge_name") == j), names, st) for j in judges}
+    head = headline_judge(cfg, judges)
+    empty = judge_summary(rows.clear(), names, st)
+    main = by_judge[head] if head else empty
+    parse, trunc = stage_rates(requests, answers, rows)
+    order = [str(s) for s in (OmegaConf.select(cfg, "method.stages", default=None) or [])]
+    report: dict[str, Any] = {
+        "benchmark": str(config_fact(cfg, "benchmark")),
+        "method": str(config_fact(cfg, "method")),
+        "config_hash": manifest.get("config_hash"),
+        "categories": sorted(int(c) for c in questions["category"].unique().to_list()),
+        "questions": questions.height,
+        "judge": head,
+        "overall": main["overall"],
+        "by_category": main["by_category"],
+        "unjudged": main["unjudged"],
+        "by_judge": by_judge,
+        "judge_models": {j: s["judge_models"] for j, s in by_judge.items()},
+        "category_names": {str(k): v for k, v in sorted(names.items())},
+        "parse_failure_rate": parse,
+        "truncation_rate": trunc,
+        "build_cost": build_costs(manifest, requests, order),
+        "evidence_recall_excluded": int(
+            rows.filter(pl.col("judge_name") == head)["evidence_recall"].is_null().sum()
+        )
+        if head
+        else 0,
+        "published": [r.id for r in matching_rows(cfg)],
+        "settings": {
+            "bootstrap_resamples": st.bootstrap_resamples,
+            "bootstrap_seed": st.bootstrap_seed,
+            "ci_level": 0.95,
+            "max_parse_failure_rate": st.max_parse_failure_rate,
+        },
+    }
+    for key in ("overall_without_adversarial", "longmemeval"):
+        if key in main:
+            report[key] = main[key]
+    return report
+
+
+def hypotheses_jsonl(questions: pl.DataFrame, answers: pl.DataFrame) -> str:
+    """LongMemEval's evaluate_qa.py input: one {"question_id", "hypothesis"} per line."""
+    preds = dict(answers.select("question_id", "prediction").iter_rows())
+    lines = [
+        json.dumps({"question_id": q, "hypothesis": preds.get(q) or ""}, ensure_ascii=False)
+        for q in questions["question_id"].to_list()
+    ]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def check_parse_failures(rates: Mapping[str, float], limit: float) -> None:
+    bad = {s: r for s, r in rates.items() if r > limit}
+    if bad:
+        worst = max(bad, key=lambda s: bad[s])
+        listed = ", ".join(f"'{s}' {r:.1%}" for s, r in bad.items())
+        raise StructMemError(
+            f"stage '{worst}' parse failure rate {bad[worst]:.1%} exceeds "
+            f"report.max_parse_failure_rate={limit:.0%} (stages over the limit: {listed}); the "
+            f"report files were written, but the scores would reflect broken output, not memory "
+            f"quality: check that stage's prompt/max_tokens"
+        )
+
+
+def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
+    from structmem_gpu.eval.report_md import render_markdown
+
+    cfg, st = ctx.cfg, ReportSettings.from_cfg(ctx.cfg)
+    questions = selected_questions(cfg, ctx.read("questions"))
+    answers, judgments = ctx.read("answers"), ctx.read("judgments")
+    requests = ctx.read_optional("requests")
+    report = build_report(cfg, questions, answers, judgments, requests, ctx.run.load_manifest(), st)
+    out = ctx.run.report_dir
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(out / "report.md", render_markdown(report, matching_rows(cfg)))
+    if "longmemeval" in report:
+        atomic_write_text(
+            out / "longmemeval_hypotheses.jsonl", hypotheses_jsonl(questions, answers)
+        )
+    ctx.notes.update(judge=report["judge"], n=report["overall"]["n"], unjudged=report["unjudged"])
+    log.info("report: %s", out / "report.md")
+    check_parse_failures(report["parse_failure_rate"], st.max_parse_failure_rate)
+    return {}
+
+
+def _report_fingerprint(cfg: DictConfig) -> Any:
+    keys = sorted({k for r in load_published() if r.match for k in r.match})
+    return {"published": {k: config_fact(cfg, k) for k in keys}, "judge": judge_identity(cfg)}
+
+
+STAGE = Stage(
+    name="report",
+    run=run_report,
+    reads=("questions", "answers", "judgments"),
+    writes=(),
+    optional_reads=("requests", "retrievals"),
+    config_keys=(
+        "report",
+        "benchmark.name",
+        "benchmark.categories",
+        "method.name",
+        "method.stages",
+    ),
+    extra_fingerprint=_report_fingerprint,
+)

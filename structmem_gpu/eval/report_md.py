@@ -1,0 +1,232 @@
+"""report/report.md from the report.json dict (pure text; no plotting, no heavy imports).
+
+Scores print as percentages with n beside them; published figures that match the run's
+configuration print side by side with their source, e.g.
+
+    | category | this run (judge acc., n) | StructMem: StructMem paper, Table 1 ... |
+    |---|---|---|
+    | 1 multi-hop | 50.0 (n=4) | 68.77 |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from structmem_gpu.eval.published import PublishedRow
+
+_METRIC_LABELS = {
+    "judge_accuracy": "judge accuracy",
+    "f1_locomo": "F1 (LoCoMo)",
+    "bleu1": "BLEU-1",
+    "f1_mem0": "F1 (Mem0)",
+    "task_averaged_accuracy": "task-averaged accuracy",
+}
+
+
+def pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}"
+
+
+def _ci(ci: Sequence[float] | None) -> str:
+    return "–" if not ci else f"[{pct(ci[0])}, {pct(ci[1])}]"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines + [""]
+
+
+def _score_row(label: str, g: Mapping[str, Any]) -> list[str]:
+    return [
+        label,
+        str(g["n"]),
+        pct(g["judge_accuracy"]),
+        _ci(g["judge_accuracy_ci95"]),
+        pct(g["f1_locomo"]),
+        pct(g["f1_mem0"]),
+        pct(g["bleu1"]),
+        pct(g["evidence_recall"]),
+    ]
+
+
+def scores_section(rep: Mapping[str, Any]) -> list[str]:
+    head = [
+        "category",
+        "n judged",
+        "judge acc.",
+        "95% CI",
+        "F1 (LoCoMo)",
+        "F1 (Mem0)",
+        "BLEU-1",
+        "evidence recall",
+    ]
+    rows = [_score_row(f"{c} {g['name']}", g) for c, g in rep["by_category"].items()]
+    if "overall_without_adversarial" in rep:
+        rows.append(
+            _score_row("**overall without adversarial**", rep["overall_without_adversarial"])
+        )
+    rows.append(_score_row("**overall**", rep["overall"]))
+    models = ", ".join(rep["judge_models"].get(rep["judge"] or "", [])) or "–"
+    out = [f"## Scores (judge `{rep['judge']}`: {models})", ""] + _table(head, rows)
+    out.append(
+        f"Unjudged (reply without a valid label, not counted as wrong): {rep['unjudged']}. "
+        f"Evidence recall excludes {rep['evidence_recall_excluded']} questions without resolvable "
+        f"evidence or retrievals. CI: {rep['settings']['bootstrap_resamples']} bootstrap "
+        f"resamples, seed {rep['settings']['bootstrap_seed']}."
+    )
+    return out + [""]
+
+
+def judges_section(rep: Mapping[str, Any]) -> list[str]:
+    if len(rep["by_judge"]) < 2:
+        return []
+    head = ["judge", "models", "n judged", "unjudged", "judge acc.", "95% CI"]
+    rows = [
+        [
+            j,
+            ", ".join(s["judge_models"]),
+            str(s["overall"]["n"]),
+            str(s["unjudged"]),
+            pct(s["overall"]["judge_accuracy"]),
+            _ci(s["overall"]["judge_accuracy_ci95"]),
+        ]
+        for j, s in rep["by_judge"].items()
+    ]
+    return ["## All judges (overall)", ""] + _table(head, rows)
+
+
+def longmemeval_section(rep: Mapping[str, Any]) -> list[str]:
+    lme = rep.get("longmemeval")
+    if not lme:
+        return []
+    rows = [
+        ["overall (micro)", pct(lme["overall_accuracy"]), str(lme["overall_n"])],
+        [
+            "task-averaged (unweighted over types)",
+            pct(lme["task_averaged_accuracy"]),
+            f"{lme['task_averaged_types']} types",
+        ],
+        ["abstention", pct(lme["abstention_accuracy"]), str(lme["abstention_n"])],
+    ]
+    return (
+        ["## LongMemEval", ""]
+        + _table(["metric", "accuracy", "n"], rows)
+        + [
+            "Hypotheses for LongMemEval's evaluate_qa.py: `report/longmemeval_hypotheses.jsonl`.",
+            "",
+        ]
+    )
+
+
+def _ours(rep: Mapping[str, Any], metric: str, cat: str | None) -> str:
+    if metric == "task_averaged_accuracy":
+        return pct((rep.get("longmemeval") or {}).get("task_averaged_accuracy"))
+    group = rep["overall"] if cat is None else rep["by_category"].get(cat)
+    if not group or metric not in group:
+        return "–"
+    n = f" (n={group['n']})" if metric == "judge_accuracy" else ""
+    return pct(group[metric]) + n
+
+
+def published_section(rep: Mapping[str, Any], rows: Sequence[PublishedRow]) -> list[str]:
+    if not rows:
+        return []
+    out = [
+        "## Published figures for this configuration",
+        "",
+        (
+            "Published numbers use other backbones and judges (listed per row): compare "
+            "trends, not absolute values. Scores in percent."
+        ),
+        "",
+    ]
+    ours_cats = set(rep["categories"])
+    for row in rows:
+        out.append(f"**{row.label}** — {row.source}; {row.paper}; judge {row.judge_model}.")
+        out.append("")
+        table: list[list[str]] = []
+        for metric, value in row.overall.items():
+            same = ours_cats == set(row.categories)
+            ours = (
+                _ours(rep, metric, None)
+                if same or metric == "task_averaged_accuracy"
+                else f"n/a (published covers categories {list(row.categories)})"
+            )
+            table.append([f"overall {_METRIC_LABELS.get(metric, metric)}", ours, f"{value:.2f}"])
+        for metric, cats in row.by_category.items():
+            for cat, value in cats.items():
+                name = rep["category_names"].get(cat, cat)
+                table.append(
+                    [
+                        f"{cat} {name} {_METRIC_LABELS.get(metric, metric)}",
+                        _ours(rep, metric, cat),
+                        f"{value:.2f}",
+                    ]
+                )
+        out += _table(["figure", "this run", "published"], table)
+        if "build_cost" in row.extra:
+            c = row.extra["build_cost"]
+            out += [
+                (
+                    f"Published build cost: {c.get('calls')} calls, "
+                    f"{c.get('prompt_tokens'):,} prompt + {c.get('completion_tokens'):,} "
+                    f"completion tokens, {c.get('wall_s')} s."
+                ),
+                "",
+            ]
+    return out
+
+
+def quality_section(rep: Mapping[str, Any]) -> list[str]:
+    stages = list(dict.fromkeys([*rep["parse_failure_rate"], *rep["truncation_rate"]]))
+    if not stages:
+        return []
+    rows = [
+        [s, pct(rep["parse_failure_rate"].get(s)), pct(rep["truncation_rate"].get(s))]
+        for s in stages
+    ]
+    limit = pct(rep["settings"]["max_parse_failure_rate"], 0)
+    return [f"## LLM output quality (limit: parse failures ≤ {limit}%)", ""] + _table(
+        ["stage", "parse failure %", "truncated %"], rows
+    )
+
+
+def cost_section(rep: Mapping[str, Any]) -> list[str]:
+    rows = []
+    for stage, c in rep["build_cost"].items():
+        wall = "–" if c.get("wall_s") is None else f"{c['wall_s']:.1f}"
+        rows.append(
+            [
+                stage,
+                str(c["calls"]),
+                str(c["cache_hits"]),
+                f"{c['prompt_tokens']:,}",
+                f"{c['completion_tokens']:,}",
+                wall,
+            ]
+        )
+    return ["## Build cost", ""] + _table(
+        ["stage", "calls", "cache hits", "prompt tokens", "completion tokens", "wall s"], rows
+    )
+
+
+def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> str:
+    names = ", ".join(f"{k} = {v}" for k, v in rep["category_names"].items())
+    lines = [
+        f"# Report: {rep['benchmark']} / {rep['method']}",
+        "",
+        f"{rep['questions']} questions, categories {rep['categories']}. Category ids: {names}.",
+        "",
+    ]
+    for section in (
+        scores_section(rep),
+        judges_section(rep),
+        longmemeval_section(rep),
+        published_section(rep, published),
+        quality_section(rep),
+        cost_section(rep),
+    ):
+        lines += section
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,83 @@
+"""Lexical metrics against hand-computed values (benchmarks.md §2.1, §2.2 and the §2.4 table)."""
+
+from __future__ import annotations
+
+import pytest
+
+from structmem_gpu.eval.metrics import (
+    bleu1,
+    f1_locomo,
+    f1_mem0,
+    lexical_scores,
+    normalize_answer,
+    says_not_mentioned,
+    simple_tokenize,
+    token_f1_locomo,
+)
+
+# (category, gold, prediction, LoCoMo F1, Mem0 F1, Mem0 BLEU-1): benchmarks.md §2.4, row by row.
+WORKED_TABLE = [
+    (4, "mental health", "Mental health awareness.", 0.8, 0.8, 0.5),
+    (4, "running", "She was running races", 0.4, 0.4, 0.25),
+    (2, "7 May 2023", "May 7, 2023", 1.0, 1.0, 0.75),
+    (2, str(2022), "In 2022", 0.667, 0.667, 0.5),
+    (
+        1,
+        "pottery, camping, painting, swimming",
+        "painting, pottery and swimming",
+        0.583,
+        0.75,
+        0.536,
+    ),
+    (
+        3,
+        "LIkely no; though she likes reading, she wants to be a counselor",
+        "Likely no",
+        1.0,
+        0.154,
+        0.002,
+    ),
+]
+
+
+@pytest.mark.parametrize("cat,gold,pred,f1_loc,f1_m0,b1", WORKED_TABLE)
+def test_worked_comparison_table(
+    cat: int, gold: str, pred: str, f1_loc: float, f1_m0: float, b1: float
+) -> None:
+    s = lexical_scores(pred, gold, cat)
+    assert round(s.f1_locomo, 3) == f1_loc
+    assert s.f1_mem0 is not None and round(s.f1_mem0, 3) == f1_m0
+    assert s.bleu1 is not None and round(s.bleu1, 3) == b1
+
+
+def test_category5_row_uses_the_not_mentioned_rule_and_skips_mem0() -> None:
+    s = lexical_scores("Not mentioned in the conversation", None, 5)
+    assert (s.f1_locomo, s.f1_mem0, s.bleu1) == (1.0, None, None)
+    assert lexical_scores("Yes, she did", "ignored gold", 5).f1_locomo == 0.0
+    assert says_not_mentioned("There is no information available about it")
+
+
+def test_normalisation_example_and_stemming() -> None:
+    assert normalize_answer("The Sunday, before 25 May 2023!") == "sunday before 25 may 2023"
+    assert normalize_answer("Cats and dogs") == "cats dogs"  # "and" is removed too
+    assert token_f1_locomo("running races paintings", "run race paint") == 1.0
+
+
+def test_locomo_f1_is_multiset_and_mem0_is_set() -> None:
+    # pred "paris paris" vs gold "paris": multiset P = 1/2 -> F1 0.667; set -> 1.0
+    assert round(token_f1_locomo("paris paris", "paris"), 3) == 0.667
+    assert f1_mem0("paris paris", "paris") == 1.0
+
+
+def test_category_rules() -> None:
+    assert f1_locomo("Likely no", "Likely no; a rationale", 3) == 1.0  # cut at ';'
+    assert f1_locomo("Likely no", "Likely no; a rationale", 4) < 1.0  # not for other categories
+    assert f1_locomo("kiwi, fig", "fig, kiwi", 1) == 1.0  # comma split on both sides
+    assert f1_locomo("kiwi", "fig, kiwi", 1) == 0.5  # recall-oriented partial credit
+
+
+def test_mem0_tokenizer_keeps_other_punctuation_and_empty_is_zero() -> None:
+    assert simple_tokenize("No; maybe. Yes!") == ["no;", "maybe", "yes"]
+    assert f1_mem0("", "gold") == 0.0 and f1_mem0("pred", "") == 0.0
+    assert bleu1("", "gold") == 0.0 and bleu1("pred", None) == 0.0
+    assert f1_locomo("", "gold", 4) == 0.0
