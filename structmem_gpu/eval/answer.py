@@ -88,6 +88,10 @@ ContextBuilder = Callable[[AnswerInputs], Mapping[str, AnswerPrompt]]
 _BUILTIN: dict[str, str] = {
     "structmem": "structmem_gpu.eval.answer:build_structmem_prompts",
     "full_context": "structmem_gpu.methods.baselines.full_context:build_prompts",
+    "flat": "structmem_gpu.methods.baselines.flat:build_prompts",
+    "graph": "structmem_gpu.methods.baselines.graph_retrieve:build_prompts",
+    "turn_rag": "structmem_gpu.methods.baselines.turn_rag:build_prompts",
+    "seem": "structmem_gpu.methods.seem.context:build_prompts",
 }
 _REGISTERED: dict[str, ContextBuilder] = {}
 
@@ -208,7 +212,7 @@ def build_structmem_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     syntheses = inputs.table("syntheses")
     qids = set(inputs.questions["question_id"].to_list())
     retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))
-    lines = _entry_lines(retrievals, entries, P.MemoryLine)
+    lines = entry_lines(retrievals, entries, P.MemoryLine)
     synths = _synthesis_lines(retrievals, syntheses, P.SynthesisLine)
     out: dict[str, AnswerPrompt] = {}
     for qid, question, now in inputs.questions.select(
@@ -219,7 +223,7 @@ def build_structmem_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     return out
 
 
-def _entry_lines(
+def entry_lines(
     retrievals: pl.DataFrame, entries: pl.DataFrame, make: Callable[..., Any]
 ) -> dict[str, list[Any]]:
     # Chronological order (not rank order): the reader resolves relative dates and "most

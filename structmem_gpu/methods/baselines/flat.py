@@ -1,0 +1,51 @@
+"""flat baseline: factual entries only, no relational perspective, no consolidation.
+
+    python jobs/run.py method=flat benchmark=sample
+
+The Flat Memory row of the StructMem paper's Table 2 (LightMem's flat mode: the factual
+prompt, independent entries, no synthesis). Every build stage is StructMem's own, configured
+by conf/method/flat.yaml (`extract.perspectives: [fact]`, `consolidate.enabled: false`), so
+flat's extraction requests are byte-identical to StructMem's factual requests and the
+response cache serves them to both. This module only adds the reader: the top
+`retrieve.entries_k` entries, dated and grouped by speaker exactly as StructMem renders them,
+without syntheses (`answer.prompt: flat`, prompts/answer_flat.py). Rendered user message:
+
+    Memories of Tomas:
+    - [16 March 2024] Tomas adopted a beagle puppy named Biscuit.
+    Question: What is the name of the dog Tomas adopted?
+
+The shared answer stage finds this builder by name (`answer.prompt: flat`, see
+structmem_gpu/eval/answer.py).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# The StructMem reader's entry rendering (order, de-duplication) is reused on purpose: the
+# flat, graph and StructMem contexts must differ only in what memory they hold.
+from structmem_gpu.eval.answer import (
+    AnswerInputs,
+    AnswerPrompt,
+    entry_lines,
+)
+from structmem_gpu.prompts import answer_flat as P
+from structmem_gpu.prompts.answer_structmem import MemoryLine
+
+PROMPT_NAME = "flat"
+
+
+def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
+    """Retrieved entries (chronological, by speaker) per question; syntheses are ignored."""
+    retrievals = inputs.require("retrievals", PROMPT_NAME)
+    entries = inputs.require("entries", PROMPT_NAME)
+    qids = inputs.questions["question_id"].to_list()
+    lines = entry_lines(retrievals.filter(pl.col("question_id").is_in(qids)), entries, MemoryLine)
+    out: dict[str, AnswerPrompt] = {}
+    for qid, question, now in inputs.questions.select(
+        "question_id", "question", "question_time"
+    ).iter_rows():
+        out[qid] = AnswerPrompt(P.build_messages(question, lines.get(qid, []), now), P.VERSION)
+    return out
+
+

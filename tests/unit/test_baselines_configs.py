@@ -1,0 +1,86 @@
+"""Ablation and experiment configs: w/o cross-event == structmem with consolidation off; the
+paradigms/baselines multiruns sweep exactly their methods with everything else fixed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from structmem_gpu.artifacts import RunDir
+from structmem_gpu.data import load_benchmark
+from structmem_gpu.methods.registry import METHODS, stage_registry
+from structmem_gpu.methods.structmem import consolidate, embed, extract
+from tests.unit.test_structmem_stages import FakeBackends, cfg_for, echo, run_stage
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+EXPERIMENTS = {
+    "paradigms": ["flat", "graph_memory", "structmem_no_cross_event", "structmem"],
+    "baselines": ["full_context", "turn_rag", "flat", "structmem"],
+}
+
+
+def _plain(*overrides: str) -> dict:
+    out = OmegaConf.to_container(cfg_for(*overrides), resolve=True)
+    assert isinstance(out, dict)
+    out["method"].pop("name")
+    return out
+
+
+def test_no_cross_event_equals_structmem_with_consolidation_off() -> None:
+    assert _plain("method=structmem_no_cross_event") == _plain(
+        "method=structmem", "consolidate.enabled=false"
+    )
+    assert METHODS["structmem_no_cross_event"] == METHODS["structmem"]
+
+
+def test_no_cross_event_sends_no_synthesis_request(tmp_path: Path, sample_path: Path) -> None:
+    turns, questions = load_benchmark("sample", sample_path, None, None)
+    run = RunDir(tmp_path / "run")
+    run.write_table("turns", turns)
+    run.write_table("questions", questions)
+    cfg, backends = cfg_for("method=structmem_no_cross_event"), FakeBackends({"extract": echo})
+    run_stage(run, cfg, backends, extract.STAGE)
+    run_stage(run, cfg, backends, embed.STAGE)
+    before = backends.scripted.calls
+    ctx = run_stage(run, cfg, backends, consolidate.STAGE)
+    assert backends.scripted.calls == before and ctx.batches == 0 and not ctx.request_frames
+    assert (
+        run.read_table("syntheses").height == 0
+        and run.read_table("synthesis_embeddings").height == 0
+    )
+    assert set(run.read_table("entries")["kind"]) == {"fact", "relation"}  # both perspectives kept
+
+
+def _experiment(name: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(
+            config_name="config", overrides=[f"experiment={name}"], return_hydra_config=True
+        )
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_experiment_sweeps_its_methods_and_nothing_else(name: str) -> None:
+    cfg = _experiment(name)
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    assert params == {"method": ",".join(EXPERIMENTS[name])}
+    sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
+    assert sweep["subdir"] == "${hydra.job.override_dirname}"  # one subdir per method
+    assert "method" not in cfg.hydra.job.config.override_dirname.exclude_keys
+    base = _plain()
+    for method in EXPERIMENTS[name]:
+        c = _plain(f"experiment={name}", f"method={method}")
+        assert all(c[k] == base[k] for k in ("benchmark", "llm", "embedder", "judge", "index"))
+        stages = stage_registry(method)
+        assert all(s in stages for s in cfg_for(f"method={method}").method.stages), method
+
+
+def test_experiment_headers_name_the_command() -> None:
+    for name in EXPERIMENTS:
+        text = (CONF / "experiment" / f"{name}.yaml").read_text()
+        assert (
+            text.startswith("# @package _global_")
+            and f"python jobs/run.py -m experiment={name}" in text
+        )
