@@ -27,10 +27,52 @@ _STRUCTMEM = {
     "report": _REPORT,
 }
 
+_SEEM = {
+    "load": _LOAD,
+    "frames": "structmem_gpu.methods.seem.frames:STAGE",
+    "fusion": "structmem_gpu.methods.seem.fusion:STAGE",
+    "graph": "structmem_gpu.methods.seem.graph:STAGE",
+    "retrieve": "structmem_gpu.methods.seem.retrieve:STAGE",
+    "answer": _ANSWER,  # answer.prompt: seem picks SEEM's context builder
+    "judge": _JUDGE,
+    "report": _REPORT,
+}
+
+_BASELINES = "structmem_gpu.methods.baselines"
+# Flat memory: StructMem's own build stages (factual perspective only, no consolidate).
+_FLAT = {k: v for k, v in _STRUCTMEM.items() if k != "consolidate"}
+_GRAPH_MEMORY = {
+    "load": _LOAD,
+    "extract": _STRUCTMEM["extract"],
+    "embed": _STRUCTMEM["embed"],
+    "graph": f"{_BASELINES}.graph_memory:STAGE",
+    "retrieve": f"{_BASELINES}.graph_retrieve:STAGE",
+    "answer": _ANSWER,
+    "judge": _JUDGE,
+    "report": _REPORT,
+}
+_TURN_RAG = {
+    "load": _LOAD,
+    "embed": f"{_BASELINES}.turn_rag:EMBED_STAGE",
+    "retrieve": f"{_BASELINES}.turn_rag:RETRIEVE_STAGE",
+    "answer": _ANSWER,
+    "judge": _JUDGE,
+    "report": _REPORT,
+}
+
 METHODS: dict[str, dict[str, str]] = {
     "structmem": _STRUCTMEM,
     "structmem_no_cross_event": _STRUCTMEM,
     "full_context": {"load": _LOAD, "answer": _ANSWER, "judge": _JUDGE, "report": _REPORT},
+    "flat": _FLAT,
+    "graph_memory": _GRAPH_MEMORY,
+    "turn_rag": _TURN_RAG,
+    "seem": _SEEM,
+    # Paper Table 3 ablations (conf/method/seem_no_*.yaml): same stages, one switch off.
+    "seem_no_fact_context": _SEEM,
+    "seem_no_ppr": _SEEM,
+    "seem_no_rpe": _SEEM,
+    "seem_no_eef": _SEEM,
 }
 
 
