@@ -26,7 +26,8 @@ Reply with JSON only: {"relevant": [numbers of the chosen facts]}"""
 def reply_schema(n_facts: int, max_items: int) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {"relevant": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": n_facts},
+        # An enum, not integer minimum/maximum: llama-cpp-python's grammar ignores integer bounds.
+        "properties": {"relevant": {"type": "array", "items": {"enum": list(range(1, n_facts + 1))},
                                     "maxItems": max_items}},
         "required": ["relevant"],
         "additionalProperties": False,

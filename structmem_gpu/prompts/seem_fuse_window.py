@@ -33,14 +33,15 @@ of the earlier memory or null>, "summary": "...", "events": [...]}}]}}"""
 
 
 def reply_schema(n_new: int, n_earlier: int, b: FrameBounds, max_events: int) -> dict[str, Any]:
+    # Numbers as enums, not integer minimum/maximum: llama-cpp-python's grammar ignores integer
+    # bounds, so only an enum keeps a constrained reply inside the valid range.
     earlier: dict[str, Any] = {"type": "null"}
     if n_earlier:
-        earlier = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": n_earlier}, {"type": "null"}]}
+        earlier = {"anyOf": [{"enum": list(range(1, n_earlier + 1))}, {"type": "null"}]}
     group = {
         "type": "object",
         "properties": {
-            "new": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": n_new},
-                    "minItems": 1, "maxItems": n_new},
+            "new": {"type": "array", "items": {"enum": list(range(1, n_new + 1))}, "minItems": 1, "maxItems": n_new},
             "earlier": earlier,
             "summary": {"type": "string", "maxLength": b.summary_chars},
             "events": {"type": "array", "items": event_schema(b), "maxItems": max_events},

@@ -1,0 +1,229 @@
+"""Stage `retrieve` for SEEM: query quadruples, fact scores, recognition filter, PPR, RPE (seem.md §7-8).
+
+    python jobs/run.py method=seem stages=[retrieve,answer,judge,report] seem.ablation.ppr=false
+
+Two LLM batches over all selected questions: D1 query quadruples, then D4 the recognition
+filter (questions whose conversation has facts). Everything else is vector and graph work per
+question: fact scores (best cosine over query vectors, min-max), K_top, the HippoRAG 2 reset
+vector, igraph PPR (damping 0.5), P_ret = top `p_ret_k` passages, E_ret = their frames,
+P_final = P_ret + Reverse Provenance Expansion up to `rpe_factor` x `p_ret_k`. Writes
+retrievals (schemas.SEEM_RETRIEVALS) with circuits facts / frames / turns; `in_context`
+marks what the ablations leave in the QA context and `context_order` its order (facts by
+rank; frames and passages chronological). One row:
+
+    {"question_id": "sample-1:q3", "conv_id": "sample-1", "circuit": "turns", "rank": 5,
+     "item_id": "sample-1:D2:2", "score": 0.0132, "source": "rpe", "in_context": true,
+     "context_order": 3, "text": "Ana: Biscuit is adorable!", "time": 2024-03-17 19:05,
+     "event_ids": ["sample-1:D2:2"]}
+
+ctx.notes: questions, query_requests, query_parse_failures, filter_requests,
+filter_parse_failures, dense_fallbacks, ppr_questions, p_ret_mean, rpe_added_mean,
+p_final_mean, frames_mean, facts_kept_mean, ablation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from structmem_gpu import schemas as core_schemas
+from structmem_gpu.eval.selection import selected_questions
+from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
+from structmem_gpu.methods.seem.graph import personalized_pagerank
+from structmem_gpu.methods.seem.memory import ConvMemory, load_memories
+from structmem_gpu.methods.seem.quadruples import clean_time, normalise
+from structmem_gpu.methods.seem.ranking import entity_weights, fact_scores, reset_vector, rpe, top_k
+from structmem_gpu.methods.seem.schemas import SEEM_RETRIEVALS
+from structmem_gpu.methods.seem.settings import EMBED_KEYS, LLM_KEYS, RetrieveSettings
+from structmem_gpu.prompts import seem_filter, seem_query
+from structmem_gpu.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
+
+STAGE_NAME = "retrieve"
+MEMORY_TABLES = ("passages", "frames", "frame_of", "facts", "entities", "graph_nodes", "graph_edges")
+
+
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    conv_id: str
+    text: str
+    now: datetime | None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one question retrieved (indices into its ConvMemory.facts; pids; frame ids)."""
+
+    facts: list[tuple[int, float]]  # kept facts (K_top after the filter), best first
+    fact_source: str  # "filter" | "top_k"
+    p_ret: list[str]
+    source: str  # "ppr" | "dense" | "dense_fallback"
+    scores: dict[str, float]  # passage scores that ranked P_ret (PPR or dense)
+    frames: list[str]  # E_ret
+    added: list[str]  # RPE passages
+
+
+def _request(q: Question, kind: str, version: str, messages: Any, schema: dict[str, Any], max_tokens: int,
+             temperature: float) -> LLMRequest:
+    sampling = Sampling(temperature=temperature, max_tokens=max_tokens)
+    rid = request_id(STAGE_NAME, q.qid, kind, version, messages[-1].content, schema, asdict(sampling))
+    return LLMRequest(request_id=rid, stage=STAGE_NAME, conv_id=q.conv_id, messages=messages,
+                      prompt_version=version, schema=schema, sampling=sampling)
+
+
+def query_request(q: Question, rs: RetrieveSettings) -> LLMRequest:
+    return _request(q, "query", seem_query.VERSION, seem_query.build_messages(q.text, q.now),
+                    seem_query.reply_schema(rs.query_max_quadruples, rs.query_max_chars), rs.query_max_tokens,
+                    rs.temperature)
+
+
+def query_texts(q: Question, result: LLMResult) -> list[str]:
+    """The raw question, then every extracted quadruple rendered like a fact ("?" slots dropped)."""
+    out = [q.text]
+    items = result.data.get("quadruples") if result.parse_ok and isinstance(result.data, dict) else None
+    for item in items or []:
+        if not isinstance(item, dict):
+            continue
+        parts = [normalise(item.get(k)) for k in ("subject", "relation", "object")]
+        text = " ".join(p for p in parts if p)
+        tau = clean_time(item.get("time"))
+        if text:
+            out.append(text + (f" (time: {tau})" if tau else ""))
+    return list(dict.fromkeys(out))
+
+
+def filter_request(q: Question, lines: Sequence[str], rs: RetrieveSettings) -> LLMRequest:
+    return _request(q, "filter", seem_filter.VERSION, seem_filter.build_messages(q.text, lines, q.now),
+                    seem_filter.reply_schema(len(lines), rs.filter_max), rs.filter_max_tokens, rs.temperature)
+
+
+def filter_choice(result: LLMResult, n: int, limit: int) -> list[int] | None:
+    """0-based chosen candidates in reply order (unique, valid, at most `limit`); None: unusable."""
+    if not result.parse_ok or not isinstance(result.data, dict):
+        return None
+    picked = [i - 1 for i in result.data.get("relevant") or [] if isinstance(i, int) and not isinstance(i, bool)
+              and 1 <= i <= n]
+    return list(dict.fromkeys(picked))[:limit]
+
+
+def select(mem: ConvMemory, qvecs: np.ndarray, facts: list[tuple[int, float]], rs: RetrieveSettings
+           ) -> tuple[list[str], str, dict[str, float]]:
+    """P_ret with its source and the passage scores that ranked it (seem.md §7 steps 6-8)."""
+    pids = [p.pid for p in mem.passages]
+    dense = mem.passage_vecs @ qvecs[0]  # the raw question vector
+    order = list(range(len(pids)))
+    if not rs.ablation.ppr or not facts:
+        source = "dense" if not rs.ablation.ppr else "dense_fallback"
+        return [pids[i] for i in top_k(dense, rs.p_ret_k, order)], source, dict(zip(pids, dense.tolist(), strict=True))
+    seeds = entity_weights([(mem.facts[i].subject_node, mem.facts[i].object_node, s) for i, s in facts],
+                           mem.n_passages, rs.entity_seeds_k)
+    reset = reset_vector(mem.node_ids, seeds, mem.passage_nodes, dense, rs.passage_weight)
+    ppr = personalized_pagerank(mem.graph(), reset, rs.damping)
+    index = {n: i for i, n in enumerate(mem.node_ids)}
+    pscores = np.array([ppr[index[n]] for n in mem.passage_nodes])
+    return [pids[i] for i in top_k(pscores, rs.p_ret_k, order)], "ppr", dict(zip(pids, pscores.tolist(), strict=True))
+
+
+def expand(mem: ConvMemory, p_ret: list[str], scores: dict[str, float], rs: RetrieveSettings
+           ) -> tuple[list[str], list[str]]:
+    """(E_ret, RPE passages); RPE only when both `rpe` and `eef` are on (seem.md §10)."""
+    provenance = {f: info.provenance for f, info in mem.frames.items()}
+    budget = rs.budget if rs.ablation.rpe and rs.ablation.eef else len(p_ret)
+    return rpe(p_ret, mem.frame_of, provenance, scores, budget, mem.position)
+
+
+def question_rows(q: Question, mem: ConvMemory, sel: Selection, rs: RetrieveSettings) -> list[dict[str, Any]]:
+    base: dict[str, Any] = {"question_id": q.qid, "conv_id": q.conv_id}
+    rows: list[dict[str, Any]] = [{**base, "circuit": "facts", "rank": r, "item_id": mem.facts[i].fact_id, "score": s,
+             "source": sel.fact_source, "in_context": rs.ablation.fact_context, "context_order": r,
+             "text": mem.facts[i].line, "time": None, "event_ids": list(mem.facts[i].provenance)}
+            for r, (i, s) in enumerate(sel.facts)]
+    by_pid = {p.pid: p for p in mem.passages}
+    frames = [mem.frames[f] for f in sel.frames if f in mem.frames]
+    best = {f.frame_id: max((sel.scores.get(p, 0.0) for p in f.provenance if p in sel.p_ret), default=0.0)
+            for f in frames}
+    chrono = sorted(range(len(frames)), key=lambda i: (frames[i].time_start or datetime.min, i))
+    for r, f in enumerate(frames):
+        rows.append({**base, "circuit": "frames", "rank": r, "item_id": f.frame_id, "score": best[f.frame_id],
+                     "source": "eef", "in_context": rs.ablation.eef, "context_order": chrono.index(r),
+                     "text": f.rendering, "time": f.time_start, "event_ids": list(f.provenance)})
+    final = [*[(p, sel.source) for p in sel.p_ret], *[(p, "rpe") for p in sel.added]]
+    pos = sorted(range(len(final)), key=lambda i: by_pid[final[i][0]].position)
+    for r, (pid, source) in enumerate(final):
+        p = by_pid[pid]
+        rows.append({**base, "circuit": "turns", "rank": r, "item_id": pid, "score": sel.scores.get(pid, 0.0),
+                     "source": source, "in_context": True, "context_order": pos.index(r),
+                     "text": f"{p.speaker}: {p.display}", "time": p.session_time, "event_ids": [pid]})
+    return rows
+
+
+def _questions(df: pl.DataFrame) -> list[Question]:
+    return [Question(qid, conv, text, now) for qid, conv, text, now in
+            df.select("question_id", "conv_id", "question", "question_time").iter_rows()]
+
+
+def _mean(values: Sequence[int]) -> float:
+    return round(float(np.mean(values)), 2) if values else 0.0
+
+
+def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
+    rs = RetrieveSettings.from_cfg(ctx.cfg)
+    questions = _questions(selected_questions(ctx.cfg, ctx.read("questions")))
+    mems = load_memories({t: ctx.read(t) for t in MEMORY_TABLES}, {q.conv_id for q in questions}, ctx.encode)
+    questions = [q for q in questions if q.conv_id in mems]
+    # D1 + D2: query quadruples for every question in one batch, all query texts in one encoder call.
+    qres = ctx.generate([query_request(q, rs) for q in questions], desc="seem query quadruples")
+    texts = [query_texts(q, r) for q, r in zip(questions, qres, strict=True)]
+    flat = ctx.encode([t for ts in texts for t in ts]) if questions else np.zeros((0, 1), dtype=np.float32)
+    bounds = np.cumsum([0, *(len(ts) for ts in texts)])
+    qvecs = [flat[a:b] for a, b in itertools.pairwise(bounds)]
+    # D3: K_top per question.
+    scored = []
+    for q, v in zip(questions, qvecs, strict=True):
+        scores = fact_scores(v, mems[q.conv_id].fact_vecs)
+        scored.append([(i, float(scores[i])) for i in top_k(scores, rs.facts_k)])
+    # D4: the recognition filter, one batch over the questions that have candidates.
+    need = [i for i, c in enumerate(scored) if c and rs.fact_filter]
+    fres = ctx.generate([filter_request(questions[i], [mems[questions[i].conv_id].facts[j].line
+                                                       for j, _ in scored[i]], rs) for i in need],
+                        desc="seem fact filter")
+    kept = {i: list(c) for i, c in enumerate(scored)}
+    filter_failures = 0
+    for i, res in zip(need, fres, strict=True):
+        choice = filter_choice(res, len(scored[i]), rs.filter_max)
+        filter_failures += choice is None
+        kept[i] = [scored[i][j] for j in choice or []]  # unusable reply = nothing kept (dense fallback)
+    # D5-E: propagation and expansion.
+    rows, sels, filtered = [], [], set(need)
+    for i, q in enumerate(questions):
+        mem = mems[q.conv_id]
+        p_ret, source, pscores = select(mem, qvecs[i], kept[i], rs)
+        frames, added = expand(mem, p_ret, pscores, rs)
+        sel = Selection(kept[i], "filter" if i in filtered else "top_k", p_ret, source, pscores, frames, added)
+        sels.append(sel)
+        rows.extend(question_rows(q, mem, sel, rs))
+    ctx.notes.update(
+        questions=len(questions), query_requests=len(qres), query_parse_failures=sum(not r.parse_ok for r in qres),
+        filter_requests=len(fres), filter_parse_failures=filter_failures,
+        dense_fallbacks=sum(s.source == "dense_fallback" for s in sels),
+        ppr_questions=sum(s.source == "ppr" for s in sels), p_ret_mean=_mean([len(s.p_ret) for s in sels]),
+        rpe_added_mean=_mean([len(s.added) for s in sels]),
+        p_final_mean=_mean([len(s.p_ret) + len(s.added) for s in sels]), frames_mean=_mean([len(s.frames) for s in sels]),
+        facts_kept_mean=_mean([len(s.facts) for s in sels]), ablation=asdict(rs.ablation))
+    log.info("seem retrieve: %s", ctx.notes)
+    return {"retrievals": core_schemas.frame(rows, SEEM_RETRIEVALS)}
+
+
+STAGE = Stage(
+    name=STAGE_NAME, run=run_retrieve, reads=("questions", *MEMORY_TABLES), writes=("retrievals",),
+    config_keys=("seem.retrieve", "seem.ablation", "benchmark.categories", *EMBED_KEYS, *LLM_KEYS),
+)
