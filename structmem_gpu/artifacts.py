@@ -79,7 +79,9 @@ class RunDir:
                 f"{who} table '{name}' ({path}), which no finished stage of this run directory "
                 f"wrote; run the stage that writes it first (or list it in stages=[...])"
             )
-        return pl.read_parquet(path)
+        # glob=False: run directories of sweeps carry override values in their names
+        # (".../benchmark.conversations=[conv-26],..."), and [..] is a glob character class.
+        return pl.read_parquet(path, glob=False)
 
     def write_table(self, name: str, df: pl.DataFrame) -> Path:
         """Conform to the table's schema constant (when it has one) and write atomically."""
@@ -132,7 +134,7 @@ class RunDir:
         info = {}
         for name in names:
             path = self.table_path(name)
-            info[name] = {"sha256": file_sha256(path), "rows": pl.scan_parquet(path).select(pl.len()).collect().item()}
+            info[name] = {"sha256": file_sha256(path), "rows": pl.scan_parquet(path, glob=False).select(pl.len()).collect().item()}
         return info
 
 

@@ -317,6 +317,10 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
         atomic_write_text(
             out / "longmemeval_hypotheses.jsonl", hypotheses_jsonl(questions, answers)
         )
+    if OmegaConf.select(cfg, "report.plots", default=True):  # report/*.png (eval/plots.py)
+        from structmem_gpu.eval.plots import write_run_plots
+
+        write_run_plots(ctx.run.root, cfg)
     ctx.notes.update(judge=report["judge"], n=report["overall"]["n"], unjudged=report["unjudged"])
     log.info("report: %s", out / "report.md")
     check_parse_failures(report["parse_failure_rate"], st.max_parse_failure_rate)

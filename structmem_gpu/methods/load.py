@@ -2,14 +2,21 @@
 
     python jobs/run.py benchmark=locomo benchmark.path=locomo10.json stages=[load] hydra.run.dir=DIR
 
-Sharding happens here: with num_shards > 1 only this shard's conversations are kept, assigned
-by a deterministic greedy balance of text volume (largest conversation first, to the lightest
-shard), so shards take similar LLM time rather than similar conversation counts.
+Sharding happens here: with num_shards > 1 only this shard's conversations are kept (LoCoMo:
+conversations; LongMemEval: questions, each its own conversation). The assignment balances text
+volume, not counts, so shards take similar LLM time: a shard pays once per UNIQUE session
+(session_hash; equal LongMemEval sessions in several haystacks are extracted once, the
+content-keyed response cache dedupes them inside a batch), so a question costs a shard only
+the sessions it does not hold yet, plus its question text. Greedy, largest first, preferring
+the shard that already holds a question's sessions as long as that keeps the shards balanced
+(see assign_shards); ties go to the lower shard index, so every job of an array computes the
+same assignment.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +30,67 @@ from structmem_gpu.stage import Stage, StageContext
 log = logging.getLogger(__name__)
 
 
-def shard_assignment(volumes: dict[str, int], num_shards: int) -> dict[str, int]:
-    """conv_id -> shard, balancing total volume; deterministic (ties broken by conv_id)."""
+def assign_shards(sessions: Mapping[str, Mapping[str, int]], num_shards: int,
+                  own: Mapping[str, int] | None = None) -> dict[str, int]:
+    """conv_id -> shard, balancing the volume of unique sessions per shard; deterministic.
+
+    `sessions[conv]` maps each session_hash the conversation reads to its text volume (a hash
+    shared by several conversations costs a shard once); `own[conv]` is volume that belongs to
+    the conversation alone (its questions). Largest conversation first (ties by conv_id). Each
+    goes to the shard where it costs least (sessions the shard already holds are free) among
+    the shards it fits in without raising the load above max(ideal share, current largest
+    load); ties: the lower resulting load, then the lower shard index. When it fits nowhere,
+    the shard with the lowest resulting load. Without shared sessions this is plain
+    largest-first-to-the-lightest-shard (LPT).
+    """
+    if num_shards < 1:
+        raise ConfigError(f"num_shards={num_shards} must be >= 1")
+    own = own or {}
+    unique: dict[str, int] = {}
+    for vols in sessions.values():
+        unique.update(vols)
+    ideal = (sum(unique.values()) + sum(own.get(c, 0) for c in sessions)) / num_shards
+    total = {c: sum(v.values()) + own.get(c, 0) for c, v in sessions.items()}
     loads = [0] * num_shards
-    out = {}
-    for conv, vol in sorted(volumes.items(), key=lambda kv: (-kv[1], kv[0])):
-        shard = min(range(num_shards), key=lambda s: (loads[s], s))
+    held: list[set[str]] = [set() for _ in range(num_shards)]
+    out: dict[str, int] = {}
+    for conv in sorted(sessions, key=lambda c: (-total[c], c)):
+        vols = sessions[conv]
+        cost = [sum(v for h, v in vols.items() if h not in held[s]) + own.get(conv, 0)
+                for s in range(num_shards)]
+        cap = max(ideal, max(loads))
+        fits = [s for s in range(num_shards) if loads[s] + cost[s] <= cap]
+        if fits:
+            shard = min(fits, key=lambda s: (cost[s], loads[s] + cost[s], s))
+        else:
+            shard = min(range(num_shards), key=lambda s: (loads[s] + cost[s], s))
+        loads[shard] += cost[shard]
+        held[shard].update(vols)
         out[conv] = shard
-        loads[shard] += vol
     return out
+
+
+def shard_assignment(volumes: Mapping[str, int], num_shards: int) -> dict[str, int]:
+    """conv_id -> shard for conversations that share nothing (volume per conversation)."""
+    return assign_shards({c: {c: v} for c, v in volumes.items()}, num_shards)
+
+
+def shard_volumes(turns: pl.DataFrame, questions: pl.DataFrame
+                  ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """(conv -> {session_hash: chars}, conv -> question chars) from the load tables."""
+    chars = (pl.col("text").str.len_chars().fill_null(0)
+             + pl.col("image_caption").str.len_chars().fill_null(0))
+    per = (turns.group_by("conv_id", "session_hash").agg(chars.sum().alias("v"))
+           .sort("conv_id", "session_hash"))
+    sessions: dict[str, dict[str, int]] = {}
+    for conv, h, v in per.iter_rows():
+        sessions.setdefault(conv, {})[h] = int(v)
+    q_chars = pl.col("question").str.len_chars().fill_null(0).sum().alias("v")
+    q = questions.group_by("conv_id").agg(q_chars)
+    own = {c: int(v) for c, v in q.iter_rows()}
+    for conv in own:  # a conversation with questions but no turns still needs a shard
+        sessions.setdefault(conv, {})
+    return sessions, own
 
 
 def apply_shard(turns: pl.DataFrame, questions: pl.DataFrame, shard_index: int, num_shards: int
@@ -40,9 +99,12 @@ def apply_shard(turns: pl.DataFrame, questions: pl.DataFrame, shard_index: int, 
         raise ConfigError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
     if num_shards == 1:
         return turns, questions
-    vol = turns.group_by("conv_id").agg(pl.col("text").str.len_chars().sum().alias("v"))
-    assign = shard_assignment(dict(zip(vol["conv_id"].to_list(), vol["v"].to_list())), num_shards)
+    sessions, own = shard_volumes(turns, questions)
+    assign = assign_shards(sessions, num_shards, own)
     keep = [c for c, s in assign.items() if s == shard_index]
+    if not keep:
+        log.warning("shard %d of %d holds no conversation (only %d to share out)",
+                    shard_index, num_shards, len(assign))
     return turns.filter(pl.col("conv_id").is_in(keep)), questions.filter(pl.col("conv_id").is_in(keep))
 
 
@@ -81,4 +143,6 @@ STAGE = Stage(
     config_keys=("benchmark.name", "benchmark.path", "benchmark.conversations", "benchmark.max_sessions",
                  "shard_index", "num_shards"),
     extra_fingerprint=_file_hash,
+    # 2: shard assignment by unique-session volume (a rerun must not mix old and new shards).
+    version="2",
 )

@@ -11,7 +11,7 @@ import pytest
 
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
 from structmem_gpu.methods.registry import stage_registry
-from structmem_gpu.methods.seem import context as seem_context  # registers answer.prompt=seem
+from structmem_gpu.methods.seem import context as seem_context
 from structmem_gpu.methods.seem import retrieve
 from structmem_gpu.methods.seem.ranking import (
     entity_weights,

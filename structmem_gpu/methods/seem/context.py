@@ -9,8 +9,7 @@ rank order, frames and passages chronological (`context_order`), cut to
 `answer.context_tokens` (characters / 4) by dropping the lowest-ranked frames first, then
 passages, then facts. One frame header: `[Memory 2] sessions 3-5, 2024-03-17 to 2024-04-02`.
 
-Importing this module registers the builder; the registry resolves SEEM's `answer` stage
-through `STAGE` here, so `stages=[answer]` alone finds it too.
+The shared answer stage finds this builder by name (structmem_gpu/eval/answer.py).
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from structmem_gpu.errors import MissingTableError
-from structmem_gpu.eval.answer import STAGE as ANSWER_STAGE
-from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, register_context_builder
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.prompts import seem_answer as P
 
 log = logging.getLogger(__name__)
@@ -104,6 +102,3 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
         log.info("seem answer: %d of %d contexts cut to ~%d tokens", cut, len(out), budget // CHARS_PER_TOKEN)
     return out
 
-
-register_context_builder(PROMPT_NAME, build_prompts)
-STAGE = ANSWER_STAGE  # the shared answer stage, resolved through this module so the builder is registered
