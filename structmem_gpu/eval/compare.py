@@ -1,6 +1,6 @@
 """Compare finished runs side by side: one row per run, scores and build cost.
 
-    python jobs/compare.py outputs/multirun/sample/2026-05-01_12-00-00 --out outputs/compare
+    python jobs/report.py compare outputs/compare outputs/multirun/sample/2026-05-01_12-00-00
     # or, from code / jobs/report.py:
     df = compare_runs(discover_runs(Path("outputs/multirun/sample/2026-05-01_12-00-00")))
     write_comparison(df, Path("outputs/compare"))   # comparison.md, .csv, .json

@@ -5,6 +5,7 @@ A question's evidence dia_ids become events `<conv_id>:<dia_id>`. A retrieved it
 - circuit "entries":   the event of the entry (`entries.event_id`);
 - circuit "syntheses": the events of the synthesis's buffer and context entries;
 - circuit "turns":     the item itself (its item_id is an event_id);
+- any row with an `event_ids` list (SEEM facts/frames, graph relations): those events;
 - any other circuit:   the item's events when its id is a known entry or synthesis id, else
                        nothing (counted in `EvidenceIndex.unresolved`).
 
@@ -55,11 +56,14 @@ class EvidenceIndex:
                 events[sid] = frozenset(entry_event[i] for i in ids if i in entry_event)
         return cls(item_events=events)
 
-    def coverage(self, retrievals_of_q: Iterable[tuple[str, str]]) -> set[str]:
-        """Events covered by one question's retrieved (circuit, item_id) pairs."""
+    def coverage(self, retrievals_of_q: Iterable[tuple[str, str] | tuple[str, str, Sequence[str] | None]]) -> set[str]:
+        """Events covered by one question's retrieved (circuit, item_id[, event_ids]) rows."""
         covered: set[str] = set()
-        for circuit, item_id in retrievals_of_q:
-            if circuit in TURN_CIRCUITS:
+        for circuit, item_id, *rest in retrievals_of_q:
+            carried = rest[0] if rest else None
+            if carried is not None:
+                covered.update(carried)
+            elif circuit in TURN_CIRCUITS:
                 covered.add(item_id)
             elif item_id in self.item_events:
                 covered |= self.item_events[item_id]
@@ -99,9 +103,12 @@ def recall_by_question(
     if retrievals is None:
         return {q: None for q in qids}, 0
     index = EvidenceIndex.build(entries, syntheses)
-    by_q: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for qid, circuit, item in retrievals.select("question_id", "circuit", "item_id").iter_rows():
-        by_q[qid].append((circuit, item))
+    by_q: dict[str, list[tuple[str, str, Sequence[str] | None]]] = defaultdict(list)
+    if "event_ids" not in retrievals.columns:  # methods whose items map through entries/syntheses
+        retrievals = retrievals.with_columns(event_ids=pl.lit(None, dtype=pl.List(pl.String())))
+    cols = retrievals.select("question_id", "circuit", "item_id", "event_ids")
+    for qid, circuit, item, events in cols.iter_rows():
+        by_q[qid].append((circuit, item, events))
     out: dict[str, float | None] = {}
     for qid, conv, evidence in questions.select("question_id", "conv_id", "evidence").iter_rows():
         out[qid] = evidence_recall(evidence, conv, index.coverage(by_q.get(qid, ())))

@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from jobs.compare import main as compare_main
+from jobs.report import main as report_main
 from structmem_gpu.errors import InputError
 from structmem_gpu.eval.compare import compare_runs, discover_runs, write_comparison
 
@@ -122,7 +122,7 @@ def test_discover_runs_and_cli(
     runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert discover_runs(tmp_path) == sorted(runs)
-    assert compare_main([str(tmp_path), "--out", str(tmp_path / "cmp")]) == 0
+    assert report_main(["compare", str(tmp_path / "cmp"), str(tmp_path)]) == 0
     assert (
         "| structmem |" in capsys.readouterr().out
         and (tmp_path / "cmp" / "comparison.csv").is_file()

@@ -128,3 +128,16 @@ def test_synthesis_covers_buffer_and_context_events() -> None:
     assert (
         evidence_recall(["D1:3"], "c2", idx.coverage([("syntheses", "s1")])) == 0.0
     )  # other conversation
+
+
+def test_rows_carrying_event_ids_cover_those_events() -> None:
+    # SEEM facts/frames and graph relations carry their provenance events on the row.
+    import polars as pl
+
+    from structmem_gpu.eval.recall import recall_by_question
+
+    questions = pl.DataFrame({"question_id": ["q1"], "conv_id": ["c"], "evidence": [["D1:1", "D1:2"]]})
+    retrievals = pl.DataFrame({"question_id": ["q1", "q1"], "circuit": ["frames", "facts"],
+                               "item_id": ["fr1", "fa1"], "event_ids": [["c:D1:1"], ["c:D9:9"]]})
+    recall, unresolved = recall_by_question(questions, retrievals, None, None)
+    assert recall == {"q1": 0.5} and unresolved == 0

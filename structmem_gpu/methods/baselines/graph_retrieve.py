@@ -14,7 +14,7 @@ answer stage's fingerprint covers them. One relation row:
     {"question_id": "sample-1:q0", "conv_id": "sample-1", "circuit": "relations", "rank": 0,
      "item_id": "rel:9a…", "score": 0.58, "relation_text": "Tomas -> adopted -> Biscuit",
      "relation_first": 2024-03-17 19:05, "relation_last": 2024-03-17 19:05,
-     "relation_event_ids": ["sample-1:D2:1"]}
+     "event_ids": ["sample-1:D2:1"]}
 
 The shared answer stage finds this builder by name (`answer.prompt: graph`, see
 structmem_gpu/eval/answer.py).
@@ -56,7 +56,7 @@ RETRIEVALS: schemas.Schema = {
     "relation_text": pl.String(),
     "relation_first": pl.Datetime("us"),
     "relation_last": pl.Datetime("us"),
-    "relation_event_ids": pl.List(pl.String()),  # provenance (turns that stated it)
+    "event_ids": pl.List(pl.String()),  # provenance (turns that stated it)
 }
 
 
@@ -147,7 +147,7 @@ def relation_rows(
                     "relation_text": r["text"],
                     "relation_first": r["first_time"],
                     "relation_last": r["last_time"],
-                    "relation_event_ids": r["event_ids"],
+                    "event_ids": r["event_ids"],
                 }
             )
     return out
@@ -207,7 +207,7 @@ def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
             )
         )
     for r in rows:
-        for col in ("relation_text", "relation_first", "relation_last", "relation_event_ids"):
+        for col in ("relation_text", "relation_first", "relation_last", "event_ids"):
             r.setdefault(col, None)
     out = schemas.frame(rows, RETRIEVALS)
     by_q = out.filter(pl.col("circuit") == CIRCUIT).group_by("question_id").len()

@@ -1,0 +1,142 @@
+"""Merge shard runs, compare runs, and measure judge agreement.
+
+    # the 16 run directories of a sharded job array -> one run directory + one report
+    python jobs/report.py merge outputs/locomo16/merged outputs/locomo16
+    python jobs/report.py merge OUT SHARD_DIR_0 SHARD_DIR_1 ... [--force] [--no-report]
+    # a sweep crossed with shards (seed_k=0,5 x shard_index=0..3) -> OUT/<overrides>/ per config
+    python jobs/report.py merge outputs/seed_k_merged outputs/seed_k_sharded --by-config
+    # several finished runs (e.g. a sweep) -> comparison.md / .csv / .json in OUT
+    python jobs/report.py compare outputs/compare outputs/multirun/sample/2026-05-01_12-00-00
+    # Cohen's kappa per judge pair + Fleiss' kappa (judge=panel_example runs)
+    python jobs/report.py agreement outputs/runs/locomo/structmem
+
+A folder that is not itself a run directory (a multirun sweep dir) stands for the run
+directories below it. Expected errors (a missing shard, shards of different configs) print
+one line naming the shard and exit with code 2. Thin wrapper over structmem_gpu.merge,
+structmem_gpu.eval.compare and structmem_gpu.eval.agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # allow `python jobs/report.py` from a clean clone without install
+    sys.path.insert(0, str(ROOT))
+
+from structmem_gpu.errors import StructMemError  # noqa: E402
+
+log = logging.getLogger("structmem_gpu.report")
+CONF_DIR = ROOT / "conf"
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """The job config for these overrides (shards run in-process have no .hydra/ to read)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from structmem_gpu.merge import discover_run_dirs, group_by_config, merge_shards
+
+    shard_dirs = discover_run_dirs(args.dirs)
+    cfg = _compose(args.override) if args.override else None
+    groups = group_by_config(shard_dirs) if args.by_config else {"": shard_dirs}
+    for name, dirs in groups.items():
+        out = args.out / name if name else args.out
+        result = merge_shards(dirs, out, cfg, report=not args.no_report, overwrite=args.force)
+        print(f"merged {len(result.shards)} shards into {result.out_dir}")
+        for table, rows in sorted(result.tables.items()):
+            print(f"  {table:24s} {rows:>8d} rows")
+        if result.report is not None:
+            print(f"report: {result.report.parent / 'report.md'}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from structmem_gpu.eval.compare import compare_runs, discover_runs, write_comparison
+
+    runs = discover_runs(*args.dirs)
+    df = compare_runs(runs, reference=args.reference)
+    paths = write_comparison(df, args.out, reference=args.reference)
+    print(paths["md"].read_text(encoding="utf-8"))
+    return 0
+
+
+def cmd_agreement(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from structmem_gpu.artifacts import RunDir
+    from structmem_gpu.eval.agreement import agreement_markdown, judge_agreement, write_agreement
+
+    run = RunDir(args.run_dir)
+    judgments = run.read_table("judgments")
+    names = judgments["judge_name"].unique().to_list()
+    if len(names) < 2:
+        raise StructMemError(
+            f"{run.table_path('judgments')}: only judge(s) {names}; agreement "
+            f"needs several (run stages=[judge,report] judge=panel_example there)"
+        )
+    table = judge_agreement(judgments.filter(pl.col("judge_name").is_not_null()))
+    out = args.out or run.report_dir
+    paths = write_agreement(table, out)
+    print(agreement_markdown(table))
+    print(f"written: {paths['md']}, {paths['json']}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("merge", help="merge the shard run directories of one job")
+    m.add_argument("out", type=Path, help="merged run directory to create")
+    m.add_argument("dirs", nargs="+", type=Path, help="shard run directories or a sweep dir")
+    m.add_argument("--force", action="store_true", help="replace an existing merged directory")
+    m.add_argument("--no-report", action="store_true", help="merge tables only")
+    m.add_argument(
+        "--by-config",
+        action="store_true",
+        help="a sweep crossed with shards: merge each config's shards into OUT/<its overrides>",
+    )
+    m.add_argument(
+        "--override",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra overrides of the shards' job, when they have no .hydra/config.yaml",
+    )
+    m.set_defaults(fn=cmd_merge)
+    c = sub.add_parser("compare", help="compare finished runs (comparison.md/.csv/.json)")
+    c.add_argument("out", type=Path, help="where comparison.* go")
+    c.add_argument("dirs", nargs="+", type=Path, help="run directories or folders holding them")
+    c.add_argument("--reference", default="structmem", help="method build-call ratios refer to")
+    c.set_defaults(fn=cmd_compare)
+    a = sub.add_parser("agreement", help="judge agreement (Cohen's / Fleiss' kappa)")
+    a.add_argument("run_dir", type=Path, help="run directory whose judgments have several judges")
+    a.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report")
+    a.set_defaults(fn=cmd_agreement)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.fn(args))
+    except StructMemError as err:
+        log.error("%s", err)
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
