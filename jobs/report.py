@@ -69,6 +69,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     df = compare_runs(runs, reference=args.reference)
     paths = write_comparison(df, args.out, reference=args.reference)
     print(paths["md"].read_text(encoding="utf-8"))
+    from structmem_gpu.eval.plots import write_sweep_plots
+
+    for path in write_sweep_plots(runs, args.out):
+        print(f"figure: {path}")
     return 0
 
 
