@@ -309,10 +309,16 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     questions = selected_questions(cfg, ctx.read("questions"))
     answers, judgments = ctx.read("answers"), ctx.read("judgments")
     requests = ctx.read_optional("requests")
+    from structmem_gpu.eval.audit import audit_markdown, audit_summary
+
     report = build_report(cfg, questions, answers, judgments, requests, ctx.run.load_manifest(), st)
+    audit = audit_summary(ctx.run.root, resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
+    if audit:  # fidelity audits ran (stages audit_*): their rates go into both reports
+        report["audit"] = audit
     out = ctx.run.report_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
-    atomic_write_text(out / "report.md", render_markdown(report, matching_rows(cfg)))
+    markdown = render_markdown(report, matching_rows(cfg))
+    atomic_write_text(out / "report.md", markdown + ("\n" + audit_markdown(audit) if audit else ""))
     if "longmemeval" in report:
         atomic_write_text(
             out / "longmemeval_hypotheses.jsonl", hypotheses_jsonl(questions, answers)
@@ -337,7 +343,7 @@ STAGE = Stage(
     run=run_report,
     reads=("questions", "answers", "judgments"),
     writes=(),
-    optional_reads=("requests", "retrievals"),
+    optional_reads=("requests", "retrievals", "audit_extraction", "audit_consolidation"),
     config_keys=(
         "report",
         "benchmark.name",

@@ -25,6 +25,9 @@ _STRUCTMEM = {
     "answer": _ANSWER,
     "judge": _JUDGE,
     "report": _REPORT,
+    # Fidelity audits (paper A.6): run only when listed in stages=[...], never in method.stages.
+    "audit_extraction": "structmem_gpu.eval.audit_extraction:STAGE",
+    "audit_consolidation": "structmem_gpu.eval.audit_consolidation:STAGE",
 }
 
 _SEEM = {

@@ -1,0 +1,196 @@
+"""Stage `audit_extraction`: share of extracted entries not supported by their source turn.
+
+    python jobs/run.py benchmark=sample method=structmem stages=[audit_extraction] \
+        audit.extraction.sample_size=20 hydra.run.dir=EXISTING_RUN
+
+StructMem paper Appendix A.6, Table 6. Every entry (or a seeded sample of
+`audit.extraction.sample_size`, drawn over entries sorted by entry_id so the same run and seed
+give the same sample on every machine) gets one judge request per judge of the panel: the
+extraction window the entry came from (rebuilt with extract.plan_windows from
+`extract.turns_per_request` / `extract.context_turns`, so the judge sees what the extractor saw),
+its source turn, and the entry. One batch per judge. One row per (entry, judge):
+
+    {"entry_id": "3f0c...", "kind": "fact", "judge_name": "same_as_llm", "label": "supported",
+     "supported": True, "reason": "Turn 2 says so.", "reply_raw": "{...}", ...}
+
+An unreadable reply gives label = supported = null (unjudged): recorded, never counted as
+supported. Writes tables/audit_extraction.parquet and report/audit.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from structmem_gpu import schemas
+from structmem_gpu.eval.audit import (
+    EXTRACTION_COLUMNS,
+    EXTRACTION_TABLE,
+    AuditSettings,
+    judge_panel_identity,
+    write_audit_report,
+)
+from structmem_gpu.eval.judge import parse_label
+from structmem_gpu.hashing import stable_hash
+from structmem_gpu.llm.structured import strip_fences
+from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
+from structmem_gpu.methods.structmem.extract import ExtractionWindow, plan_windows
+from structmem_gpu.prompts import audit_extraction as prompt
+from structmem_gpu.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
+
+STAGE_NAME = "audit_extraction"
+
+
+@dataclass(frozen=True)
+class AuditItem:
+    entry: dict[str, Any]  # one entries row
+    window: ExtractionWindow
+    source_index: int  # 1-based position of the source turn in the excerpt (context + turns)
+
+
+def sample_entries(entries: pl.DataFrame, size: int | None, seed: int) -> pl.DataFrame:
+    """All entries (size None or >= n) or a seeded sample, both sorted by entry_id."""
+    ordered = entries.sort("entry_id")
+    if size is None or size >= ordered.height:
+        return ordered
+    rng = np.random.default_rng(seed)
+    picked = np.sort(rng.choice(ordered.height, size=size, replace=False))
+    return ordered[picked.tolist()]
+
+
+def audit_items(
+    entries: pl.DataFrame, turns: pl.DataFrame, per_request: int, context_turns: int
+) -> tuple[list[AuditItem], int]:
+    """(items, entries whose source turn is in no window): each entry with its extraction window."""
+    where: dict[str, tuple[ExtractionWindow, int]] = {}
+    for w in plan_windows(turns, per_request, context_turns):
+        for i, t in enumerate(w.turns):
+            # Source index counts the context lines first: the excerpt is context + turns.
+            where[t.event_id] = (w, len(w.context) + i + 1)
+    items, orphans = [], 0
+    for row in entries.iter_rows(named=True):
+        hit = where.get(row["event_id"])
+        if hit is None:
+            orphans += 1
+            continue
+        items.append(AuditItem(row, hit[0], hit[1]))
+    return items, orphans
+
+
+def build_request(item: AuditItem, judge_name: str, s: AuditSettings) -> LLMRequest:
+    w = item.window
+    excerpt = [(t.speaker, t.text) for t in (*w.context, *w.turns)]
+    msgs = prompt.build_messages(
+        w.session_time, excerpt, item.source_index, item.entry["kind"], item.entry["text"]
+    )
+    sch = prompt.schema(s.reason_chars())
+    samp = Sampling(temperature=s.temperature, max_tokens=s.extraction_max_tokens)
+    rid = request_id(
+        STAGE_NAME, judge_name, item.entry["entry_id"], prompt.VERSION, msgs[-1].content, sch
+    )
+    return LLMRequest(rid, STAGE_NAME, msgs, prompt.VERSION, samp, sch, item.entry["conv_id"])
+
+
+def read_reason(data: Any, text: str) -> str | None:
+    """The reply's reason when readable (schema-validated object or raw JSON), else None."""
+    obj = data
+    if not isinstance(obj, dict) and text:
+        try:
+            obj = json.loads(strip_fences(text))
+        except json.JSONDecodeError:
+            return None
+    return (
+        str(obj.get("reason")) if isinstance(obj, dict) and obj.get("reason") is not None else None
+    )
+
+
+def audit_row(
+    item: AuditItem, judge_name: str, req: LLMRequest, res: LLMResult, fallback_model: str
+) -> dict[str, Any]:
+    # parse_label returns None for anything but the two labels: unjudged, never "supported".
+    supported = parse_label(res.data, res.text, prompt.POSITIVE, prompt.NEGATIVE)
+    e = item.entry
+    return {
+        "audit_id": stable_hash("audit_extraction", e["entry_id"], judge_name),
+        "conv_id": e["conv_id"],
+        "entry_id": e["entry_id"],
+        "event_id": e["event_id"],
+        "kind": e["kind"],
+        "entry_text": e["text"],
+        "judge_name": judge_name,
+        "judge_model": res.model or fallback_model,
+        "prompt_version": req.prompt_version,
+        "label": None if supported is None else ("supported" if supported else "unsupported"),
+        "supported": supported,
+        "reason": read_reason(res.data, res.text),
+        "reply_raw": res.text,
+        "request_id": req.request_id,
+        "finish_reason": res.finish_reason,
+    }
+
+
+def judge_items(ctx: StageContext, items: Sequence[AuditItem], s: AuditSettings) -> pl.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for name, backend in ctx.backends.judges():
+        requests = [build_request(it, name, s) for it in items]
+        results = ctx.generate(requests, backend=backend, desc=f"{STAGE_NAME}:{name}")  # one batch
+        rows += [
+            audit_row(it, name, q, r, backend.model_id)
+            for it, q, r in zip(items, requests, results, strict=True)
+        ]
+    return schemas.frame(rows, EXTRACTION_COLUMNS)
+
+
+def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:
+    s = AuditSettings.from_cfg(ctx.cfg)
+    entries, turns = ctx.read("entries"), ctx.read("turns")
+    sample = sample_entries(entries, s.extraction_sample_size, s.seed)
+    items, orphans = audit_items(
+        sample,
+        turns,
+        int(ctx.cfg.extract.turns_per_request),
+        int(ctx.cfg.extract.context_turns or 0),
+    )
+    if orphans:
+        log.warning(
+            "%s: %d sampled entries have a source turn in no extraction window (skipped)",
+            STAGE_NAME,
+            orphans,
+        )
+    df = judge_items(ctx, items, s)
+    unjudged = int(df["supported"].is_null().sum())
+    ctx.notes.update(
+        entries=entries.height,
+        sampled=sample.height,
+        audited=len(items),
+        orphans=orphans,
+        rows=df.height,
+        unjudged=unjudged,
+    )
+    if unjudged:
+        log.warning(
+            "%s: %d of %d replies unjudged (no readable label)", STAGE_NAME, unjudged, df.height
+        )
+    summary = write_audit_report(ctx.run, ctx.cfg, extraction=df)
+    ctx.notes["unsupported_rate"] = {
+        name: j["overall"]["rate"] for name, j in summary["extraction"]["judges"].items()
+    }
+    return {EXTRACTION_TABLE: df}
+
+
+STAGE = Stage(
+    name=STAGE_NAME,
+    run=run_audit_extraction,
+    reads=("entries", "turns"),
+    writes=(EXTRACTION_TABLE,),
+    config_keys=("audit", "extract.turns_per_request", "extract.context_turns"),
+    extra_fingerprint=judge_panel_identity,
+)
