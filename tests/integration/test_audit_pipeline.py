@@ -19,18 +19,13 @@ import pytest
 
 from structmem_gpu.artifacts import RunDir
 from tests.fixtures.llm import llamacpp_missing
-from tests.fixtures.pipeline import CONF_DIR, run_pipeline
+from tests.fixtures.pipeline import run_pipeline
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]
-
-
-def _audit_group() -> list[str]:
-    # `+audit=default` until conf/config.yaml lists the group in its defaults (then it is there).
-    return [] if "audit: default" in (CONF_DIR / "config.yaml").read_text() else ["+audit=default"]
 
 
 def test_audits_on_sample_run(
@@ -41,7 +36,6 @@ def test_audits_on_sample_run(
     run_pipeline(
         [
             *ci_overrides,
-            *_audit_group(),
             "benchmark=sample",
             "method=structmem",
             "stages=[audit_extraction,audit_consolidation,report]",
