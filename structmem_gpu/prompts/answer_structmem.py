@@ -25,17 +25,37 @@ VERSION = "answer_structmem/1"
 # The abstention phrase every answer prompt asks for; LoCoMo's cat-5 rule looks for "not mentioned".
 NOT_MENTIONED = "Not mentioned in the conversation"
 
-SYSTEM = f"""You answer a question about a long conversation using only the memories provided.
-Rules:
-- Every memory starts with the date of the event it comes from. Use that date to turn relative \
-times into absolute dates: a memory dated 8 May 2023 that says "yesterday" means 7 May 2023, \
-and "last year" means 2022.
-- When memories contradict each other, trust the most recent one.
-- Event summaries link several events over a time range; use them for questions that need \
-more than one event.
-- Answer with a short phrase (a name, a few words or a date), not a full sentence. Reuse the \
-memories' own words where you can.
-- If the memories do not contain the answer, reply exactly: {NOT_MENTIONED}"""
+def reader_system(memory_rule: str | None) -> str:
+    """The reader's rules, shared by every memory method's answer prompt so that methods differ
+    only in the memory they show; `memory_rule` explains that method's extra memory kind."""
+    rules = [
+        "Every memory starts with the date of the event it comes from. Use that date to turn "
+        'relative times into absolute dates: a memory dated 8 May 2023 that says "yesterday" '
+        'means 7 May 2023, and "last year" means 2022.',
+        "When memories contradict each other, trust the most recent one.",
+        *([memory_rule] if memory_rule else []),
+        "Answer with a short phrase (a name, a few words or a date), not a full sentence. Reuse "
+        "the memories' own words where you can.",
+        f"If the memories do not contain the answer, reply exactly: {NOT_MENTIONED}",
+    ]
+    head = "You answer a question about a long conversation using only the memories provided."
+    return "\n".join([head, "Rules:", *(f"- {r}" for r in rules)])
+
+
+SYSTEM = reader_system(
+    "Event summaries link several events over a time range; use them for questions that need "
+    "more than one event."
+)
+
+
+def reader_messages(system: str, memory: str, question: str, now: datetime | None) -> tuple[Message, ...]:
+    """System rules + one user message: the memory, the current date (LongMemEval), the question."""
+    lines = [memory]
+    today = current_date_line(now)
+    if today:
+        lines.append(today)
+    lines.append(f"Question: {question}")
+    return (Message("system", system), Message("user", "\n".join(lines)))
 
 
 @dataclass(frozen=True)
@@ -98,9 +118,4 @@ def build_messages(
     syntheses: Sequence[SynthesisLine],
     now: datetime | None = None,
 ) -> tuple[Message, ...]:
-    lines = [render_memories(entries, syntheses)]
-    today = current_date_line(now)
-    if today:
-        lines.append(today)
-    lines.append(f"Question: {question}")
-    return (Message("system", SYSTEM), Message("user", "\n".join(lines)))
+    return reader_messages(SYSTEM, render_memories(entries, syntheses), question, now)
