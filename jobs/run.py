@@ -34,6 +34,11 @@ def main(cfg: DictConfig) -> None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
+        if cfg.get("dry_run"):  # estimate requests and tokens per stage; no server, no files
+            from structmem_gpu.bench.dry_run import estimate, format_estimate
+
+            print(format_estimate(estimate(cfg)))
+            return
         run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
     except StructMemError as err:
         log.error("%s", err)

