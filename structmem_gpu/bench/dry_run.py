@@ -203,7 +203,11 @@ def estimate_answer(
         if texts
         else []
     )
-    synth = [P.SynthesisLine(t, t, "word " * int(SYNTHESIS_COMPLETION * 0.75))] * sk
+    # A synthesis is as long as its reply: min(consolidate.max_tokens, a 350-word narrative).
+    synth_tokens = min(
+        int(OmegaConf.select(cfg, "consolidate.max_tokens", default=0) or 0), SYNTHESIS_COMPLETION
+    )
+    synth = [P.SynthesisLine(t, t, "word " * int(synth_tokens * 0.75))] * sk
     prompt = sum(
         counter.messages(P.build_messages(q, entries, synth)) for q in qs["question"].to_list()
     )
