@@ -29,11 +29,13 @@ from structmem_gpu.bench.synthetic import SyntheticSpec, write_locomo
 
 log = logging.getLogger(__name__)
 
-PARTS = ("llm", "build", "schedule", "components", "cost", "scale", "dry-run")
+# Execution order: the cheap LLM-free parts first (a broken environment fails fast), the
+# longest (schedule: every build request again, one at a time) last.
+PARTS = ("components", "dry-run", "llm", "build", "cost", "scale", "schedule")
 
 SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
-        "llm_requests": 4,
+        "llm_requests": 3,
         "llm_max_tokens": 64,
         "llm_rounds": 2,
         "texts": 512,
