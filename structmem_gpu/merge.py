@@ -216,12 +216,12 @@ def sum_costs(costs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     walls = [float(c.get("wall_s") or 0.0) for c in costs]
     if walls:
         out["wall_s_max"] = round(max(walls), 3)
-    for key in ("wall_s", "llm_wall_s", "encoder_wall_s"):
+    for key in ("wall_s", "llm_wall_s", "encoder_wall_s", "index_wall_s"):
         if key in out:
             out[key] = round(float(out[key]), 3)
     wall = float(out.get("wall_s") or 0.0)
     if wall > 0:
-        busy = float(out.get("llm_wall_s") or 0.0) + float(out.get("encoder_wall_s") or 0.0)
+        busy = sum(float(out.get(k) or 0.0) for k in ("llm_wall_s", "encoder_wall_s", "index_wall_s"))
         out["overhead_share"] = round(max(wall - busy, 0.0) / wall, 4)
     return out
 

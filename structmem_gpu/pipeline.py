@@ -134,8 +134,10 @@ def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, hea
     wall = time.perf_counter() - t0
     cost = build_cost(ctx.request_frames)
     cost.update(wall_s=round(wall, 3), llm_wall_s=round(ctx.llm_wall_s, 3),
-                encoder_wall_s=round(ctx.encoder_wall_s, 3), batches=ctx.batches)
-    cost["overhead_share"] = round(max(wall - ctx.llm_wall_s - ctx.encoder_wall_s, 0.0) / wall, 4) if wall > 0 else 0.0
+                encoder_wall_s=round(ctx.encoder_wall_s, 3), index_wall_s=round(ctx.index_wall_s, 3),
+                batches=ctx.batches)
+    busy = ctx.llm_wall_s + ctx.encoder_wall_s + ctx.index_wall_s  # LLM server, encoder, FAISS
+    cost["overhead_share"] = round(max(wall - busy, 0.0) / wall, 4) if wall > 0 else 0.0
     run.record_stage(stage.name, {
         "status": "done", "fingerprint": fp, "version": stage.version, "started": started,
         "finished": now_iso(), "config": select_config(cfg, stage.config_keys),

@@ -123,7 +123,8 @@ class StageContext:
     request_frames: list[pl.DataFrame] = field(default_factory=list)
     batches: int = 0  # LLM batches sent (a wavefront stage sends several)
     llm_wall_s: float = 0.0  # wall time spent inside backend.generate
-    encoder_wall_s: float = 0.0  # wall time spent inside the encoder (stages add to it)
+    encoder_wall_s: float = 0.0  # wall time inside the encoder, model load included
+    index_wall_s: float = 0.0  # wall time inside vector-index build + search (retrieve stages)
     notes: dict[str, Any] = field(default_factory=dict)  # stage-specific counters for the manifest
 
     def read(self, name: str) -> pl.DataFrame:
@@ -136,7 +137,11 @@ class StageContext:
         return self.backends.llm(role)
 
     def encoder(self) -> "Encoder":
-        return self.backends.encoder()
+        """The run's encoder; the first call loads the model, which is encoder time too."""
+        t0 = time.perf_counter()
+        enc = self.backends.encoder()
+        self.encoder_wall_s += time.perf_counter() - t0
+        return enc
 
     def generate(self, requests: Sequence["LLMRequest"], *, backend: "LLMBackend | None" = None,
                  desc: str | None = None) -> list["LLMResult"]:
@@ -157,7 +162,9 @@ class StageContext:
 
     def encode(self, texts: Sequence[str]) -> Any:
         """Encode with the configured encoder, timing it for the overhead accounting."""
+        enc = self.encoder()
         t0 = time.perf_counter()
-        out = self.encoder().encode(list(texts))
+        out = enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0
         return out
+

@@ -13,10 +13,10 @@ conversations (synthetic.py; 4 sessions x 6 turns each by default):
    exponent between the two largest sizes (1.0 = linear) and the peak RSS of each stage.
 2. real LLM on a small slice (1 and 2 one-session conversations) through the bench's server.
 3. haystack: conversations that share sessions (LongMemEval-style, a pool of sessions drawn
-   by every conversation) through `extract` with a fresh response cache: the extract stage
-   itself sends every window of every conversation, and the cache layer (CachedBackend)
-   sends each distinct request once per batch; reported: requests built, requests sent,
-   requests saved, unique sessions. With cache.llm=false nothing is deduplicated.
+   by every conversation) through `extract` with the response cache off (cache.llm=false):
+   the extract stage builds every window of every conversation and the backend layer
+   (llm/dedup.py, used with or without the cache) sends each distinct request once per
+   batch; reported: requests built, requests sent, requests saved, unique sessions.
 """
 
 from __future__ import annotations
@@ -196,10 +196,10 @@ def run_real_slice(
 
 
 def run_haystack(settings: BenchSettings, spec: SyntheticSpec, timeout_s: float) -> dict[str, Any]:
-    """Requests built vs sent by `extract` when conversations share sessions (fresh cache)."""
+    """Requests built vs sent by `extract` when conversations share sessions (no cache)."""
     data = write_locomo(spec, settings.path("data", "haystack.json"))
     ov = settings.overrides_for(
-        [*_dataset(data), "stages=[load,extract]", "cache.llm=true"],
+        [*_dataset(data), "stages=[load,extract]", "cache.llm=false"],
         cache_dir=settings.out_dir / "cache" / "haystack",
         scripted=True,
     )
@@ -224,8 +224,8 @@ def run_haystack(settings: BenchSettings, spec: SyntheticSpec, timeout_s: float)
         sent=sent,
         saved=req.height - sent,
         saved_share=round((req.height - sent) / req.height, 4) if req.height else None,
-        dedup_by="response cache (CachedBackend: identical requests in one batch are sent once); "
-        "the extract stage itself builds every window; cache.llm=false sends them all",
+        dedup_by="in-batch request dedup (llm/dedup.py; cache.llm=false here): the extract "
+        "stage builds every window, identical requests of the batch are sent once",
     )
     return out
 

@@ -116,6 +116,7 @@ def measure(conf_dir: Path, run_dir: Path, overrides: list[str], encoder: str) -
                 "wall_s",
                 "llm_wall_s",
                 "encoder_wall_s",
+                "index_wall_s",
                 "calls",
                 "cache_hits",
                 "overhead_share",

@@ -17,18 +17,19 @@ locking); on plain NFS put `paths.cache_dir` on node-local or a lock-capable fil
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from structmem_gpu.hashing import canonical_json, stable_hash
+from structmem_gpu.hashing import canonical_json
+from structmem_gpu.llm.dedup import cache_key as cache_key  # re-exported: the key lives with dedup
+from structmem_gpu.llm.dedup import first_copies, send_batch, share_duplicates
 from structmem_gpu.llm.structured import OnResult, check_reply
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 
@@ -68,21 +69,6 @@ _COLUMNS = (
 )
 _LOCK_RETRY_S = 120.0
 T = TypeVar("T")
-
-
-def cache_key(model_id: str, req: LLMRequest, params: Mapping[str, Any] | None = None) -> str:
-    """Content key of one request for one model (request_id and stage deliberately excluded:
-    the same prompt in two stages is the same computation)."""
-    return stable_hash(
-        "llm-response/1",
-        model_id,
-        dict(params or {}),
-        asdict(req.sampling),
-        req.prompt_version,
-        None if req.schema is None else dict(req.schema),
-        [m.as_dict() for m in req.messages],
-        length=40,
-    )
 
 
 @dataclass(frozen=True)
@@ -230,14 +216,13 @@ class CachedBackend:
         keys = [cache_key(self.model_id, r, params) for r in requests]
         found = self.cache.get_many(keys)
         results: list[LLMResult | None] = [None] * len(requests)
-        first_of: dict[str, int] = {}  # key -> index of the copy that is actually sent
         for i, (req, key) in enumerate(zip(requests, keys, strict=True)):
             if key in found:
                 results[i] = _hit_result(req, found[key], self.model_id)
                 if on_result is not None:
                     on_result(i, results[i])  # type: ignore[arg-type]
-            else:
-                first_of.setdefault(key, i)
+        # key -> index of the copy that is actually sent (each distinct miss once)
+        first_of = first_copies(keys, [k in found for k in keys])
         send = list(first_of.values())
         self.hits += len(requests) - len(send)
         self.misses += len(send)
@@ -258,40 +243,9 @@ class CachedBackend:
                 on_result(i, res)
 
         if send:
-            _generate(self.inner, [requests[i] for i in send], desc, store)
-        self._fill_duplicates(requests, keys, first_of, results, on_result)
+            send_batch(self.inner, [requests[i] for i in send], desc, store)
+        share_duplicates(requests, keys, first_of, results, on_result)
         return [r for r in results if r is not None]
-
-    def _fill_duplicates(
-        self,
-        requests: Sequence[LLMRequest],
-        keys: Sequence[str],
-        first_of: Mapping[str, int],
-        results: list[LLMResult | None],
-        on_result: OnResult | None,
-    ) -> None:
-        """Identical requests in one batch were sent once; the copies reuse that result as an
-        in-batch cache hit (or share its failure)."""
-        for i, key in enumerate(keys):
-            if results[i] is not None:
-                continue
-            src = results[first_of[key]]
-            assert src is not None
-            results[i] = replace(
-                src, request_id=requests[i].request_id, attempts=0, cache_hit=src.parse_ok
-            )
-            if on_result is not None:
-                on_result(i, results[i])  # type: ignore[arg-type]
-
-
-def _generate(inner: LLMBackend, reqs: list[LLMRequest], desc: str, store: OnResult) -> None:
-    """Call the inner backend with a per-result callback when it supports one (all backends of
-    this package do); otherwise store everything after the batch returns."""
-    if "on_result" in inspect.signature(inner.generate).parameters:
-        inner.generate(reqs, desc=desc, on_result=store)  # type: ignore[call-arg]
-        return
-    for j, res in enumerate(inner.generate(reqs, desc=desc)):
-        store(j, res)
 
 
 def iter_rows(cache: ResponseCache, model: str | None = None) -> Iterable[dict[str, Any]]:

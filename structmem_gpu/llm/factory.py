@@ -197,7 +197,8 @@ def _offline_backend(c: Mapping[str, Any]) -> Any:
 def open_llm(
     cfg: Mapping[str, Any], *, log_dir: Path, cache_dir: Path | None, name: str = "llm"
 ) -> Iterator[LLMBackend]:
-    """Yield a ready backend for `cfg`; launch/attach per `cfg.backend`, cache if `cache_dir`."""
+    """Yield a ready backend for `cfg`; launch/attach per `cfg.backend`, cache if `cache_dir`;
+    identical requests within one batch are sent once either way (llm/dedup.py)."""
     c = resolve_config(cfg)
     with contextlib.ExitStack() as stack:
         inner: Any
@@ -221,6 +222,8 @@ def open_llm(
 
             cache = ResponseCache(Path(cache_dir))
             stack.callback(cache.close)
-            yield CachedBackend(inner, cache)
+            yield CachedBackend(inner, cache)  # sends each distinct miss of a batch once
         else:
-            yield inner
+            from structmem_gpu.llm.dedup import DedupBackend
+
+            yield DedupBackend(inner)  # identical requests of a batch still go out once

@@ -72,7 +72,7 @@ def test_tiny_bench_llm_and_build_keys(tiny_bench: dict) -> None:
     assert "client_overhead_ms_per_request" in llm
     build = tiny_bench["build"]
     assert [r["stage"] for r in build["stages"]] == ["load", "extract", "embed", "consolidate"]
-    for key in ("wall_s", "llm_wall_s", "encoder_wall_s", "overhead_share"):
+    for key in ("wall_s", "llm_wall_s", "encoder_wall_s", "index_wall_s", "overhead_share"):
         assert key in build["total"]
     assert {r["stage"]: r["calls"] for r in build["stages"]}["extract"] == 1
 
@@ -94,7 +94,8 @@ def test_tiny_bench_schedule_cost_scale_keys(tiny_bench: dict) -> None:
     assert [r["stage"] for r in scale["scripted"]["fit"]][-1] == "total"
     assert all("error" not in p["result"] for p in scale["scripted"]["points"])
     hay = scale["haystack"]
-    assert hay["sent"] == hay["unique_requests"] < hay["requests"]  # shared sessions sent once
+    # cache.llm=false: in-batch dedup alone sends each shared session once
+    assert hay["sent"] == hay["unique_requests"] < hay["requests"]
     assert tiny_bench["dry_run"]["build_config"]["total"]["requests"] > 0
 
 

@@ -18,6 +18,7 @@ from structmem_gpu.errors import ConfigError
 from structmem_gpu.llm import server as srvmod
 from structmem_gpu.llm.cache import CachedBackend
 from structmem_gpu.llm.client import HTTPBackend
+from structmem_gpu.llm.dedup import DedupBackend
 from structmem_gpu.llm.factory import DEFAULTS, model_id, open_llm, resolve_config
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
@@ -91,7 +92,8 @@ def test_open_scripted_with_cache(tmp_path: Path, llm_cfg_scripted: dict[str, An
 
 def test_open_without_cache(tmp_path: Path, llm_cfg_scripted: dict[str, Any]) -> None:
     with open_llm(llm_cfg_scripted, log_dir=tmp_path, cache_dir=None) as llm:
-        assert isinstance(llm, ScriptedLLM)
+        # no cache: only the in-batch dedup layer around the backend
+        assert isinstance(llm, DedupBackend) and isinstance(llm.inner, ScriptedLLM)
 
 
 def test_external_needs_base_url(tmp_path: Path) -> None:
@@ -113,7 +115,7 @@ def test_offline_needs_model(tmp_path: Path) -> None:
 def test_attach_llamacpp_uses_json_object(tmp_path: Path, fake_chat_server: FakeServer) -> None:
     cfg = {"backend": "llamacpp", "base_url": fake_chat_server.url, "progress": False}
     with open_llm(cfg, log_dir=tmp_path, cache_dir=None) as llm:
-        assert isinstance(llm, HTTPBackend) and llm.server is None  # attached, nothing launched
+        assert isinstance(llm.inner, HTTPBackend) and llm.server is None  # attached, nothing launched
         out = llm.generate(reqs())
     assert [r.data for r in out] == [{"n": 0}, {"n": 1}]
     assert fake_chat_server.bodies[0]["response_format"]["type"] == "json_object"
@@ -185,7 +187,7 @@ def test_launch_vllm_server_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "startup_timeout_s": 20,
     }
     with open_llm(cfg, log_dir=tmp_path / "logs", cache_dir=None, name="judge") as llm:
-        assert isinstance(llm, HTTPBackend)
+        assert isinstance(llm.inner, HTTPBackend)
         pid = llm.server.pid
         [res] = llm.generate(reqs(1))
     assert (

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -182,6 +183,7 @@ def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
     rows: list[dict[str, Any]] = []
     for (conv,), part in questions.with_row_index("_pos").group_by("conv_id", maintain_order=True):
         qids, qvec = part["question_id"].to_list(), qmat[part["_pos"].to_numpy()]
+        t_index = time.perf_counter()
         rows.extend(
             search_rows(
                 "entries",
@@ -193,6 +195,7 @@ def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
                 index_cfg,
             )
         )
+        ctx.index_wall_s += time.perf_counter() - t_index  # FAISS: not framework overhead
         mask = (rels["conv_id"] == conv).to_numpy()
         rows.extend(
             relation_rows(

@@ -106,12 +106,14 @@ def run_retrieve_turns(ctx: StageContext) -> dict[str, pl.DataFrame]:
                 index_cfg,
             )
         )
+    search_s = time.perf_counter() - t0
+    ctx.index_wall_s += search_s  # FAISS build + search: not framework overhead
     out = schemas.frame(rows, schemas.RETRIEVALS)
     ctx.notes.update(
         questions=questions.height,
         turns_k=k,
         rows=out.height,
-        search_s=round(time.perf_counter() - t0, 3),
+        search_s=round(search_s, 3),
         **(encode_notes(ctx, before) if before is not None else {}),
     )
     log.info("turn_rag retrieve: %s", ctx.notes)
