@@ -84,6 +84,41 @@ def session_hash(turns: Sequence[tuple[str, str, str | None]], time: datetime) -
     return stable_hash("session", [list(t) for t in turns], time.isoformat())
 
 
+@dataclass(frozen=True, slots=True)
+class RawTurn:
+    """One validated turn of a session, before ids and the session hash are attached."""
+
+    dia_id: str
+    speaker: str
+    text: str
+    image_caption: str | None = None
+    has_answer: bool | None = None
+
+
+def session_turns(
+    conv_id: str, session_index: int, session_id: str, time: datetime, raw: Sequence[RawTurn]
+) -> tuple[Turn, ...]:
+    """The session's Turn records (both loaders): ids, position and the content hash."""
+    h = session_hash([(r.speaker, r.text, r.image_caption) for r in raw], time)
+    return tuple(
+        Turn(
+            conv_id=conv_id,
+            session_index=session_index,
+            session_id=session_id,
+            session_hash=h,
+            session_time=time,
+            turn_index=j,
+            dia_id=r.dia_id,
+            event_id=f"{conv_id}:{r.dia_id}",
+            speaker=r.speaker,
+            text=r.text,
+            image_caption=r.image_caption,
+            has_answer=r.has_answer,
+        )
+        for j, r in enumerate(raw)
+    )
+
+
 def turns_frame(turns: Iterable[Turn]) -> pl.DataFrame:
     # Column lists, not dicts: a few times faster than one dict per row for 250k-turn files.
     cols: dict[str, list[Any]] = {name: [] for name in _TURN_FIELDS}

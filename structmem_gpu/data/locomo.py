@@ -43,6 +43,7 @@ import polars as pl
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LOCOMO_CATEGORIES
 from structmem_gpu.data.common import (
     Question,
+    RawTurn,
     Turn,
     check_max_sessions,
     check_selection,
@@ -53,7 +54,7 @@ from structmem_gpu.data.common import (
     read_json_list,
     require,
     require_str,
-    session_hash,
+    session_turns,
     turns_frame,
 )
 from structmem_gpu.errors import InputError
@@ -224,7 +225,7 @@ def _load_session(
         raise InputError(path, f"missing {date_key}", record)
     time = parse_time(path, conv[date_key], DATE_FORMAT, record, "session date")
 
-    parsed: list[tuple[str, str, str, str | None]] = []  # (dia_id, speaker, text, caption)
+    parsed: list[RawTurn] = []
     for j, item in enumerate(items):
         where = f"{record} turn {j + 1}"
         item = require(path, item, ("speaker", "dia_id"), where, "turn")
@@ -241,26 +242,9 @@ def _load_session(
         if dia_id in seen:
             raise InputError(path, f"duplicate dia_id (first in {seen[dia_id]})", where)
         seen[dia_id] = key
-        parsed.append((dia_id, speaker, text, caption))
+        parsed.append(RawTurn(dia_id, speaker, text, caption))
 
-    h = session_hash([(s, t, c) for _, s, t, c in parsed], time)
-    turns = tuple(
-        Turn(
-            conv_id=conv_id,
-            session_index=n,
-            session_id=f"S{n}",
-            session_hash=h,
-            session_time=time,
-            turn_index=j,
-            dia_id=d,
-            event_id=f"{conv_id}:{d}",
-            speaker=s,
-            text=t,
-            image_caption=c,
-            has_answer=None,
-        )
-        for j, (d, s, t, c) in enumerate(parsed)
-    )
+    turns = session_turns(conv_id, n, f"S{n}", time, parsed)
     return _Session(n, turns)
 
 

@@ -46,6 +46,7 @@ import polars as pl
 from structmem_gpu.data.categories import LONGMEMEVAL_TYPES
 from structmem_gpu.data.common import (
     Question,
+    RawTurn,
     Turn,
     check_max_sessions,
     check_selection,
@@ -55,7 +56,7 @@ from structmem_gpu.data.common import (
     read_json_list,
     require,
     require_str,
-    session_hash,
+    session_turns,
     turns_frame,
 )
 from structmem_gpu.errors import InputError
@@ -213,7 +214,7 @@ def _load_session(
         )
     if not items:
         raise InputError(path, "session has no turns", record)
-    parsed: list[tuple[str, str, str, bool | None]] = []  # (dia_id, role, content, has_answer)
+    parsed: list[RawTurn] = []
     for k, item in enumerate(items):
         dia_id = f"{sid}_{k + 1}"
         where = f"{qid} {sid} {dia_id}"
@@ -232,22 +233,5 @@ def _load_session(
                 path, f"duplicate dia_id (session id {sid!r} repeats in the haystack)", where
             )
         seen[dia_id] = sid
-        parsed.append((dia_id, role, content, has_answer))
-    h = session_hash([(r, c, None) for _, r, c, _ in parsed], time)
-    return [
-        Turn(
-            conv_id=qid,
-            session_index=index,
-            session_id=sid,
-            session_hash=h,
-            session_time=time,
-            turn_index=k,
-            dia_id=d,
-            event_id=f"{qid}:{d}",
-            speaker=r,
-            text=c,
-            image_caption=None,
-            has_answer=a,
-        )
-        for k, (d, r, c, a) in enumerate(parsed)
-    ]
+        parsed.append(RawTurn(dia_id, role, content, None, has_answer))
+    return list(session_turns(qid, index, sid, time, parsed))

@@ -19,6 +19,7 @@ import pytest
 
 from structmem_gpu.artifacts import RunDir
 from structmem_gpu.eval.selection import selected_questions
+from tests.contract import REPORT_GROUP_KEYS
 from tests.fixtures.llm import llamacpp_missing
 from tests.fixtures.pipeline import compose_cfg, run_pipeline
 
@@ -27,17 +28,6 @@ pytestmark = [
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]
-
-CONTRACT_KEYS = {
-    "name",
-    "n",
-    "judge_accuracy",
-    "judge_accuracy_ci95",
-    "f1_locomo",
-    "f1_mem0",
-    "bleu1",
-    "evidence_recall",
-}
 
 
 def _report(run_dir: Path) -> dict:
@@ -70,7 +60,7 @@ def test_report_overall_and_categories(structmem_sample_run: Path) -> None:
     rep = _report(structmem_sample_run)
     judg = RunDir(structmem_sample_run).read_table("judgments")
     judged = int(judg["label"].is_not_null().sum())
-    assert set(rep["overall"]) == CONTRACT_KEYS
+    assert set(rep["overall"]) == REPORT_GROUP_KEYS
     assert rep["overall"]["n"] == judged == sum(g["n"] for g in rep["by_category"].values())
     assert rep["unjudged"] == judg.height - judged
     assert set(rep["by_category"]) <= {"1", "2", "3", "4"}

@@ -21,17 +21,7 @@ from structmem_gpu.eval.report import (
     stage_rates,
 )
 from structmem_gpu.eval.report_md import render_markdown
-
-CONTRACT_KEYS = {
-    "name",
-    "n",
-    "judge_accuracy",
-    "judge_accuracy_ci95",
-    "f1_locomo",
-    "f1_mem0",
-    "bleu1",
-    "evidence_recall",
-}
+from tests.contract import REPORT_GROUP_KEYS
 
 
 def _rows(
@@ -64,7 +54,7 @@ def test_group_block_counts_only_judged_and_keeps_contract_keys() -> None:
     g = group_summary(
         _rows([True, False, None, True], [1, 1, 1, 1]), "multi-hop", ReportSettings(200, 0, 0.5)
     )
-    assert set(g) == CONTRACT_KEYS
+    assert set(g) == REPORT_GROUP_KEYS
     assert g["n"] == 3 and g["judge_accuracy"] == pytest.approx(2 / 3)  # unjudged is not wrong
     assert g["f1_locomo"] == 0.5 and g["f1_mem0"] is None and g["evidence_recall"] == 1.0
     lo, hi = g["judge_accuracy_ci95"]

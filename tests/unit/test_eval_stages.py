@@ -22,19 +22,9 @@ from structmem_gpu.llm.scripted import ScriptedFailure, ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.pipeline import run_stages
+from tests.contract import REPORT_GROUP_KEYS
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-CONTRACT_KEYS = {
-    "name",
-    "n",
-    "judge_accuracy",
-    "judge_accuracy_ci95",
-    "f1_locomo",
-    "f1_mem0",
-    "bleu1",
-    "evidence_recall",
-}
-
 
 def _run(overrides: list[str], run_dir: Path) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -116,8 +106,8 @@ def test_report_json_contract_and_n_sums(sample_run: Path) -> None:
     rep = json.loads((sample_run / "report" / "report.json").read_text())
     judg = RunDir(sample_run).read_table("judgments")
     judged = int(judg["label"].is_not_null().sum())
-    assert set(rep["overall"]) == CONTRACT_KEYS
-    assert all(set(g) == CONTRACT_KEYS for g in rep["by_category"].values())
+    assert set(rep["overall"]) == REPORT_GROUP_KEYS
+    assert all(set(g) == REPORT_GROUP_KEYS for g in rep["by_category"].values())
     assert rep["overall"]["n"] == judged == sum(g["n"] for g in rep["by_category"].values())
     assert rep["unjudged"] == judg.height - judged > 0
     assert set(rep["by_category"]) == {"1", "2", "3", "4", "5"}

@@ -1,0 +1,16 @@
+"""Contracts from ../shared/DESIGN.md that several test modules check, written out literally
+(not imported from the package) so that a change in the code cannot move the goalposts."""
+
+# Keys of every group in report.json (`overall` and each `by_category` entry).
+REPORT_GROUP_KEYS = frozenset(
+    {
+        "name",
+        "n",
+        "judge_accuracy",
+        "judge_accuracy_ci95",
+        "f1_locomo",
+        "f1_mem0",
+        "bleu1",
+        "evidence_recall",
+    }
+)
