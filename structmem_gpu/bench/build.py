@@ -22,6 +22,7 @@ needs a continuous-batching server (vLLM), which is what the GPU run measures.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -189,23 +190,30 @@ def slice_overrides(cfg: DictConfig, conversations: int, max_sessions: int) -> l
     return [f"benchmark.conversations=[{','.join(ids)}]", f"benchmark.max_sessions={max_sessions}"]
 
 
-def run_schedule(
-    settings: BenchSettings, dataset: Sequence[str], batched_run: Path | None = None
-) -> dict[str, Any]:
-    """Batched vs reference schedule on the same conversations (caches off for both); a given
-    `batched_run` (the suite's build run on the same data) serves as the batched leg."""
+def _load1() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def run_schedule(settings: BenchSettings, dataset: Sequence[str]) -> dict[str, Any]:
+    """Batched vs reference schedule on the same conversations (caches off for both), the two
+    legs back to back so that both see the same machine load (recorded per leg)."""
     stages = list(SCHEDULE_STAGES)
-    if batched_run is None:
-        batched_run = Path(run_build(settings, dataset, stages, name="schedule-batched")["run_dir"])
+    load: dict[str, list[float]] = {"batched": [_load1()]}
+    batched_run = Path(run_build(settings, dataset, stages, name="schedule-batched")["run_dir"])
+    load["batched"].append(_load1())
     ref_dir = settings.out_dir / "runs" / "schedule-reference"
     cfg = settings.compose(
         [*dataset, f"stages=[{','.join(stages)}]"],
         cache_off=True,
         cache_dir=settings.out_dir / "cache" / "schedule-reference",
     )
+    load["reference"] = [_load1()]
     with reference_schedule():
         run_pipeline(cfg, ref_dir)
+    load["reference"].append(_load1())
     batched, reference = _leg(batched_run, stages), _leg(ref_dir, stages)
+    for name, leg in (("batched", batched), ("reference", reference)):
+        leg["loadavg_start_end"] = load[name]  # unequal load = a ratio to distrust
     llm_stages = [s for s in stages if s in LLM_STAGE_NAMES]
     return {
         "stages": stages,

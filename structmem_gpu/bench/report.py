@@ -112,6 +112,7 @@ def _schedule(p: Mapping[str, Any]) -> list[str]:
                 "completion_tokens",
                 "requests_per_s",
                 "output_tokens_per_s",
+                "loadavg_start_end",
             ],
         ),
         f"\nRatio reference / batched: **{_fmt(p['ratio'])}x** (stages {', '.join(p['stages'])}); "

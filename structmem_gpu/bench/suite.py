@@ -93,7 +93,7 @@ class SuiteOptions:
     sizes: tuple[int, ...] | None = None  # scale sizes (None = profile default)
     scale_encoder: str | None = None  # hashing | configured (None = profile default)
     # schedule on (first N conversations, first M sessions); None = profile default; (0, 0) =
-    # the build's data (the build run then doubles as the batched leg)
+    # the build's data
     schedule_slice: tuple[int, int] | None = None
     size: dict[str, Any] = field(default_factory=dict)
 
@@ -228,7 +228,9 @@ class Suite:
         if self.sz["schedule_slice"]:
             cut = build.slice_overrides(self.base, *self.sz["schedule_slice"])
             return build.run_schedule(self.settings, [*self.dataset, *cut])
-        out = build.run_schedule(self.settings, self.dataset, self.build_run)
+        # Both legs are run here, back to back, rather than reusing the build run as the batched
+        # leg: minutes apart, a shared machine's load can differ enough to flip the ratio.
+        out = build.run_schedule(self.settings, self.dataset)
         self.build_run = self.build_run or Path(out["batched"]["run_dir"])  # for `cost`
         return out
 
