@@ -31,6 +31,20 @@ if TYPE_CHECKING:
 
 
 # ---- memory items ---------------------------------------------------------------------------
+def _one_event_items(
+    df: pl.DataFrame, id_col: str, kind: str, label_col: str, time_col: str
+) -> pl.DataFrame:
+    """item_catalogue rows of a table whose items each cover one event (entries, turns)."""
+    return df.select(
+        pl.col(id_col).alias("item_id"),
+        pl.lit(kind).alias("kind"),
+        (pl.col(label_col) + ": " + pl.col("text")).alias("text"),
+        pl.concat_list("event_id").alias("events"),
+        pl.col(time_col).alias("time_start"),
+        pl.col(time_col).alias("time_end"),
+    )
+
+
 def item_catalogue(run: Run, conv_id: str | None = None) -> pl.DataFrame:
     """Every retrievable item of the run (or one conversation) with its text, events and dates.
 
@@ -45,16 +59,7 @@ def item_catalogue(run: Run, conv_id: str | None = None) -> pl.DataFrame:
     parts: list[pl.DataFrame] = []
     entries = run.optional("entries")
     if entries is not None:
-        parts.append(
-            conv(entries).select(
-                pl.col("entry_id").alias("item_id"),
-                pl.lit("entry").alias("kind"),
-                (pl.col("kind") + ": " + pl.col("text")).alias("text"),
-                pl.concat_list("event_id").alias("events"),
-                pl.col("event_time").alias("time_start"),
-                pl.col("event_time").alias("time_end"),
-            )
-        )
+        parts.append(_one_event_items(conv(entries), "entry_id", "entry", "kind", "event_time"))
     syntheses = run.optional("syntheses")
     if syntheses is not None and entries is not None:
         events = conv(entries).select(pl.col("entry_id").alias("eid"), "event_id")
@@ -82,16 +87,7 @@ def item_catalogue(run: Run, conv_id: str | None = None) -> pl.DataFrame:
         )
     turns = run.optional("turns")
     if turns is not None:
-        parts.append(
-            conv(turns).select(
-                pl.col("event_id").alias("item_id"),
-                pl.lit("turn").alias("kind"),
-                (pl.col("speaker") + ": " + pl.col("text")).alias("text"),
-                pl.concat_list("event_id").alias("events"),
-                pl.col("session_time").alias("time_start"),
-                pl.col("session_time").alias("time_end"),
-            )
-        )
+        parts.append(_one_event_items(conv(turns), "event_id", "turn", "speaker", "session_time"))
     if not parts:
         return pl.DataFrame(
             schema={
