@@ -111,6 +111,8 @@ def _client_pass(
         sum(r.completion_tokens for r in results),
     )
     row["errors"] = failed
+    # Capped replies often stop mid-JSON: they still count for throughput, and the table says so.
+    row["unparsed"] = sum(r.finish_reason != "error" and not r.parse_ok for r in results)
     return row
 
 

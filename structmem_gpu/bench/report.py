@@ -52,14 +52,16 @@ def _llm(p: Mapping[str, Any]) -> list[str]:
                 "output_tokens_per_s",
                 "mean_latency_s",
                 "overhead_ms_per_request",
+                "errors",
+                "unparsed",
                 "wall_s_rounds",
             ],
         ),
         f"\nClient overhead: {_fmt(p['client_overhead_ms_per_request'])} ms/request outside HTTP "
         f"(client x1); client x1 - raw: {_fmt(p['client_minus_raw_ms_per_request'])} ms/request; "
         f"batched vs raw speed-up: {_fmt(p['batched_speedup_vs_raw'])}x (replies capped at "
-        f"{p['max_tokens']} tokens; raw and client x1: fastest of {p.get('rounds', 1)} "
-        f"alternating rounds).",
+        f"{p['max_tokens']} tokens, so replies may not parse: they count for throughput all "
+        f"the same; raw and client x1: fastest of {p.get('rounds', 1)} alternating rounds).",
     ]
 
 

@@ -70,6 +70,8 @@ def test_tiny_bench_llm_and_build_keys(tiny_bench: dict) -> None:
             row
         )
     assert "client_overhead_ms_per_request" in llm
+    for row in llm["rows"][1:]:  # client passes: capped replies that did not parse are counted
+        assert 0 <= row["unparsed"] <= row["requests"] and row["errors"] == 0
     build = tiny_bench["build"]
     assert [r["stage"] for r in build["stages"]] == ["load", "extract", "embed", "consolidate"]
     for key in ("wall_s", "llm_wall_s", "encoder_wall_s", "index_wall_s", "overhead_share"):
