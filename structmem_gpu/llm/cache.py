@@ -22,14 +22,15 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from structmem_gpu.hashing import canonical_json
-from structmem_gpu.llm.dedup import cache_key as cache_key  # re-exported: the key lives with dedup
-from structmem_gpu.llm.dedup import first_copies, send_batch, share_duplicates
+
+# cache_key lives with the in-batch dedup (same key); importers of cache.cache_key still work
+from structmem_gpu.llm.dedup import cache_key, first_copies, send_batch, share_duplicates
 from structmem_gpu.llm.structured import OnResult, check_reply
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 
