@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from structmem_gpu.hashing import canonical_json
 
 # cache_key lives with the in-batch dedup (same key); importers of cache.cache_key still work
-from structmem_gpu.llm.dedup import cache_key, first_copies, send_batch, share_duplicates
+from structmem_gpu.llm.dedup import cache_key, send_distinct
 from structmem_gpu.llm.structured import OnResult, check_reply
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 
@@ -222,30 +222,23 @@ class CachedBackend:
                 results[i] = _hit_result(req, found[key], self.model_id)
                 if on_result is not None:
                     on_result(i, results[i])  # type: ignore[arg-type]
-        # key -> index of the copy that is actually sent (each distinct miss once)
-        first_of = first_copies(keys, [k in found for k in keys])
-        send = list(first_of.values())
-        self.hits += len(requests) - len(send)
-        self.misses += len(send)
         logger.info(
             "%s: %d cached, %d to send (of %d)",
             desc or "llm",
             sum(k in found for k in keys),
-            len(send),
+            len({k for k in keys if k not in found}),
             len(requests),
         )
 
-        def store(j: int, res: LLMResult) -> None:
-            i = send[j]
-            results[i] = res
+        def store(i: int, res: LLMResult) -> None:  # write-through: a crash loses no reply
             if res.parse_ok:
                 self.cache.put(keys[i], requests[i], res)
-            if on_result is not None:
-                on_result(i, res)
 
-        if send:
-            send_batch(self.inner, [requests[i] for i in send], desc, store)
-        share_duplicates(requests, keys, first_of, results, on_result)
+        sent = send_distinct(
+            self.inner, requests, keys, results, desc=desc, on_result=on_result, on_sent=store
+        )
+        self.hits += len(requests) - sent
+        self.misses += sent
         return [r for r in results if r is not None]
 
 

@@ -3,8 +3,8 @@
 Identical requests inside one batch (same model, sampling, prompt version, schema and
 messages) are sent once and the copies share the result. This is what makes LongMemEval-style
 haystacks, where many questions draw the same sessions, extract each unique session once even
-with `cache.llm=false`. CachedBackend (cache.py) does the same for its cache misses; open_llm
-wraps an uncached backend in DedupBackend.
+with `cache.llm=false`. Both wrappers send through `send_distinct`: CachedBackend (cache.py)
+for its cache misses, DedupBackend (what open_llm yields without a cache) for everything.
 
 A copy's result keeps its own request_id, has attempts=0 and cache_hit=True when the sent
 request parsed (it was served without a server call; requests.parquet counts it as not sent);
@@ -41,26 +41,37 @@ def cache_key(model_id: str, req: LLMRequest, params: Mapping[str, Any] | None =
     )
 
 
-def first_copies(keys: Sequence[str], skip: Sequence[bool] | None = None) -> dict[str, int]:
-    """key -> index of the first request with that key (the copy that is sent); indices with
-    skip[i] (already answered, e.g. from the cache) are left out."""
-    first_of: dict[str, int] = {}
-    for i, key in enumerate(keys):
-        if skip is None or not skip[i]:
-            first_of.setdefault(key, i)
-    return first_of
-
-
-def share_duplicates(
+def send_distinct(
+    inner: LLMBackend,
     requests: Sequence[LLMRequest],
     keys: Sequence[str],
-    first_of: Mapping[str, int],
     results: list[LLMResult | None],
-    on_result: OnResult | None,
-) -> None:
-    """Fill every unanswered slot from the sent copy with the same key (an in-batch hit, or
-    the same failure)."""
+    *,
+    desc: str = "",
+    on_result: OnResult | None = None,
+    on_sent: OnResult | None = None,
+) -> int:
+    """Fill every empty slot of `results`: each distinct key among them is sent to `inner` once
+    (the first copy), the copies share its result. Slots already filled (e.g. cache hits) are
+    left alone. `on_sent(i, result)` sees each result that came from the server, before
+    `on_result`. Returns the number of requests sent."""
+    first_of: dict[str, int] = {}  # key -> index of the copy that is actually sent
     for i, key in enumerate(keys):
+        if results[i] is None:
+            first_of.setdefault(key, i)
+    send = list(first_of.values())
+
+    def store(j: int, res: LLMResult) -> None:
+        i = send[j]
+        results[i] = res
+        if on_sent is not None:
+            on_sent(i, res)
+        if on_result is not None:
+            on_result(i, res)
+
+    if send:
+        _send_batch(inner, [requests[i] for i in send], desc, store)
+    for i, key in enumerate(keys):  # the copies: an in-batch hit, or the same failure
         if results[i] is not None:
             continue
         src = results[first_of[key]]
@@ -71,9 +82,10 @@ def share_duplicates(
         )
         if on_result is not None:
             on_result(i, results[i])  # type: ignore[arg-type]
+    return len(send)
 
 
-def send_batch(inner: LLMBackend, reqs: list[LLMRequest], desc: str, store: OnResult) -> None:
+def _send_batch(inner: LLMBackend, reqs: list[LLMRequest], desc: str, store: OnResult) -> None:
     """Call `inner` with a per-result callback when it supports one (all backends of this
     package do, so results are stored as they arrive); otherwise store after the batch."""
     if "on_result" in inspect.signature(inner.generate).parameters:
@@ -104,22 +116,10 @@ class DedupBackend:
     ) -> list[LLMResult]:
         params = getattr(self.inner, "cache_params", {})
         keys = [cache_key(self.model_id, r, params) for r in requests]
-        first_of = first_copies(keys)
-        send = list(first_of.values())
-        self.sent += len(send)
-        self.shared += len(requests) - len(send)
-        if len(send) < len(requests):
-            logger.info(
-                "%s: %d distinct requests to send (of %d)", desc or "llm", len(send), len(requests)
-            )
         results: list[LLMResult | None] = [None] * len(requests)
-
-        def store(j: int, res: LLMResult) -> None:
-            results[send[j]] = res
-            if on_result is not None:
-                on_result(send[j], res)
-
-        if send:
-            send_batch(self.inner, [requests[i] for i in send], desc, store)
-        share_duplicates(requests, keys, first_of, results, on_result)
+        sent = send_distinct(self.inner, requests, keys, results, desc=desc, on_result=on_result)
+        self.sent += sent
+        self.shared += len(requests) - sent
+        if sent < len(requests):
+            logger.info("%s: %d distinct requests sent (of %d)", desc or "llm", sent, len(requests))
         return [r for r in results if r is not None]
