@@ -29,17 +29,33 @@ log = logging.getLogger("structmem_gpu.run")
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from structmem_gpu.methods.registry import stage_registry
-    from structmem_gpu.pipeline import run_stages
+    from structmem_gpu import preempt
+    from structmem_gpu.config_schema import check_config
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    guard = preempt.PreemptionGuard(
+        grace_s=float(cfg.get("preempt", {}).get("grace_s", 30)),
+        exit_code=int(cfg.get("preempt", {}).get("exit_code", preempt.DEFAULT_EXIT_CODE)),
+    )
     try:
+        check_config(cfg)  # types and ranges of every knob, before anything runs
         if cfg.get("dry_run"):  # estimate requests and tokens per stage; no server, no files
             from structmem_gpu.bench.dry_run import estimate, format_estimate
 
             print(format_estimate(estimate(cfg)))
             return
-        run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
+        from structmem_gpu.methods.registry import stage_registry
+        from structmem_gpu.pipeline import run_stages
+
+        with guard:
+            run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
+    except preempt.Preempted as err:
+        # Servers are stopped by now (run_stages' scope closed); let submitit requeue, if it
+        # installed the handler we replaced, else exit with the code a requeue wrapper expects.
+        log.warning("%s", err)
+        print(f"preempted: {err}", file=sys.stderr)
+        guard.chain()
+        sys.exit(guard.exit_code)
     except StructMemError as err:
         log.error("%s", err)
         print(f"error: {err}", file=sys.stderr)

@@ -18,14 +18,14 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from structmem_gpu.errors import MissingTableError
+from structmem_gpu.errors import MissingTableError, StructMemError
 from structmem_gpu.hashing import file_sha256
 from structmem_gpu.schemas import REQUESTS, TABLES, conform, empty
 
@@ -34,14 +34,37 @@ _PACKAGES = ("structmem-gpu", "polars", "pyarrow", "hydra-core", "torch", "trans
              "sentence-transformers", "faiss-cpu", "faiss-gpu", "vllm", "llama-cpp-python")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+class WriteError(StructMemError):
+    """A table or manifest could not be written (disk full, quota, permissions)."""
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to a temp file beside `path`, then rename: readers see the old file or the whole
+    new one, never a part. On any failure (ENOSPC mid-write, Ctrl-C) the temp file is removed
+    and `path` is left as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        # polars reports its own I/O errors as ComputeError with the OS message inside
+        if isinstance(e, OSError) or "no space left" in str(e).lower():
+            why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+            raise WriteError(f"{path}: could not write ({why}); nothing was "
+                             f"replaced — free space (df -h {path.parent}) and rerun") from e
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    _atomic(path, write)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -49,10 +72,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_parquet(path: Path, df: pl.DataFrame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    df.write_parquet(tmp, compression="zstd")
-    os.replace(tmp, path)
+    _atomic(path, lambda tmp: df.write_parquet(tmp, compression="zstd"))
 
 
 class RunDir:
@@ -95,6 +115,10 @@ class RunDir:
         """Replace `stage`'s rows of requests.parquet (DESIGN: rewritten after each LLM stage)."""
         rows = conform(rows, REQUESTS)
         old = self.read_table("requests") if self.has_table("requests") else empty(REQUESTS)
+        # A run directory written before a column was added: the old rows get nulls there.
+        old = old.with_columns(
+            [pl.lit(None, dtype=t).alias(c) for c, t in REQUESTS.items() if c not in old.columns]
+        )
         old = conform(old, REQUESTS).select(list(REQUESTS))
         merged = pl.concat([old.filter(pl.col("stage") != stage), rows.select(list(REQUESTS))])
         self.write_table("requests", merged)

@@ -27,3 +27,7 @@ class ConfigError(StructMemError):
 
 class MissingTableError(StructMemError):
     """A stage needs a table that no earlier stage of this run directory wrote."""
+
+
+class StageIncompleteError(StructMemError):
+    """Some of a stage's requests got no reply; the stage is recorded incomplete (rerun resumes)."""

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from structmem_gpu.artifacts import MANIFEST, RunDir, now_iso
 from structmem_gpu.errors import StructMemError
 from structmem_gpu.hashing import stable_hash
+from structmem_gpu.runlock import hold_run_dir
 from structmem_gpu.schemas import TABLES, conform
 
 log = logging.getLogger(__name__)
@@ -367,6 +368,7 @@ def merge_shards(
     if report:  # fail before writing anything
         cfg = cfg if cfg is not None else shard_config(shards[0].run_dir)
         check_report_config(cfg, shards)
-    rows = write_merged(shards, out_dir, overwrite=overwrite)
-    report_path = regenerate_report(cfg, out_dir) if report and cfg is not None else None
+    with hold_run_dir(out_dir):  # two merges into one directory would interleave tables
+        rows = write_merged(shards, out_dir, overwrite=overwrite)
+        report_path = regenerate_report(cfg, out_dir) if report and cfg is not None else None
     return MergeResult(out_dir, [s.run_dir for s in shards], rows, report_path)

@@ -21,16 +21,20 @@ import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.artifacts import RunDir, git_commit, now_iso, package_versions
-from structmem_gpu.errors import ConfigError, MissingTableError
+from structmem_gpu import preempt
+from structmem_gpu.errors import ConfigError, MissingTableError, StageIncompleteError
 from structmem_gpu.hashing import file_sha256, stable_hash
+from structmem_gpu.runlock import hold_run_dir
 from structmem_gpu.stage import Backends, Stage, StageContext, select_config
 
 log = logging.getLogger(__name__)
 
 # Never part of a fingerprint or of the config hash: where a run lives and how it is launched
 # does not change what it computes (DESIGN.md "Resume").
-EXCLUDED_TOP_KEYS = ("hydra", "paths", "stages", "force", "shard_index", "num_shards", "dry_run", "run_dir")
-EXCLUDED_KEYS = ("llm.base_url", "llm.max_in_flight", "llm.request_timeout_s", "llm.startup_timeout_s")
+EXCLUDED_TOP_KEYS = ("hydra", "paths", "stages", "force", "shard_index", "num_shards", "dry_run",
+                     "run_dir", "preempt")
+EXCLUDED_KEYS = ("llm.base_url", "llm.max_in_flight", "llm.request_timeout_s",
+                 "llm.startup_timeout_s", "llm.max_restarts")
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -107,9 +111,14 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
     run = RunDir(run_dir)
     header = run_header(cfg)
     outcomes = []
-    with Backends(cfg, run) as backends:
-        for name in names:
-            outcomes.append(_run_one(registry[name], cfg, run, backends, header))
+    # One job per run directory (a requeued task racing its predecessor, a command launched
+    # twice): the second one stops here, before it reads or writes anything.
+    with hold_run_dir(run.root):
+        _refuse_after_incomplete(run, names)
+        with Backends(cfg, run) as backends:
+            for name in names:
+                preempt.check(name)
+                outcomes.append(_run_one(registry[name], cfg, run, backends, header))
     return outcomes
 
 
@@ -125,6 +134,9 @@ def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, hea
     started = now_iso()
     t0 = time.perf_counter()
     tables = dict(stage.run(ctx))
+    preempt.check(stage.name)  # stopping: no table, no manifest entry; the cache has the replies
+    if ctx.unanswered:
+        _record_incomplete(stage, cfg, run, ctx, fp, started, header)
     if set(tables) != set(stage.writes):
         raise RuntimeError(f"stage '{stage.name}' returned tables {sorted(tables)}, declared {sorted(stage.writes)}")
     for name, df in tables.items():
@@ -145,3 +157,37 @@ def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, hea
     }, header)
     log.info("stage %-12s done in %.1fs (%d LLM calls, %d cached)", stage.name, wall, cost["calls"], cost["cache_hits"])
     return StageOutcome(stage.name, False, wall)
+
+
+def _record_incomplete(stage: Stage, cfg: DictConfig, run: RunDir, ctx: StageContext, fp: str,
+                       started: str, header: Mapping[str, Any]) -> None:
+    """Requests without a reply: log them (requests.parquet), mark the stage incomplete in the
+    manifest (so a rerun runs it again, reusing cached replies), write none of its tables."""
+    if ctx.request_frames:
+        run.replace_requests(stage.name, pl.concat(ctx.request_frames))
+    n_sent = sum(f.height for f in ctx.request_frames)
+    ids = list(dict.fromkeys(ctx.unanswered))
+    run.record_stage(stage.name, {
+        "status": "incomplete", "fingerprint": fp, "version": stage.version, "started": started,
+        "finished": now_iso(), "config": select_config(cfg, stage.config_keys),
+        "unanswered": len(ids), "requests": n_sent, "unanswered_request_ids": ids[:100],
+        "errors": ctx.unanswered_errors, "endpoints": sorted(ctx.endpoints), "notes": ctx.notes,
+    }, header)
+    raise StageIncompleteError(
+        f"stage '{stage.name}' incomplete: {len(ids)} of {n_sent} requests got no reply from "
+        f"{', '.join(sorted(ctx.endpoints))} (first error: {ctx.unanswered_errors[0]}); none of "
+        f"its tables written; rerun the same command to resume (cached replies are reused, "
+        f"only the {len(ids)} unanswered requests are re-sent)"
+    )
+
+
+def _refuse_after_incomplete(run: RunDir, names: Sequence[str]) -> None:
+    """A stage left incomplete by an earlier job must run again before anything else uses the
+    run directory (its tables, if any, are from an older run)."""
+    stages = run.load_manifest().get("stages", {})
+    stale = [s for s, e in stages.items() if e.get("status") == "incomplete" and s not in names]
+    if stale:
+        raise StageIncompleteError(
+            f"{run.root}: stage(s) {stale} of this run directory are incomplete (requests without "
+            f"a reply); rerun with them in `stages` (or all stages) first"
+        )

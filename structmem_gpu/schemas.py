@@ -109,6 +109,9 @@ REQUESTS: Schema = {
     "messages_hash": _STR,
     "reply": _STR,
     "error": _STR,
+    # No reply at all (transport failure, server gone, not sent while stopping): the stage that
+    # sent it is incomplete until a rerun re-sends it. Null in runs written before this column.
+    "unanswered": _BOOL,
 }
 
 RETRIEVALS: Schema = {

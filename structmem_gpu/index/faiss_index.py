@@ -29,6 +29,13 @@ _GPU_RESOURCES: Any | None = None  # one StandardGpuResources per process, share
 
 
 def _faiss() -> Any:
+    # faiss's loader tries its AVX512/AVX2 builds first and logs each miss at INFO, e.g.
+    # `Could not load library with AVX2 support due to: ModuleNotFoundError(...)`: expected on
+    # most machines (the generic build is then used), but it reads as an error. Those lines go
+    # to DEBUG only; a faiss that cannot load at all still raises ImportError here.
+    loader_log = logging.getLogger("faiss.loader")
+    if loader_log.level == logging.NOTSET:
+        loader_log.setLevel(logging.WARNING)
     import faiss
 
     return faiss

@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 from structmem_gpu.hashing import canonical_json
 
 # cache_key lives with the in-batch dedup (same key); importers of cache.cache_key still work
-from structmem_gpu.llm.dedup import cache_key, send_distinct
+from structmem_gpu.errors import StructMemError
+from structmem_gpu.llm.dedup import KEY_VERSION, cache_key, send_distinct
 from structmem_gpu.llm.structured import OnResult, check_reply
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 
@@ -57,7 +58,20 @@ CREATE TABLE IF NOT EXISTS responses (
     created_at        REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_messages_hash ON responses (messages_hash);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# How keys are computed (dedup.cache_key's first hashed element); stored in the file's meta table.
+KEY_FORMAT = KEY_VERSION
+
+
+class CacheError(StructMemError):
+    """The response cache file is damaged or was written by an incompatible version."""
+
+
+def damaged_message(path: Path, err: Exception) -> str:
+    return (f"{path}: response cache unreadable ({err}); move it aside and rerun "
+            f"(mv {path} {path}.damaged; rm -f {path}-wal {path}-shm) — finished stages are kept, only their LLM replies "
+            f"are recomputed when needed — or set cache.llm=false to run without it")
 _COLUMNS = (
     "text",
     "prompt_tokens",
@@ -100,6 +114,24 @@ class ResponseCache:
         # the last transactions, which a rerun recomputes.
         self._retry(lambda: self._conn.execute("PRAGMA synchronous=NORMAL"))
         self._retry(lambda: self._conn.executescript(_SCHEMA_SQL))
+        self._check_key_format()
+        # Read a page of the table now: a truncated file fails here, not mid-stage.
+        self._retry(lambda: self._conn.execute("SELECT key FROM responses LIMIT 1").fetchall())
+
+    def _check_key_format(self) -> None:
+        """Refuse a cache whose keys were computed another way (every lookup would miss, and a
+        stale entry could be served for a different request)."""
+        row = self._retry(lambda: self._conn.execute(
+            "SELECT value FROM meta WHERE name = 'key_format'").fetchone())
+        if row is None:  # new file, or one written before the meta table existed (format 1)
+            self._retry(lambda: self._conn.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('key_format', ?)", (KEY_FORMAT,)))
+        elif row[0] != KEY_FORMAT:
+            raise CacheError(
+                f"{self.path}: response cache written with key format {row[0]!r}, this version "
+                f"uses {KEY_FORMAT!r}; move it aside (mv {self.path} {self.path}.{row[0].replace('/', '-')}) "
+                f"or point paths.cache_dir elsewhere"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -115,11 +147,15 @@ class ResponseCache:
                     return fn()
             except sqlite3.OperationalError as e:
                 msg = str(e).lower()
-                if ("locked" not in msg and "busy" not in msg) or time.monotonic() > deadline:
+                if "locked" not in msg and "busy" not in msg:
+                    raise CacheError(damaged_message(self.path, e)) from e
+                if time.monotonic() > deadline:
                     raise
                 logger.debug("response cache %s busy (%s); retrying", self.path, e)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
+            except sqlite3.DatabaseError as e:  # "file is not a database", "malformed"
+                raise CacheError(damaged_message(self.path, e)) from e
 
     def _fetchall(self, sql: str, params: Sequence[Any]) -> list[Any]:
         return self._conn.execute(sql, params).fetchall()

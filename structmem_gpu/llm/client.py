@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from structmem_gpu import preempt
 from structmem_gpu.llm.structured import OnResult, RawReply, RepairState, response_format
 from structmem_gpu.llm.types import LLMRequest, LLMResult
 
@@ -154,6 +155,7 @@ class HTTPBackend:
         self.calls = 0  # HTTP requests sent by this backend (retries and repairs included)
         self.server: Any = None  # the RunningServer when open_llm launched one
         self._failures_logged = 0
+        self._down: str | None = None  # why the endpoint is considered down in this batch
         httpx_log = logging.getLogger("httpx")
         if httpx_log.level == logging.NOTSET:
             # httpx logs every request at INFO: 100k lines per vLLM batch. Opt back in by
@@ -194,6 +196,10 @@ class HTTPBackend:
         )
         t0 = time.monotonic()
         out_tokens = 0
+        # Circuit breaker: once one request has used up its retries without any reply, the rest
+        # of the batch is not sent (each would wait through the same backoff): they come back
+        # unanswered at once, and the stage is recorded incomplete naming this URL.
+        self._down = None
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(n):
             queue.put_nowait(i)
@@ -205,7 +211,13 @@ class HTTPBackend:
                     i = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                res = await self._one(client, requests[i])
+                if preempt.requested():  # stopping for requeue: nothing new goes out
+                    res = unsent_result(requests[i], self.model_id, _stopping("not sent"))
+                elif self._down is not None:  # an earlier request exhausted its retries
+                    res = unsent_result(requests[i], self.model_id,
+                                        f"not sent: {self.base_url} unreachable ({self._down})")
+                else:
+                    res = await self._one(client, requests[i])
                 results[i] = res
                 out_tokens += res.completion_tokens
                 if on_result is not None:
@@ -218,9 +230,21 @@ class HTTPBackend:
         try:
             async with self._client() as client:
                 workers = min(self.max_in_flight, n)
-                await asyncio.gather(*(worker(client) for _ in range(workers)))
+                tasks = [asyncio.create_task(worker(client)) for _ in range(workers)]
+                watch = asyncio.create_task(_abandon_after_grace(tasks))
+                await asyncio.wait(tasks)
+                watch.cancel()
+                for t in tasks:  # a worker's own error is a bug: raise it as before
+                    if not t.cancelled() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
         finally:
             bar.close()
+        for i, r in enumerate(results):  # in flight when the preemption grace ran out
+            if r is None:
+                results[i] = unsent_result(requests[i], self.model_id,
+                                           _stopping("abandoned in flight"))
+                if on_result is not None:
+                    on_result(i, results[i])  # type: ignore[arg-type]
         done = [r for r in results if r is not None]
         failed = sum(not r.parse_ok for r in done)
         logger.info(
@@ -274,7 +298,12 @@ class HTTPBackend:
             if dead:
                 # Our own server is gone: retrying every remaining request would only burn
                 # backoff time. Fail fast; a rerun resends exactly these (cache).
-                return RawReply("", "error", latency_s=spent, http_attempts=attempt, error=dead)
+                return RawReply("", "error", latency_s=spent, http_attempts=attempt, error=dead,
+                                transport=True)
+            if preempt.requested():  # stopping for requeue: no new attempt
+                return RawReply("", "error", latency_s=spent, http_attempts=attempt,
+                                error=f"not sent: job stopping ({preempt.signal_name()})",
+                                transport=True)
             t = time.monotonic()
             self.calls += 1
             HTTP_CALLS.add()
@@ -285,16 +314,19 @@ class HTTPBackend:
                 return RawReply(text, finish, p_tok, c_tok, cached, spent, attempt + 1)
             error = outcome
             self._log_failure(req, attempt, error, retry)
-            if not retry:
+            if not retry:  # a refusal (HTTP 4xx): the server answered, resending won't help
                 return RawReply(
                     "", "error", latency_s=spent, http_attempts=attempt + 1, error=error
                 )
+        if not error.startswith(("HTTP ", "timed out", "malformed")):  # no connection at all
+            self._down = self._down or error
         return RawReply(
             "",
             "error",
             latency_s=spent,
             http_attempts=self.max_retries + 1,
             error=f"gave up after {self.max_retries + 1} attempts: {error}",
+            transport=True,
         )
 
     def _server_death(self) -> str | None:
@@ -340,6 +372,33 @@ class HTTPBackend:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             # A 200 whose body is not a chat completion: a proxy or an overloaded server.
             return True, f"malformed response body ({type(e).__name__}): {resp.text[:200]!r}"
+
+
+def unsent_result(req: LLMRequest, model: str, error: str) -> LLMResult:
+    """The (unanswered) result of a request the client gave up on without a reply: the job is
+    stopping, or the endpoint was found unreachable by an earlier request of the batch."""
+    return LLMResult(
+        request_id=req.request_id, text="", data=None, parse_ok=False, prompt_tokens=0,
+        completion_tokens=0, cached_tokens=None, latency_s=0.0, finish_reason="error",
+        cache_hit=False, attempts=0, messages_hash=req.messages_hash(), model=model,
+        error=error, unanswered=True,
+    )
+
+
+def _stopping(what: str) -> str:
+    return f"{what}: job stopping ({preempt.signal_name()})"
+
+
+async def _abandon_after_grace(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Once a stop signal arrived, give in-flight requests until the grace deadline, then
+    cancel the workers (their requests come back unanswered; replies that landed are kept)."""
+    while not preempt.requested():
+        await asyncio.sleep(0.2)
+    deadline = preempt.grace_deadline() or time.monotonic()
+    while time.monotonic() < deadline and not all(t.done() for t in tasks):
+        await asyncio.sleep(0.2)
+    for t in tasks:
+        t.cancel()
 
 
 def api_key_from_env(var: str | None) -> str | None:

@@ -26,11 +26,14 @@ from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 logger = logging.getLogger(__name__)
 
 
+KEY_VERSION = "llm-response/1"  # bump when cache_key changes; the cache file records it
+
+
 def cache_key(model_id: str, req: LLMRequest, params: Mapping[str, Any] | None = None) -> str:
     """Content key of one request for one model (request_id and stage deliberately excluded:
     the same prompt in two stages is the same computation)."""
     return stable_hash(
-        "llm-response/1",
+        KEY_VERSION,
         model_id,
         dict(params or {}),
         asdict(req.sampling),

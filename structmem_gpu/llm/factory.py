@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "max_retries": 4,
     "retry_backoff_s": 1.0,
     "startup_timeout_s": 180,
+    "max_restarts": 3,  # launched servers: replacements after a crash, per job (0 = none)
     "repair_attempts": 1,
     "seed": 0,
     "progress": True,
@@ -214,9 +215,15 @@ def open_llm(
         elif c["backend"] == "external":
             raise ConfigError("llm.backend=external needs llm.base_url (http://HOST:PORT/v1)")
         else:
-            srv = stack.enter_context(_launch(c, Path(log_dir), name))
-            inner = _http_backend(c, srv.base_url)
-            inner.server = srv  # for callers that want the pid / log path
+            from structmem_gpu.llm.supervisor import ServerSupervisor, SupervisedBackend
+
+            sup = stack.enter_context(ServerSupervisor(
+                lambda: _launch(c, Path(log_dir), name), name=name, max_restarts=c["max_restarts"]
+            ))
+            srv = sup.start()
+            http = _http_backend(c, srv.base_url)
+            http.server = srv  # the client fails fast once this process is gone
+            inner = SupervisedBackend(http, sup)  # ... and a dead server is replaced
         if cache_dir is not None:
             from structmem_gpu.llm.cache import CachedBackend, ResponseCache
 

@@ -48,6 +48,7 @@ def to_frame(requests: Sequence[LLMRequest], results: Sequence[LLMResult]) -> pl
                 "messages_hash": res.messages_hash,
                 "reply": res.text,
                 "error": res.error,
+                "unanswered": res.unanswered,
             }
         )
     return frame(rows, REQUESTS)

@@ -28,7 +28,13 @@ Responder = Callable[[LLMRequest], str]
 
 
 class ScriptedFailure(Exception):
-    """Raised by a responder to make a request fail like an unreachable server would."""
+    """Raised by a responder to make a request fail. `transport=False` (default): the server
+    refused it (like an HTTP 4xx): an answered, failed request. `transport=True`: no reply
+    at all (like an unreachable server): the request is unanswered and its stage incomplete."""
+
+    def __init__(self, message: str, *, transport: bool = False) -> None:
+        super().__init__(message)
+        self.transport = transport
 
 
 def _h(*parts: object) -> int:
@@ -170,7 +176,7 @@ class ScriptedLLM:
         try:
             text = responder(req)
         except ScriptedFailure as e:
-            return RawReply("", "error", error=f"scripted failure: {e}")
+            return RawReply("", "error", error=f"scripted failure: {e}", transport=e.transport)
         # Whitespace "tokens": crude, but monotone in length, which is all reports need.
         p_tok = sum(len(m.content.split()) for m in req.messages)
         # Always "stop": fabricated replies are never cut, whatever max_tokens says.

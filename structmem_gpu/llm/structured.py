@@ -58,6 +58,9 @@ class RawReply:
     latency_s: float = 0.0
     http_attempts: int = 1  # round trips spent on this reply, HTTP retries included
     error: str | None = None  # set when no reply arrived (all retries failed, 4xx, ...)
+    # No reply at all (transport failure, server gone, 5xx after retries, not sent): the
+    # request is unanswered, not failed. False for a refusal (4xx) and for every real reply.
+    transport: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class RepairState:
             messages_hash=self.request.messages_hash(),
             model=model,
             error=None if self.check.ok else self.check.error,
+            unanswered=failed and last.transport,
         )
 
 

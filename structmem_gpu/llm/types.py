@@ -3,7 +3,8 @@
 A stage builds its complete list of `LLMRequest`s and calls `backend.generate(requests)` once;
 the backend returns one `LLMResult` per request, **in input order**. A result is never missing:
 a request that failed after all retries comes back with `parse_ok=False` and `error` set, and
-the stage records it (requests.parquet) instead of dropping it.
+the stage records it (requests.parquet) instead of dropping it. A request that got no reply at
+all is also `unanswered=True`: the pipeline then records its stage as incomplete.
 
 Example request (extraction window):
 
@@ -71,6 +72,11 @@ class LLMResult:
     messages_hash: str
     model: str
     error: str | None = None
+    # True when no reply arrived at all (connection lost, server gone, timeout, 5xx after every
+    # retry, not sent because the job is stopping): the request is not done, and a stage with
+    # such a request is recorded as incomplete and resumed by a rerun. False for every reply
+    # the server did give, including a refusal (HTTP 4xx) and a reply that did not parse.
+    unanswered: bool = False
 
 
 class LLMBackend(Protocol):

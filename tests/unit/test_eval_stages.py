@@ -54,7 +54,7 @@ def _question(req: LLMRequest) -> str:
 def _answer(req: LLMRequest) -> str:
     q = _question(req)
     if q == "What is the name of the dog Tomas adopted?":
-        raise ScriptedFailure("server down for this one")
+        raise ScriptedFailure("HTTP 400: this one was refused")
     return "Not mentioned in the conversation" if "Lisbon" in q else "Biscuit"
 
 

@@ -21,6 +21,7 @@ from structmem_gpu.llm.client import HTTPBackend
 from structmem_gpu.llm.dedup import DedupBackend
 from structmem_gpu.llm.factory import DEFAULTS, model_id, open_llm, resolve_config
 from structmem_gpu.llm.scripted import ScriptedLLM
+from structmem_gpu.llm.supervisor import SupervisedBackend
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
 from tests.fixtures.llm import FakeServer
 
@@ -187,7 +188,8 @@ def test_launch_vllm_server_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         "startup_timeout_s": 20,
     }
     with open_llm(cfg, log_dir=tmp_path / "logs", cache_dir=None, name="judge") as llm:
-        assert isinstance(llm.inner, HTTPBackend)
+        # launched: the HTTP client behind the supervisor that replaces a crashed server
+        assert isinstance(llm.inner, SupervisedBackend) and isinstance(llm.inner.inner, HTTPBackend)
         pid = llm.server.pid
         [res] = llm.generate(reqs(1))
     assert (

@@ -1,0 +1,132 @@
+"""Preemption: SIGTERM / SIGUSR2 stop a job cleanly so that its requeued copy resumes.
+
+    with PreemptionGuard(grace_s=30):          # jobs/run.py, around the whole job
+        run_stages(...)                        # raises Preempted once a signal arrived
+
+What a signal does (README "Failure behaviour"):
+
+1. The LLM client sends no new request (each unsent one comes back as "not sent: preempted",
+   i.e. unanswered) and lets the requests already in flight land, for at most `grace_s`
+   seconds; every reply that lands is written to the response cache as usual.
+2. The running stage writes no table and no manifest entry (`Preempted` is raised before).
+3. The job stops its servers and exits with `exit_code` (default 75, EX_TEMPFAIL: "try again").
+   Under submitit, the signal handler submitit installed is called afterwards, so its
+   checkpoint-and-requeue still happens; a plain sbatch script can requeue on exit code 75.
+
+SLURM sends SIGTERM on preemption and, with `--signal=USR2@90` (submitit's default), SIGUSR2
+before the time limit. Handlers can only be installed from the main thread; elsewhere (a test
+runner thread) the guard is inert and says so at DEBUG level.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from structmem_gpu.errors import StructMemError
+
+log = logging.getLogger(__name__)
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+DEFAULT_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): temporary failure, the caller may retry
+
+_state: dict[str, Any] = {"signal": None, "at": None, "grace_s": 30.0}
+_event = threading.Event()
+
+
+class Preempted(StructMemError):
+    """A stop signal arrived; the job ends without writing the running stage's tables."""
+
+    def __init__(self, message: str, signame: str | None) -> None:
+        super().__init__(message)
+        self.signame = signame
+
+
+def requested() -> bool:
+    """True once a stop signal arrived (the client sends nothing new after that)."""
+    return _event.is_set()
+
+
+def signal_name() -> str | None:
+    return _state["signal"]
+
+
+def grace_deadline() -> float | None:
+    """Monotonic time after which in-flight requests are abandoned (None: no stop yet)."""
+    at = _state["at"]
+    return None if at is None else at + float(_state["grace_s"])
+
+
+def request_stop(signame: str = "SIGTERM") -> None:
+    """What the signal handler does; also callable directly (tests, an operator's hook)."""
+    if not _event.is_set():
+        _state.update(signal=signame, at=time.monotonic())
+        _event.set()
+        log.warning("%s received: sending no new LLM request; in-flight replies have %.0f s to "
+                    "land in the cache, then the job stops for requeue", signame, _state["grace_s"])
+
+
+def reset() -> None:
+    """Forget a stop request (tests; a new job in the same process)."""
+    _event.clear()
+    _state.update(signal=None, at=None)
+
+
+def check(stage: str) -> None:
+    """Raise Preempted when a stop was requested (called before a stage writes anything)."""
+    if requested():
+        raise Preempted(
+            f"stage '{stage}' stopped by {signal_name()}: no table written; rerun (or let the "
+            f"scheduler requeue) the same command to resume, only unanswered requests are re-sent",
+            signal_name(),
+        )
+
+
+Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class PreemptionGuard:
+    """Install the stop handlers for the block; restore (and remember) the previous ones."""
+
+    def __init__(self, grace_s: float = 30.0, exit_code: int = DEFAULT_EXIT_CODE) -> None:
+        self.grace_s = float(grace_s)
+        self.exit_code = int(exit_code)
+        self.previous: dict[int, Handler] = {}
+        self.installed = False
+
+    def __enter__(self) -> "PreemptionGuard":
+        reset()
+        _state["grace_s"] = self.grace_s
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not the main thread: preemption signals keep their default handlers")
+            return self
+        for sig in SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._handle)
+        self.installed = True
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        request_stop(signal.Signals(signum).name)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.installed:
+            for sig, old in self.previous.items():
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            self.installed = False
+
+    def chain(self) -> None:
+        """Call the handler that was installed before ours for the signal that stopped us
+        (submitit's checkpoint-and-requeue); it may exit the process itself."""
+        name = signal_name()
+        if name is None:
+            return
+        sig = signal.Signals[name]
+        old = self.previous.get(sig)
+        if callable(old):
+            log.info("passing %s on to the previously installed handler (%r)", name, old)
+            old(int(sig), None)
