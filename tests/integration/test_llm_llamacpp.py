@@ -241,8 +241,9 @@ def test_resume_after_server_killed_mid_batch(llama_server: LlamaServer, tmp_pat
     re-sends exactly the requests that were lost."""
     rs = [free_text(100 + i) for i in range(6)]
     cache_dir = tmp_path / "cache"
-    cfg = llamacpp_cfg(
-        max_in_flight=1, max_retries=1, retry_backoff_s=0.05, n_ctx=2048, n_threads=1
+    cfg = llamacpp_cfg(  # max_restarts=0: no replacement server (that is tested elsewhere)
+        max_in_flight=1, max_retries=1, retry_backoff_s=0.05, n_ctx=2048, n_threads=1,
+        max_restarts=0,
     )
     done: list[LLMResult] = []
     with open_llm(cfg, log_dir=tmp_path, cache_dir=cache_dir, name="doomed") as llm:

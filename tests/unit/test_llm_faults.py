@@ -212,3 +212,23 @@ def test_unreachable_endpoint_fails_the_rest_of_the_batch_fast() -> None:
     assert out[0].attempts == 3 and "gave up after 3 attempts" in (out[0].error or "")
     assert all(r.attempts == 0 and f"not sent: {url} unreachable" in (r.error or "")
                for r in out[1:])
+
+
+def test_guard_catches_the_signal_and_chains_to_the_previous_handler() -> None:
+    """SIGUSR2 (submitit's time-limit signal) sets the stop flag instead of killing the job;
+    afterwards the handler installed before ours (submitit's requeue) is called."""
+    called: list[int] = []
+    old = signal.signal(signal.SIGUSR2, lambda signum, frame: called.append(signum))
+    try:
+        guard = preempt.PreemptionGuard(grace_s=1, exit_code=75)
+        with guard:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert preempt.requested() and preempt.signal_name() == "SIGUSR2"
+            assert called == []  # ours ran, not the old one
+            with pytest.raises(preempt.Preempted, match="stage 'extract' stopped by SIGUSR2"):
+                preempt.check("extract")
+        guard.chain()
+        assert called == [signal.SIGUSR2]
+        assert signal.getsignal(signal.SIGUSR2) is not guard._handle  # restored
+    finally:
+        signal.signal(signal.SIGUSR2, old)
