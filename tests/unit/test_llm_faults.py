@@ -229,6 +229,6 @@ def test_guard_catches_the_signal_and_chains_to_the_previous_handler() -> None:
                 preempt.check("extract")
         guard.chain()
         assert called == [signal.SIGUSR2]
-        assert signal.getsignal(signal.SIGUSR2) is not guard._handle  # restored
+        assert signal.getsignal(signal.SIGUSR2) != guard._handle  # restored
     finally:
         signal.signal(signal.SIGUSR2, old)
