@@ -228,6 +228,12 @@ class RunningServer:
 def _probe(url: str, timeout_s: float = 2.0) -> bool:
     import httpx
 
+    httpx_log = logging.getLogger("httpx")
+    if httpx_log.level == logging.NOTSET:
+        # httpx logs every request at INFO (one line per readiness poll). Opt back in by
+        # setting the "httpx" logger's level explicitly.
+        httpx_log.setLevel(logging.WARNING)
+
     try:
         r = httpx.get(url, timeout=timeout_s, trust_env=False)  # loopback: never via a proxy
     except httpx.HTTPError:
