@@ -129,7 +129,8 @@ def run_client_bench(
 ) -> list[dict[str, Any]]:
     """bench.json's `client`: rows {in_flight, cache, requests_per_s, client_cpu_ms_per_request,
     requests, wall_s, errors, loadavg_1m}, without the cache first, then with it."""
-    sizes = {k: max(min_requests, 4 * k) for k in in_flight}
+    # >= 8 requests per connection: a point measures steady state, not connection set-up.
+    sizes = {k: max(min_requests, 8 * k) for k in in_flight}
     reqs, reply = requests_and_reply(cfg, max(sizes.values()))
     rows: list[dict[str, Any]] = []
     with mock_server(reply, log_dir) as srv, tempfile.TemporaryDirectory() as tmp:
