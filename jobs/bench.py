@@ -2,13 +2,14 @@
 
     python jobs/bench.py                        # default CPU suite -> outputs/bench/<time>/
     python jobs/bench.py llm schedule           # selected parts
+    python jobs/bench.py client                 # client ceiling vs a zero-latency mock (no LLM)
     python jobs/bench.py --tiny llm.base_url=http://127.0.0.1:8080/v1     # CI smoke sizes
     python jobs/bench.py cost --run-dir outputs/runs/locomo/structmem
     python jobs/bench.py --profile gpu llm=vllm_server llm.model=Qwen/Qwen2.5-7B-Instruct \\
         llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see README "Benchmarking")
 
-Parts: llm, build, schedule, components, cost, scale, dry-run (default: all). Other arguments
-of the form key=value are Hydra overrides of conf/ applied to every pipeline run. Writes
+Parts: client, llm, build, schedule, components, cost, scale, dry-run (default: all). Other
+arguments of the form key=value are Hydra overrides of conf/ applied to every pipeline run. Writes
 bench.json and bench.md into --out; exit code 1 when a part failed. Logic lives in
 structmem_gpu/bench/; this is the CLI only.
 """

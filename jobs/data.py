@@ -3,6 +3,7 @@
     python jobs/data.py                                  # LoCoMo -> data/locomo10.json
     python jobs/data.py locomo longmemeval_s --data-dir /scratch/benchmarks
     python jobs/data.py --check all                      # verify what is there; download nothing
+    python jobs/data.py smollm2-hf                       # packaged SmolLM2 GGUF -> HF folder for llm=vllm_cpu
 
 LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
 LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the
@@ -165,6 +166,36 @@ def check(ds: Dataset, data_dir: Path) -> bool:
     return True
 
 
+# Not downloads: models made locally (llm=vllm_cpu serves an HF folder converted from the
+# packaged GGUF into <cache dir>/models/, structmem_gpu/llm/convert.py).
+MODELS = ("smollm2-hf",)
+
+
+def default_cache_dir() -> Path:
+    """paths.cache_dir's default (conf/paths/default.yaml) seen from the repository root."""
+    return Path(os.environ.get("STRUCTMEM_CACHE_DIR") or ROOT / ".cache" / "structmem_gpu")
+
+
+def default_model_python() -> str:
+    """The vLLM environment's interpreter (it has transformers + gguf + accelerate)."""
+    env = os.environ.get("STRUCTMEM_VLLM_PYTHON")
+    local = ROOT / ".venv-vllm" / "bin" / "python"
+    return env or (str(local) if local.exists() else sys.executable)
+
+
+def ensure_model(name: str, cache_dir: Path, python: str, check_only: bool = False) -> bool:
+    from structmem_gpu.llm.convert import SMOLLM2_HF_NAME, ensure_hf_model, is_converted
+
+    target = cache_dir / "models" / SMOLLM2_HF_NAME
+    if check_only:
+        ok = is_converted(target)
+        (log.info if ok else log.error)("%s: %s", target, "converted" if ok else "missing")
+        return ok
+    ensure_hf_model(target, "packaged", python=python)
+    log.info("%s: ready", target)
+    return True
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] if __doc__ else None,
@@ -176,7 +207,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="*",
         default=["locomo"],
         metavar="DATASET",
-        help=f"any of {', '.join(DATASETS)} or 'all' (default: locomo)",
+        help=f"any of {', '.join(DATASETS)} or 'all' (default: locomo); or the model "
+        f"{', '.join(MODELS)}",
     )
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="default: data/")
     parser.add_argument("--check", action="store_true", help="only verify; download nothing")
@@ -185,10 +217,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="download again even if present (re-records the sidecar of unpublished checksums)",
     )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="models: paths.cache_dir (default .cache/structmem_gpu)",
+    )
+    parser.add_argument(
+        "--python", default=None, help="models: interpreter that converts (default .venv-vllm's)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     names = list(DATASETS) if "all" in args.datasets else list(dict.fromkeys(args.datasets))
-    unknown = [n for n in names if n not in DATASETS]
+    unknown = [n for n in names if n not in DATASETS and n not in MODELS]
     if unknown:
         parser.error(f"unknown dataset(s) {unknown}; choose from {', '.join(DATASETS)} or all")
     args.datasets = names
@@ -200,11 +241,21 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
     )
+    cache_dir = args.cache_dir or default_cache_dir()
+    python = args.python or default_model_python()
     if args.check:
-        ok = [check(DATASETS[n], args.data_dir) for n in args.datasets]
+        ok = [
+            ensure_model(n, cache_dir, python, check_only=True)
+            if n in MODELS
+            else check(DATASETS[n], args.data_dir)
+            for n in args.datasets
+        ]
         return 0 if all(ok) else 1
     try:
         for name in args.datasets:
+            if name in MODELS:
+                ensure_model(name, cache_dir, python)
+                continue
             ensure(DATASETS[name], args.data_dir, fetch=fetch, force=args.force)
     except (StructMemError, OSError) as err:  # OSError: disk full, permissions, …
         log.error("%s", err)

@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.data",
     "tests.fixtures.llm",
     "tests.fixtures.pipeline",
+    "tests.fixtures.vllm",
 ]

@@ -65,6 +65,20 @@ def _llm(p: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _client(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    from structmem_gpu.bench.client_bench import TARGET_CPU_RATIO, TARGET_RPS_AT_256, verdict
+
+    v = verdict(rows)
+    cols = ["in_flight", "cache", "requests", "requests_per_s", "client_cpu_ms_per_request"]
+    return [
+        md_table(rows, [*cols, "errors", "loadavg_1m"]),
+        f"\nTarget (>= {TARGET_RPS_AT_256:,.0f} req/s at 256 in flight without the cache, CPU per "
+        f"request within {TARGET_CPU_RATIO}x of 8 in flight): "
+        f"{'met' if v['meets_target'] else 'NOT met' if v['meets_target'] is False else '-'} "
+        f"({', '.join(f'{k} {_fmt(x)}' for k, x in v.items() if k != 'meets_target')}).",
+    ]
+
+
 def _build(p: Mapping[str, Any]) -> list[str]:
     rows = [*p["stages"], {"stage": "**total**", **p["total"]}]
     t = p["total"]
@@ -298,6 +312,7 @@ def _dry_run(p: Mapping[str, Any]) -> list[str]:
 
 
 SECTIONS = (
+    ("client", "LLM client ceiling (zero-latency mock server)", _client),
     ("llm", "LLM client throughput and overhead", _llm),
     ("build", "Build cost per stage", _build),
     ("schedule", "Batched vs reference schedule", _schedule),

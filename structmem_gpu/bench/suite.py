@@ -11,6 +11,7 @@ suite goes on; the CLI exits non-zero when any part failed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 
 # Execution order: the cheap LLM-free parts first (a broken environment fails fast), the
 # longest (schedule: every build request again, one at a time) last.
-PARTS = ("components", "dry-run", "llm", "build", "cost", "scale", "schedule")
+PARTS = ("components", "dry-run", "client", "llm", "build", "cost", "scale", "schedule")
+# Parts that never talk to the configured LLM: when only these run, no server is launched.
+NO_LLM_PARTS = frozenset({"components", "dry-run", "client", "cost"})
 
 SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
@@ -48,6 +51,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "encoder": "hashing",
         "timeout_s": 600,
         "schedule_slice": None,
+        "client_in_flight": (1, 8, 64, 256, 1024),
+        "client_requests": 2000,
+        "client_rounds": 2,
     },
     "gpu": {
         "llm_requests": 256,
@@ -63,6 +69,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "encoder": "configured",
         "timeout_s": 3600,
         "schedule_slice": (2, 6),
+        "client_in_flight": (1, 8, 64, 256, 1024),
+        "client_requests": 4000,
+        "client_rounds": 2,
     },
     "tiny": {
         "llm_requests": 2,
@@ -78,6 +87,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "encoder": "hashing",
         "timeout_s": 300,
         "schedule_slice": None,
+        "client_in_flight": (1, 8),
+        "client_requests": 40,
+        "client_rounds": 1,
     },
 }
 PROFILE_OVERRIDES = {"cpu": ("debug=ci",), "gpu": ()}
@@ -170,8 +182,8 @@ class Suite:
 
     def run(self) -> dict[str, Any]:
         """Run the parts in PARTS order; write bench.json and bench.md after each part."""
-        parts: dict[str, Callable[[], dict[str, Any]]] = {
-            "llm": self.part_llm, "build": self.part_build, "schedule": self.part_schedule,
+        parts: dict[str, Callable[[], Any]] = {
+            "client": self.part_client, "llm": self.part_llm, "build": self.part_build, "schedule": self.part_schedule,
             "components": self.part_components, "cost": self.part_cost,
             "scale": self.part_scale, "dry-run": self.part_dry_run,
         }  # fmt: skip
@@ -180,10 +192,17 @@ class Suite:
             # Imported up front: a one-time process cost that would otherwise land in the first
             # encoder stage as framework overhead (and in only one leg of the schedule).
             meta["encoder_import_s"] = timed_import_encoder_stack()
-        with llm_endpoint(self.base, self.settings.out_dir / "logs") as (url, _backend):
+        needs_llm = not set(self.opts.parts) <= NO_LLM_PARTS
+        endpoint = (
+            llm_endpoint(self.base, self.settings.out_dir / "logs")
+            if needs_llm
+            else contextlib.nullcontext((None, None))
+        )
+        with endpoint as (url, _backend):
             self.settings.base_url = url
             llm = self.base.llm
-            meta["llm"] = f"{llm.backend} {llm.served_name} at {url or 'in-process'}"
+            where = url or ("in-process" if needs_llm else "not started (no part needs it)")
+            meta["llm"] = f"{llm.backend} {llm.served_name} at {where}"
             for name in (p for p in PARTS if p in self.opts.parts):
                 log.info("bench part %s", name)
                 p0 = time.perf_counter()
@@ -197,6 +216,18 @@ class Suite:
         meta["notes"] = self.settings.notes
         write_outputs(self.settings.out_dir, self.bench, self.t0)
         return self.bench
+
+    def part_client(self) -> list[dict[str, Any]]:
+        from structmem_gpu.bench import client_bench
+
+        # Requests of the configured benchmark, whatever llm is configured (the mock answers).
+        return client_bench.run_client_bench(
+            self.settings.compose(),
+            self.settings.out_dir / "logs",
+            in_flight=self.sz["client_in_flight"],
+            min_requests=self.sz["client_requests"],
+            rounds=self.sz["client_rounds"],
+        )
 
     def part_llm(self) -> dict[str, Any]:
         from structmem_gpu.bench import llm_bench

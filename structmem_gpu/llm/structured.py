@@ -35,15 +35,48 @@ _MAX_ERROR_CHARS = 300  # a jsonschema message can quote a huge instance; keep r
 
 
 def response_format(schema: Mapping[str, Any], flavor: str, name: str = "reply") -> dict[str, Any]:
-    """The `response_format` request field that constrains decoding to `schema`."""
+    """The `response_format` request field that constrains decoding to `schema`.
+
+    vLLM gets `vllm_schema(schema)` (integer bounds instead of the enum that spells them out);
+    llama.cpp gets the schema as is. Validation always uses the request's own schema.
+    """
     if flavor == "vllm":
         return {
             "type": "json_schema",
-            "json_schema": {"name": name, "schema": dict(schema), "strict": True},
+            "json_schema": {"name": name, "schema": vllm_schema(schema), "strict": True},
         }
     if flavor == "llamacpp":
         return {"type": "json_object", "schema": dict(schema)}
     raise ValueError(f"unknown structured-output flavor {flavor!r}; expected one of {FLAVORS}")
+
+
+def _is_bounds_enum(node: Mapping[str, Any]) -> bool:
+    lo, hi, enum = node.get("minimum"), node.get("maximum"), node.get("enum")
+    return (
+        node.get("type") == "integer"
+        and isinstance(lo, int)
+        and isinstance(hi, int)
+        and isinstance(enum, list)
+        and enum == list(range(lo, hi + 1))
+    )
+
+
+def vllm_schema(schema: Any) -> Any:
+    """The schema as vLLM's decoder gets it: an integer `enum` that only spells out
+    `minimum..maximum` is dropped, the bounds stay (xgrammar enforces integer bounds;
+    llama.cpp's grammar ignores them, which is why prompts/ add the enum).
+
+        >>> vllm_schema({"type": "integer", "minimum": 1, "maximum": 3, "enum": [1, 2, 3]})
+        {'type': 'integer', 'minimum': 1, 'maximum': 3}
+    """
+    if isinstance(schema, Mapping):
+        out = {k: vllm_schema(v) for k, v in schema.items()}
+        if _is_bounds_enum(schema):
+            del out["enum"]
+        return out
+    if isinstance(schema, list):
+        return [vllm_schema(v) for v in schema]
+    return schema
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from structmem_gpu.llm.structured import OnResult, RawReply, run_in_rounds
+from structmem_gpu.llm.structured import OnResult, RawReply, run_in_rounds, vllm_schema
 from structmem_gpu.llm.types import LLMRequest, LLMResult
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,9 @@ def sampling_params(req: LLMRequest) -> Any:
     from vllm.sampling_params import StructuredOutputsParams
 
     s = req.sampling
-    so = StructuredOutputsParams(json=dict(req.schema)) if req.schema is not None else None
+    so = None
+    if req.schema is not None:  # integer bounds, not the enum llama.cpp needs (structured.py)
+        so = StructuredOutputsParams(json=vllm_schema(dict(req.schema)))
     return SamplingParams(
         temperature=s.temperature,
         top_p=s.top_p,
@@ -57,6 +59,7 @@ class VLLMOfflineBackend:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         repair_attempts: int = 1,
         progress: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.model = model
         self.served_name = served_name
@@ -66,6 +69,7 @@ class VLLMOfflineBackend:
         self.repair_attempts = repair_attempts
         self.progress = progress
         self.calls = 0  # requests handed to the engine (repairs included)
+        self.env = dict(env or {})  # llm.server_env: set before vllm loads (e.g. CPU KV space)
         self._llm: Any | None = None
 
     @property
@@ -79,6 +83,10 @@ class VLLMOfflineBackend:
 
     def engine(self) -> Any:
         if self._llm is None:
+            import os
+
+            for k, v in self.env.items():
+                os.environ.setdefault(k, v)  # an explicit environment variable wins
             from vllm import LLM
 
             logger.info("loading vLLM engine for %s with %s", self.model, self.engine_kwargs)

@@ -231,8 +231,9 @@ def test_expected_files_exist() -> None:
 
 @pytest.mark.parametrize("name", LLM_FILES)
 def test_config_composes_and_resolves(name: str) -> None:
+    # Within the root config: a profile may interpolate paths.* (vllm_cpu's model folder).
     with initialize_config_dir(config_dir=str(CONF.parent), version_base="1.3"):
-        cfg = compose(config_name=None, overrides=[f"+llm={name}"])
+        cfg = compose(config_name="config", overrides=[f"llm={name}"])
     c = resolve_config(cfg.llm)
     assert set(c) == set(DEFAULTS)
     if name.startswith("vllm_") and name not in ("vllm_server", "vllm_offline"):
