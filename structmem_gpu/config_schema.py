@@ -138,6 +138,9 @@ LLM_RULES: list[tuple[str, Rule]] = [
     ("gpu_memory_utilization", Float(gt=0, le=1)), ("max_num_seqs", Int(ge=1, null=True)),
     ("extra_args", List(STR)), ("extra_body", DICT), ("extra_body.*", ANY),
     ("chat_template_kwargs", DICT), ("chat_template_kwargs.*", ANY),
+    ("server_python", STR_OR_NULL), ("vllm_entrypoint", Enum("serve", "module")),
+    ("convert_from_gguf", STR_OR_NULL), ("server_env", DICT), ("server_env.*", ANY),
+    ("engine_kwargs", DICT), ("engine_kwargs.*", ANY),
 ]
 
 RULES: list[tuple[str, Rule]] = [
