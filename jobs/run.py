@@ -46,8 +46,12 @@ def main(cfg: DictConfig) -> None:
             return
         from structmem_gpu.methods.registry import stage_registry
         from structmem_gpu.pipeline import run_stages
+        from structmem_gpu.runlock import hold_run_dir
 
-        with guard:
+        # The lock first, then Hydra's record of the job: a second job on this directory must
+        # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
+        with hold_run_dir(run_dir), guard:
+            save_job_config(cfg, run_dir)
             run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
     except preempt.Preempted as err:
         # Servers are stopped by now (run_stages' scope closed); let submitit requeue, if it
@@ -64,6 +68,20 @@ def main(cfg: DictConfig) -> None:
     print(f"run directory: {run_dir}")
     if report.exists():
         print(f"report: {report}")
+
+
+def save_job_config(cfg: DictConfig, run_dir: Path) -> None:
+    """What Hydra writes to <run_dir>/.hydra/ (config, hydra config, overrides), written once
+    this job holds the run directory."""
+    from omegaconf import OmegaConf
+
+    from structmem_gpu.artifacts import atomic_write_text
+
+    hydra_cfg = HydraConfig.get()
+    out = run_dir / ".hydra"
+    atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(cfg))
+    atomic_write_text(out / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra_cfg}))
+    atomic_write_text(out / "overrides.yaml", OmegaConf.to_yaml(list(hydra_cfg.overrides.task)))
 
 
 if __name__ == "__main__":

@@ -97,4 +97,5 @@ def test_second_job_on_a_busy_run_dir_exits_2_naming_the_holder(tmp_path: Path) 
     errors = [ln for ln in job.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and f"pid {holder.pid}" in errors[0] and "in use" in errors[0]
     assert "Traceback" not in job.stderr
-    assert not (run_dir / "tables").exists()  # it wrote nothing
+    assert not (run_dir / "tables").exists()  # it wrote nothing, not even Hydra's record
+    assert not (run_dir / ".hydra").exists() and not (run_dir / "manifest.json").exists()
