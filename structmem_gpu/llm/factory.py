@@ -51,6 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "extra_args": [],
     "extra_body": {},
     "chat_template_kwargs": None,
+    # Reply budgets of the profile, read by the extract / consolidate configs
+    # (${llm.budgets.*}); the backend itself ignores them.
+    "budgets": None,
 }
 
 

@@ -71,6 +71,7 @@ class LLMResult:
     messages_hash: str
     model: str
     error: str | None = None
+    salvaged: bool = False  # cut by max_tokens; `data` holds its complete list items only
 
 
 class LLMBackend(Protocol):

@@ -106,7 +106,7 @@ def test_extract_maps_local_turn_numbers_in_one_batch(run: RunDir) -> None:
         assert r["entry_id"] == extract.entry_id(r["conv_id"], r["event_id"], r["kind"], r["text"])
     assert set(entries["kind"]) == {"fact", "relation"}
     assert entries.filter(pl.col("kind") == "relation")["prompt_version"].unique().to_list() == [
-        "relational/1"
+        "relational/2"
     ]
 
 
@@ -122,7 +122,7 @@ def test_extract_out_of_range_turn_is_recorded_never_bound(run: RunDir) -> None:
     assert set(entries["kind"]) == {"fact"}  # nothing clamped onto the last turn
     failed = log.filter(~pl.col("parse_ok"))
     assert failed.height == ctx.notes["windows"] == ctx.notes["parse_failures"]
-    assert failed["prompt_version"].unique().to_list() == ["relational/1"]
+    assert failed["prompt_version"].unique().to_list() == ["relational/2"]
     assert all("maximum" in e or "is not one of" in e for e in failed["error"].to_list())
 
 
