@@ -174,6 +174,8 @@ def estimate_consolidate(
                 if s.seed_scope == "historical"
                 else recs[: w.start * per] + recs[w.end * per :]
             )
+            if not s.seed_exclude_buffer:
+                pool = pool + buffer
             context = pool[-s.seed_k * per :] if s.seed_k else []
             prompt += counter.messages(synthesis.build_messages(s.prompt_variant, buffer, context))
             n += 1

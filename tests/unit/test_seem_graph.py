@@ -134,6 +134,19 @@ def test_node_merging_never_joins_two_speakers() -> None:
     assert merge_entities(names, vecs, None, set(), {}) == {n: n for n in names}
 
 
+def test_node_merging_has_no_chains() -> None:
+    # a ~ b (cos 0.95) and b ~ c (0.95) but a ~ c only 0.81: single linkage would merge all
+    # three; merging by similarity to the canonical name keeps c apart.
+    ang = np.deg2rad([0.0, 18.2, 36.4])
+    vecs = _unit([[np.cos(a), np.sin(a)] for a in ang])
+    assert (vecs[0] @ vecs[1]) > 0.9 and (vecs[1] @ vecs[2]) > 0.9 and (vecs[0] @ vecs[2]) < 0.9
+    canon = merge_entities(["lena", "lenna", "jenna"], vecs, 0.9, set(), {"lena": 3, "lenna": 2, "jenna": 1})
+    assert canon == {"lena": "lena", "lenna": "lena", "jenna": "jenna"}
+    # a name joins the canonical it is most similar to
+    two = merge_entities(["x", "y", "z"], _unit([[1, 0], [0, 1], [0.1, 1]]), 0.9, set(), {"x": 5, "y": 4, "z": 1})
+    assert two == {"x": "x", "y": "y", "z": "y"}
+
+
 def test_canonical_is_the_most_frequent_surface_form() -> None:
     canon = merge_entities(["biscuit the beagle", "biscuit"], _unit([[1, 0], [1, 0.01]]), 0.9, set(),
                            {"biscuit": 4, "biscuit the beagle": 1})

@@ -56,6 +56,7 @@ class ConvMemory:
     frame_of: dict[str, str]  # pid -> frame_id (Phi)
     frames: dict[str, FrameInfo]
     _graph: Any = field(default=None, repr=False)
+    _lexical: Any = field(default=None, repr=False)
 
     @property
     def position(self) -> dict[str, int]:
@@ -71,6 +72,14 @@ class ConvMemory:
 
             self._graph = igraph_graph(self.node_ids, self.edges)
         return self._graph
+
+    def lexical(self) -> Any:
+        """BM25 over the passages' texts (built on first use; `seem.ablation.ppr=false`)."""
+        if self._lexical is None:
+            from structmem_gpu.methods.seem.lexical import LexicalIndex
+
+            self._lexical = LexicalIndex([p.embedding_text for p in self.passages])
+        return self._lexical
 
 
 def _group(df: pl.DataFrame, convs: set[str]) -> dict[str, pl.DataFrame]:

@@ -185,7 +185,7 @@ def query_vectors(
             out.append(q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12))
         return out
     texts = ["\n".join(v.rows["text"][w.start : w.end].to_list()) for v in views for w in v.windows]
-    flat = ctx.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
+    flat = ctx.encode(texts, use="query") if texts else np.zeros((0, 0), dtype=np.float32)
     sizes = np.cumsum([0, *(len(v.windows) for v in views)])
     return [flat[a:b] for a, b in itertools.pairwise(sizes)]
 
