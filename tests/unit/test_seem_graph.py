@@ -95,6 +95,10 @@ def test_normalisation_and_cleaning() -> None:
     q = clean_quad({"subject": "Lena", "relation": "Ran", "object": "Riverside HM", "time": " unknown "})
     assert q is not None and (q.s, q.r, q.o, q.tau) == ("lena", "ran", "riverside hm", None)
     assert fact_text("lena", "ran", "hm", "2024-05") == "lena ran hm (time: 2024-05)"
+    # the reader sees the original wording; normalised forms only key dedup and the graph
+    shown = clean_quad({"subject": "Lena's coach", "relation": "signed up for", "object": "Riverside Half-Marathon",
+                        "time": "2024-05-12"})
+    assert shown is not None and shown.shown == "Lena's coach | signed up for | Riverside Half-Marathon | 2024-05-12"
 
 
 def _passages(n: int, conv: str = "c") -> list[Passage]:

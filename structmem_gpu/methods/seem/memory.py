@@ -108,7 +108,10 @@ def load_memories(tables: Mapping[str, pl.DataFrame], convs: set[str], encode: E
     fpos = facts.with_row_index("_i")
     for conv, ps in by_conversation(plist).items():
         mine = fpos.filter(pl.col("conv_id") == conv)
-        finfo = [FactInfo(r["fact_id"], r["subject_node"], r["object_node"], fact_line(r["s"], r["r"], r["o"], r["tau"]),
+        # Shown in the model's original words (case, punctuation); the normalised s/r/o only
+        # key deduplication and the graph.
+        finfo = [FactInfo(r["fact_id"], r["subject_node"], r["object_node"],
+                          r.get("shown") or fact_line(r["s"], r["r"], r["o"], r["tau"]),
                           tuple(r["provenance"])) for r in mine.iter_rows(named=True)]
         empty = pl.DataFrame()
         ents, nodes, edges = (grouped[k].get(conv, empty) for k in ("entities", "graph_nodes", "graph_edges"))
