@@ -166,7 +166,8 @@ class StageContext:
         from structmem_gpu.embed.encoder import instruction
 
         enc = self.encoder()
-        prompt = instruction(OmegaConf.to_container(self.cfg.embedder, resolve=True), use)  # type: ignore[arg-type]
+        ecfg = OmegaConf.select(self.cfg, "embedder", default=None)
+        prompt = instruction(OmegaConf.to_container(ecfg, resolve=True) if ecfg is not None else {}, use)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         out = enc.encode(list(texts), prompt=prompt) if prompt else enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0
