@@ -167,7 +167,8 @@ class StageContext:
 
         enc = self.encoder()
         ecfg = OmegaConf.select(self.cfg, "embedder", default=None)
-        prompt = instruction(OmegaConf.to_container(ecfg, resolve=True) if ecfg is not None else {}, use)  # type: ignore[arg-type]
+        plain = OmegaConf.to_container(ecfg, resolve=True) if ecfg is not None else {}
+        prompt = instruction(plain, use)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         out = enc.encode(list(texts), prompt=prompt) if prompt else enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0

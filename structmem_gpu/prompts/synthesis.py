@@ -2,8 +2,8 @@
 
 Two variants: `constrained` (default: every instruction of the reference synthesis prompt,
 structmem-reference.md §5.4, in our own words) and `unconstrained` (paper Fig. 20 / Table 7
-ablation: the same text with its grounding lines deleted, nothing added; see `LINES`). The reply is **free text** (no JSON schema):
-a narrative is prose, and free text cannot fail to parse when a small model runs into
+ablation: the same text with its grounding lines deleted, nothing added; see `LINES`). The
+reply is **free text** (no JSON schema): a narrative is prose, and free text cannot fail to parse when a small model runs into
 `max_tokens` (a cut reply is kept; requests.parquet records finish_reason="length").
 
 Rendered user message, abridged:

@@ -7,7 +7,8 @@ event_ids) and turns.parquet (session numbers), so the shared answer stage's fin
 (its `answer` config plus those tables) covers every ablation switch. Per question: facts in
 rank order, frames and passages chronological (`context_order`), cut to
 `answer.context_tokens` (characters / 4) by dropping the lowest-ranked passages first (RPE
-passages before P_ret), then facts; frames are never dropped. One frame header: `[Memory 2] sessions 3-5, 2024-03-17 to 2024-04-02`.
+passages before P_ret), then facts; frames are never dropped. One frame header:
+`[Memory 2] sessions 3-5, 2024-03-17 to 2024-04-02`.
 
 The shared answer stage finds this builder by name (structmem_gpu/eval/answer.py).
 """
