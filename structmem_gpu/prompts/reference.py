@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -93,13 +94,22 @@ def version(reference_dir: str, use: str) -> str:
     return f"reference-{use}/{stable_hash(reference_prompt(reference_dir, use), length=10)}"
 
 
+_IMAGE = re.compile(r"\[image: (.*)\]$", re.DOTALL)
+
+
+def reference_text(text: str) -> str:
+    """A turn as the reference driver shows it: the image caption appended as
+    "(image description: ...)" instead of our "[image: ...]"."""
+    return _IMAGE.sub(lambda m: f"(image description: {m.group(1)})", text)
+
+
 def render_reference_window(window: ExtractionWindow) -> str:
     """The reference's extraction input: a topic marker, then one line per turn."""
     lines = ["--- Topic 1 ---"]
     for i, t in enumerate(window.turns):
         when = t.session_time + timedelta(seconds=i)
         stamp = f"{when.isoformat(timespec='milliseconds')}, {when:%a}"
-        lines.append(f"[{stamp}] {i}.{t.speaker}: {t.text}")
+        lines.append(f"[{stamp}] {i}.{t.speaker}: {reference_text(t.text)}")
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ def test_extraction_uses_the_checkout_prompt_and_line_format() -> None:
     assert system.startswith("FIXTURE factual prompt.")
     assert user.splitlines() == [
         "--- Topic 1 ---",
-        "[2023-05-08T13:56:00.000, Mon] 0.Ben: turn D1:4 [image: a red door]",
+        "[2023-05-08T13:56:00.000, Mon] 0.Ben: turn D1:4 (image description: a red door)",
         "[2023-05-08T13:56:01.000, Mon] 1.Ana: turn D1:5",
     ]
     assert req.prompt_version.startswith("reference-fact/")
