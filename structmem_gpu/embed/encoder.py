@@ -63,6 +63,7 @@ class EncodeStats:
     embed_s: float = 0.0  # seconds inside the model
     chunked: int = 0  # texts longer than the encoder's limit, embedded in chunks and mean-pooled
     chunks: int = 0  # chunks those texts were split into
+    truncated: int = 0  # texts over the limit left to the model's truncation (long_texts=truncate)
 
     @property
     def embeddings_per_s(self) -> float | None:
@@ -87,7 +88,11 @@ class Encoder:
         batch_size: int = 64,
         cache: EmbeddingCache | None = None,
         precision: str = "float32",
+        long_texts: str = "chunk",
     ) -> None:
+        if long_texts not in LONG_TEXTS:
+            raise ConfigError(f"embedder.long_texts={long_texts!r}; expected one of {list(LONG_TEXTS)}")
+        self.long_texts = long_texts
         dim = model.get_embedding_dimension()
         if not dim:
             raise ConfigError(
@@ -98,7 +103,9 @@ class Encoder:
         self.dim = int(dim)
         self.batch_size = batch_size
         self.cache = cache
-        self.namespace = f"{model_id}|{precision}"  # cache key prefix (fp16 and fp32 never mix)
+        # Cache key prefix: fp16 and fp32 never mix, nor chunk-pooled and model-truncated vectors
+        # of long texts (entries cached before chunking existed are truncated ones).
+        self.namespace = f"{model_id}|{precision}|long={long_texts}"
         self.stats = EncodeStats()
 
     def __repr__(self) -> str:
@@ -156,7 +163,10 @@ class Encoder:
         owner: list[int] = []
         for i, t in enumerate(texts):
             parts = self.split(t, prompt)
-            if len(parts) > 1:
+            if len(parts) > 1 and self.long_texts == "truncate":
+                self.stats.truncated += 1  # counted, never silent: the model reads the start
+                parts = [t]
+            elif len(parts) > 1:
                 self.stats.chunked += 1
                 self.stats.chunks += len(parts)
             pieces.extend(parts)
@@ -238,6 +248,9 @@ def _device(requested: str, torch: Any) -> str:
 
 
 USES = ("entry", "query", "fact", "passage")
+# chunk = embed a text over the limit in chunks and mean-pool (default); truncate = let the
+# model read its start only, as the reference code's MiniLM does (counted in the notes).
+LONG_TEXTS = ("chunk", "truncate")
 
 
 def instruction(cfg: Mapping[str, Any], use: str) -> str | None:
@@ -283,6 +296,7 @@ def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
         batch_size=int(cfg.get("batch_size") or 64),
         cache=cache,
         precision=precision,
+        long_texts=str(cfg.get("long_texts") or "chunk"),
     )
     log.info(
         "encoder %s on %s (%s, dim %d, max_seq_length %s) loaded in %.1fs; cache %s",

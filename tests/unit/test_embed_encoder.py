@@ -194,3 +194,14 @@ def test_long_text_is_embedded_in_chunks_and_mean_pooled(tmp_path: Path) -> None
     model2 = RecordingModel(max_seq_length=6)
     Encoder(model2, "rec").encode([long], prompt="Q: x")
     assert model2.calls == [["a b", "c d", "e f", "g h", "i j"]] and model2.prompts == ["Q: x"]
+
+
+def test_truncate_mode_counts_long_texts_and_keeps_them_whole() -> None:
+    model = RecordingModel(max_seq_length=6)
+    enc = Encoder(model, "rec", long_texts="truncate")
+    enc.encode(["a b c d e f g h i j", "short"])
+    assert model.calls == [["a b c d e f g h i j", "short"]]  # the model truncates, we count
+    assert enc.stats.truncated == 1 and enc.stats.chunked == 0
+    assert enc.namespace != Encoder(RecordingModel(), "rec").namespace  # never mixed in the cache
+    with pytest.raises(Exception, match="long_texts"):
+        Encoder(RecordingModel(), "rec", long_texts="drop")

@@ -20,7 +20,7 @@ from structmem_gpu.prompts.seem_frame import FrameBounds
 
 # The model that wrote a stage's rows: a different model must recompute the stage.
 LLM_KEYS = ("llm.backend", "llm.model", "llm.served_name", "llm.revision")
-EMBED_KEYS = ("embedder.model", "embedder.max_seq_length", "embedder.instructions", "embedder.trust_remote_code")
+EMBED_KEYS = ("embedder.model", "embedder.max_seq_length", "embedder.instructions", "embedder.trust_remote_code", "embedder.long_texts")
 
 
 def _block(cfg: DictConfig, key: str) -> dict[str, Any]:
