@@ -99,7 +99,7 @@ class ExtractSettings:
     temperature: float
     prompt_variant: str = "default"  # default (reference semantics) | grounded
     window_tokens: int | None = None  # token budget per window (None = turns_per_request only)
-    reference_dir: str | None = None  # a LightMem checkout: use its prompts (reference_prompts)
+    reference_dir: str | None = None  # a LightMem checkout: its prompts (prompts/reference.py)
 
     @classmethod
     def from_cfg(cls, cfg: DictConfig) -> ExtractSettings:
@@ -122,11 +122,15 @@ class ExtractSettings:
             opt_int("window_tokens"),
             None if ref is None else str(ref),
         )
-        bad_turns = s.turns_per_request is not None and s.turns_per_request < 1
-        no_unit = s.turns_per_request is None and s.window_tokens is None
-        bad_tokens = s.window_tokens is not None and s.window_tokens < 1
-        bad_items = s.max_items is not None and s.max_items < 1
-        if bad_turns or no_unit or bad_tokens or bad_items or s.context_turns < 0 or not s.perspectives:
+        problems = (
+            s.turns_per_request is not None and s.turns_per_request < 1,
+            s.turns_per_request is None and s.window_tokens is None,  # no window unit at all
+            s.window_tokens is not None and s.window_tokens < 1,
+            s.max_items is not None and s.max_items < 1,
+            s.context_turns < 0,
+            not s.perspectives,
+        )
+        if any(problems):
             raise ConfigError(
                 "extract: need turns_per_request >= 1 or null, window_tokens >= 1 or null (not "
                 "both null), max_items >= 1 or null, context_turns >= 0 and at least one "
