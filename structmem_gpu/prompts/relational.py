@@ -26,13 +26,14 @@ from structmem_gpu.prompts.variants import check_extraction_variant
 VERSION = "relational/2"
 KIND = "relation"
 
-# The worked example (ours): 13 messages, 7 relations; turn 10 is a plain fact (skipped), turn
-# 7 completes a mutual agreement ("both"), turn 12 is sharing in response to the other.
+# The worked example (ours): 13 messages, 7 relations; turn 1 shares a photo, turn 10 is a plain
+# fact (skipped), turn 7 completes a mutual agreement ("both"), turn 12 responds in kind, and
+# turns 3 and 9 carry anchored relative times.
 EXAMPLE = """Example. The user message:
 Session date: 2023-09-14 20:10 (Thursday)
 
 Turns:
-[1] Dana: I got the promotion! Team lead starting Monday.
+[1] Dana: I got the promotion! Team lead starting Monday. [image: Dana holding a signed offer letter in front of her office building]
 [2] Sam: Dana, that's huge, congratulations! You've worked so hard for this.
 [3] Dana: Thanks, Sam. Honestly, your pep talk last month helped a lot.
 [4] Sam: Happy to help. What's the first thing you'll change?
@@ -48,7 +49,7 @@ Turns:
 
 A good reply:
 {"entries": [
- {"turn": 2, "text": "Sam congratulated Dana on her promotion to team lead and praised the hard work behind it."},
+ {"turn": 2, "text": "Sam congratulated Dana on her promotion to team lead, shared in her photo with the signed offer letter, and praised the hard work behind it."},
  {"turn": 3, "text": "Dana thanked Sam and credited Sam's pep talk, last month before 2023-09-14, with helping her get the promotion."},
  {"turn": 4, "text": "Sam showed interest in Dana's new role by asking what she would change first."},
  {"turn": 7, "text": "Dana and Sam both agree that long meetings drain everyone."},

@@ -127,6 +127,8 @@ def test_relational_worked_example_has_the_reference_shape() -> None:
     assert len(items) == 7
     assert any(" both " in i["text"] and i["turn"] == 7 for i in items)  # agreement completed
     assert 10 not in {i["turn"] for i in items}  # a plain fact gives no relation
+    assert "[image:" in ex and any("offer letter" in i["text"] for i in items)  # photo context
+    assert any("before 2023-09-14" in i["text"] for i in items)  # relative time anchored
 
 
 def test_grounded_variant_is_the_earlier_wording() -> None:
