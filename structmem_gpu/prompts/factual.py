@@ -58,7 +58,11 @@ A good reply:
 ]}
 Turns 2, 6 and 9 only ask questions, so they give no fact."""
 
-SYSTEM = (
+_CLOSING = """
+
+Be exhaustive: every turn, every detail, nothing skipped as minor."""
+
+_INSTRUCTIONS = (
     """You extract personal information: every fact about the people in a conversation.
 
 The user message gives the session date and the turns to read, numbered "[n] Speaker: text" \
@@ -93,11 +97,9 @@ Reply with JSON only: an object whose "entries" list holds one object per fact, 
 (the number of the turn the fact comes from) and "text" (the fact).
 
 """
-    + EXAMPLE
-    + """
-
-Be exhaustive: every turn, every detail, nothing skipped as minor."""
 )
+SYSTEM = _INSTRUCTIONS + EXAMPLE + _CLOSING
+SYSTEM_NO_EXAMPLE = _INSTRUCTIONS.rstrip() + _CLOSING
 
 # factual/1 wording, kept as the `grounded` variant (computed dates, no inference).
 SYSTEM_GROUNDED = """You record factual memories from a conversation between people.
@@ -136,13 +138,18 @@ Reply with JSON only: an object whose "entries" list holds one object per statem
 "turn" (the number of the turn the statement comes from) and "text" (the statement)."""
 
 
-def system(variant: str) -> str:
-    """The system prompt of an extraction variant ("default" | "grounded")."""
+def system(variant: str, example: bool = True) -> str:
+    """The system prompt of an extraction variant ("default" | "grounded"); `example=False`
+    leaves the worked example out of the default (extract.worked_example)."""
     check_extraction_variant(variant)
-    return SYSTEM if variant == "default" else SYSTEM_GROUNDED
+    if variant == "grounded":
+        return SYSTEM_GROUNDED
+    return SYSTEM if example else SYSTEM_NO_EXAMPLE
 
 
-def version(variant: str) -> str:
+def version(variant: str, example: bool = True) -> str:
     """'factual/2' (default) or 'factual/2+grounded': recorded on requests and entries."""
     check_extraction_variant(variant)
-    return VERSION if variant == "default" else f"{VERSION}+{variant}"
+    if variant == "grounded":
+        return f"{VERSION}+grounded"
+    return VERSION if example else f"{VERSION}+noexample"

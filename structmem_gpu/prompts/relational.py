@@ -60,7 +60,7 @@ A good reply:
 Turns 1, 5, 8 and 10 only report facts and give no relation; turn 7 completes the agreement \
 begun in turn 6."""
 
-SYSTEM = (
+_INSTRUCTIONS = (
     """You extract relational memories: how the people in a conversation relate to each other, \
 not what they said. Another system already extracts the facts, so focus on the relational and \
 emotional dynamics between the speakers.
@@ -94,8 +94,9 @@ Reply with JSON only: an object whose "entries" list holds one object per relati
 "turn" (the number of the turn the relation comes from) and "text" (the relation).
 
 """
-    + EXAMPLE
 )
+SYSTEM = _INSTRUCTIONS + EXAMPLE
+SYSTEM_NO_EXAMPLE = _INSTRUCTIONS.rstrip()
 
 # relational/1 wording, kept as the `grounded` variant.
 SYSTEM_GROUNDED = """You record relational memories from a conversation between people: how the people \
@@ -133,13 +134,18 @@ Reply with JSON only: an object whose "entries" list holds one object per statem
 "turn" (the number of the turn the statement comes from) and "text" (the statement)."""
 
 
-def system(variant: str) -> str:
-    """The system prompt of an extraction variant ("default" | "grounded")."""
+def system(variant: str, example: bool = True) -> str:
+    """The system prompt of an extraction variant ("default" | "grounded"); `example=False`
+    leaves the worked example out of the default (extract.worked_example)."""
     check_extraction_variant(variant)
-    return SYSTEM if variant == "default" else SYSTEM_GROUNDED
+    if variant == "grounded":
+        return SYSTEM_GROUNDED
+    return SYSTEM if example else SYSTEM_NO_EXAMPLE
 
 
-def version(variant: str) -> str:
+def version(variant: str, example: bool = True) -> str:
     """'relational/2' (default) or 'relational/2+grounded'."""
     check_extraction_variant(variant)
-    return VERSION if variant == "default" else f"{VERSION}+{variant}"
+    if variant == "grounded":
+        return f"{VERSION}+grounded"
+    return VERSION if example else f"{VERSION}+noexample"

@@ -155,19 +155,29 @@ def _report_and_versions(run_dir: Path) -> set[str]:
 
 
 def test_sample_run_default_prompts_end_in_a_report(structmem_sample_run: Path) -> None:
+    # the CPU profile's default prompts: reference instructions, worked examples left out
     versions = _report_and_versions(structmem_sample_run)
-    assert {"factual/2", "relational/2", "synthesis/2+constrained"} <= versions
+    assert {"factual/2+noexample", "relational/2+noexample", "synthesis/2+constrained"} <= versions
     assert "salvaged" in RunDir(structmem_sample_run).read_table("requests").columns
 
 
-def test_grounded_prompt_variant_ends_in_a_report(tmp_path: Path, ci_overrides: list[str]) -> None:
-    # One conversation, two sessions: ~4 extraction + 1-2 synthesis + 22 answer/judge requests.
-    run_dir = tmp_path / "grounded"
+@pytest.mark.parametrize(
+    ("overrides", "want"),
+    [
+        (["extract.worked_example=true"], {"factual/2", "relational/2"}),  # the full default text
+        (["extract.prompt_variant=grounded"], {"factual/2+grounded", "relational/2+grounded"}),
+    ],
+    ids=["default-with-examples", "grounded"],
+)
+def test_prompt_variants_end_in_a_report(
+    tmp_path: Path, ci_overrides: list[str], overrides: list[str], want: set[str]
+) -> None:
+    # One conversation, two sessions: ~4 extraction + 1-2 synthesis + a few answer/judge requests.
+    run_dir = tmp_path / "variant"
     run_pipeline(
         [*ci_overrides, "benchmark=sample", "benchmark.conversations=[sample-1]", "benchmark.max_sessions=2",
-         "method=structmem", "extract.prompt_variant=grounded"],
+         "method=structmem", *overrides],
         run_dir,
     )
-    versions = _report_and_versions(run_dir)
-    assert {"factual/2+grounded", "relational/2+grounded"} <= versions
+    assert want <= _report_and_versions(run_dir)
     assert check_entries(RunDir(run_dir)).height > 0

@@ -28,6 +28,11 @@ def test_versions_and_kinds() -> None:
         extraction_prompt("opinion")
     assert factual.version("grounded") == "factual/2+grounded" != factual.version("default")
     assert relational.version("grounded") == "relational/2+grounded"
+    assert factual.version("default", example=False) == "factual/2+noexample"
+    for m in (factual, relational):  # without the example: the same instructions, nothing else
+        short = m.system("default", example=False)
+        assert m.EXAMPLE not in short and short.split("\n\n")[:3] == m.SYSTEM.split("\n\n")[:3]
+        assert m.system("grounded", example=False) == m.SYSTEM_GROUNDED
     with pytest.raises(ConfigError):
         factual.system("strict")
     assert synthesis.prompt_version("constrained") == "synthesis/2+constrained"

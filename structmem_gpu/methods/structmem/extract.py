@@ -100,6 +100,7 @@ class ExtractSettings:
     prompt_variant: str = "default"  # default (reference semantics) | grounded
     window_tokens: int | None = None  # token budget per window (None = turns_per_request only)
     reference_dir: str | None = None  # a LightMem checkout: its prompts (prompts/reference.py)
+    worked_example: bool = True  # the default prompts' worked examples (off for tiny models)
 
     @classmethod
     def from_cfg(cls, cfg: DictConfig) -> ExtractSettings:
@@ -121,6 +122,7 @@ class ExtractSettings:
             str(e.get("prompt_variant") or "default"),
             opt_int("window_tokens"),
             None if ref is None else str(ref),
+            bool(e.get("worked_example", True)),
         )
         problems = (
             s.turns_per_request is not None and s.turns_per_request < 1,
@@ -227,7 +229,7 @@ def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LL
     schema = extraction_schema(
         len(window.turns), max_items=s.max_items, max_item_chars=s.max_item_chars
     )
-    version = prompt.version(s.prompt_variant)
+    version = prompt.version(s.prompt_variant, s.worked_example)
     # Content-derived id: stable across reruns (resume, caches); the first event keeps two
     # identical windows of one conversation apart.
     rid = request_id(
@@ -237,7 +239,10 @@ def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LL
         request_id=rid,
         stage=STAGE_NAME,
         conv_id=window.conv_id,
-        messages=(Message("system", prompt.system(s.prompt_variant)), Message("user", user)),
+        messages=(
+            Message("system", prompt.system(s.prompt_variant, s.worked_example)),
+            Message("user", user),
+        ),
         prompt_version=version,
         schema=schema,
         sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
