@@ -138,6 +138,9 @@ LLM_RULES: list[tuple[str, Rule]] = [
     ("gpu_memory_utilization", Float(gt=0, le=1)), ("max_num_seqs", Int(ge=1, null=True)),
     ("extra_args", List(STR)), ("extra_body", DICT), ("extra_body.*", ANY),
     ("chat_template_kwargs", DICT), ("chat_template_kwargs.*", ANY),
+    # reply budgets of the profile (read by extract/consolidate via ${llm.budgets.*})
+    ("budgets", DICT), ("budgets.*_max_tokens", TOKENS),
+    ("budgets.extract_max_items", Int(ge=1, null=True)), ("budgets.worked_example", BOOL),
     ("server_python", STR_OR_NULL), ("vllm_entrypoint", Enum("serve", "module")),
     ("convert_from_gguf", STR_OR_NULL), ("server_env", DICT), ("server_env.*", ANY),
     ("engine_kwargs", DICT), ("engine_kwargs.*", ANY),
@@ -159,11 +162,14 @@ RULES: list[tuple[str, Rule]] = [
     ("benchmark.categories", List(Int(ge=1), null=True)),
     # method
     ("method.name", STR), ("method.stages", List(STR)),
+    ("prompts.reference_dir", STR_OR_NULL),
     ("extract.turns_per_request", SIZE), ("extract.context_turns", COUNT),
+    ("extract.window_tokens", Int(ge=1, null=True, note="null = fixed turn windows")),
+    ("extract.prompt_variant", Enum("default", "grounded")), ("extract.worked_example", BOOL),
     ("extract.perspectives", List(Enum("fact", "relation"))),
-    ("extract.max_items", SIZE), ("extract.max_item_chars", SIZE),
+    ("extract.max_items", Int(ge=1, null=True)), ("extract.max_item_chars", SIZE),
     ("consolidate.enabled", BOOL), ("consolidate.window_seconds", Float(gt=0)),
-    ("consolidate.seed_k", COUNT), ("consolidate.seed_scope", Enum("historical", "global")),
+    ("consolidate.seed_k", COUNT), ("consolidate.seed_exclude_buffer", BOOL), ("consolidate.seed_scope", Enum("historical", "global")),
     ("consolidate.query_mode", Enum("concat", "mean")),
     ("consolidate.prompt_variant", Enum("constrained", "unconstrained")),
     ("retrieve.*_k", COUNT),
@@ -184,7 +190,8 @@ RULES: list[tuple[str, Rule]] = [
     ("seem.*chars", SIZE), ("seem.*max_*", SIZE),
     # embedder / index
     ("embedder.model", STR_OR_NULL), ("embedder.device", STR), ("embedder.fp16", BOOL),
-    ("embedder.batch_size", SIZE), ("embedder.max_seq_length", Int(ge=1, null=True)),
+    ("embedder.batch_size", SIZE), ("embedder.trust_remote_code", BOOL),
+    ("embedder.instructions", DICT), ("embedder.instructions.*", STR_OR_NULL), ("embedder.long_texts", Enum("chunk", "truncate")), ("embedder.max_seq_length", Int(ge=1, null=True)),
     ("index.use_gpu", Enum("auto", True, False)), ("index.gpu_max_k", SIZE),
     # judge (its llm configs are checked with LLM_RULES, see _llm_prefixes)
     ("judge.name", STR), ("judge.llm", DICT), ("judge.panel", List(DICT, null=True)),

@@ -104,6 +104,7 @@ REQUESTS: Schema = {
     "latency_s": _F64,
     "finish_reason": _STR,
     "parse_ok": _BOOL,
+    "salvaged": _BOOL,  # cut by max_tokens; only its complete list items were kept
     "cache_hit": _BOOL,
     "attempts": _I32,
     "messages_hash": _STR,

@@ -170,11 +170,17 @@ class StageContext:
             self.endpoints.add(endpoint_of(be))
         return results
 
-    def encode(self, texts: Sequence[str]) -> Any:
-        """Encode with the configured encoder, timing it for the overhead accounting."""
+    def encode(self, texts: Sequence[str], use: str = "entry") -> Any:
+        """Encode with the configured encoder, timing it for the overhead accounting; `use`
+        picks the instruction (embedder.instructions: entry | query | fact | passage)."""
+        from structmem_gpu.embed.encoder import instruction
+
         enc = self.encoder()
+        ecfg = OmegaConf.select(self.cfg, "embedder", default=None)
+        plain = OmegaConf.to_container(ecfg, resolve=True) if ecfg is not None else {}
+        prompt = instruction(plain, use)  # type: ignore[arg-type]
         t0 = time.perf_counter()
-        out = enc.encode(list(texts))
+        out = enc.encode(list(texts), prompt=prompt) if prompt else enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0
         return out
 

@@ -42,6 +42,9 @@ SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
 ANSWER_COMPLETION = 16  # a short phrase
 JUDGE_COMPLETION = 40  # one sentence of reasoning + label
 CHARS_PER_TOKEN = 4
+BUILD_STAGES = ("extract", "consolidate")
+# StructMem paper, LoCoMo build of the 10 conversations (gpt-4o-mini): calls, input, output.
+PAPER_BUILD = {"requests": 1056, "prompt_tokens": 1_501_000, "completion_tokens": 436_000}
 
 
 @dataclass(frozen=True)
@@ -115,10 +118,14 @@ def load_turns_questions(cfg: DictConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 def estimate_extract(cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter) -> StageEstimate:
-    from structmem_gpu.methods.structmem.extract import ExtractSettings, build_request, plan_windows
+    from structmem_gpu.methods.structmem.extract import (
+        ExtractSettings,
+        build_request,
+        plan_from_settings,
+    )
 
     s = ExtractSettings.from_cfg(cfg)
-    windows = plan_windows(turns, s.turns_per_request, s.context_turns)
+    windows, packer = plan_from_settings(turns, s, OmegaConf.select(cfg, "llm", default=None))
     prompt = completion = n = 0
     for kind in s.perspectives:
         for w in windows:
@@ -126,14 +133,16 @@ def estimate_extract(cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter
             # One item per turn restating it (capped by the schema), plus the JSON framing.
             mean_chars = sum(len(t.text) for t in w.turns) / max(len(w.turns), 1)
             item_tokens = min(mean_chars, s.max_item_chars) / CHARS_PER_TOKEN + 8
-            completion += int(min(s.max_tokens, 6 + min(len(w.turns), s.max_items) * item_tokens))
+            items = len(w.turns) if s.max_items is None else min(len(w.turns), s.max_items)
+            completion += int(min(s.max_tokens, 6 + items * item_tokens))
             n += 1
     return StageEstimate(
         "extract",
         n,
         prompt,
         completion,
-        f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts)",
+        f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts"
+        + (f"; packed to {s.window_tokens} tokens by {packer})" if s.window_tokens else ")"),
     )
 
 
@@ -165,6 +174,8 @@ def estimate_consolidate(
                 if s.seed_scope == "historical"
                 else recs[: w.start * per] + recs[w.end * per :]
             )
+            if not s.seed_exclude_buffer:
+                pool = pool + buffer
             context = pool[-s.seed_k * per :] if s.seed_k else []
             prompt += counter.messages(synthesis.build_messages(s.prompt_variant, buffer, context))
             n += 1
@@ -283,6 +294,13 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
             for k in ("requests", "prompt_tokens", "completion_tokens")
         },
         "complete": len(known) == len(rows),
+        "build": {
+            k: sum(getattr(r, k) or 0 for r in known if r.stage in BUILD_STAGES)
+            for k in ("requests", "prompt_tokens", "completion_tokens")
+        },
+        "paper_build": PAPER_BUILD
+        if str(cfg.method.name) == "structmem" and str(cfg.benchmark.name) == "locomo"
+        else None,
     }
 
 
@@ -309,6 +327,21 @@ def format_estimate(est: dict[str, Any]) -> str:
         lines.append(
             f"{r['stage']:<14}{f(r['requests']):>10}{f(r['prompt_tokens']):>14}"
             f"{f(r['completion_tokens']):>16}  {r['basis']}"
+        )
+    b = est.get("build") or {}
+    if b.get("requests"):
+        lines += [
+            "",
+            f"build (extract + consolidate): {b['requests']:,} requests, "
+            f"{b['prompt_tokens'] / 1e6:.3f} M prompt + {b['completion_tokens'] / 1e6:.3f} M "
+            "completion tokens",
+        ]
+    p = est.get("paper_build")
+    if p:
+        lines.append(
+            f"paper (StructMem, LoCoMo, gpt-4o-mini): {p['requests']:,} calls, "
+            f"{p['prompt_tokens'] / 1e6:.3f} M input + {p['completion_tokens'] / 1e6:.3f} M "
+            "output tokens"
         )
     return "\n".join(lines)
 

@@ -42,12 +42,17 @@ log = logging.getLogger(__name__)
 def sample_requests(cfg: DictConfig, n: int, max_tokens: int) -> list[LLMRequest]:
     """The first n extraction requests of the configured benchmark (both perspectives)."""
     from structmem_gpu.data import load_benchmark
-    from structmem_gpu.methods.structmem.extract import ExtractSettings, build_request, plan_windows
+    from structmem_gpu.methods.structmem.extract import (
+        ExtractSettings,
+        build_request,
+        plan_from_settings,
+    )
 
     b = cfg.benchmark
     turns, _ = load_benchmark(str(b.name), b.get("path"), None, b.get("max_sessions"))
     s = ExtractSettings.from_cfg(cfg)
-    windows = plan_windows(turns, s.turns_per_request, s.context_turns)
+    llm_cfg = OmegaConf.select(cfg, "llm")
+    windows, _ = plan_from_settings(turns, s, llm_cfg)
     per_window = len(s.perspectives)
     if len(windows) * per_window < n:
         # A small benchmark (the bundled sample) has too few windows for a GPU-sized batch:
@@ -58,13 +63,13 @@ def sample_requests(cfg: DictConfig, n: int, max_tokens: int) -> list[LLMRequest
 
         need = -(-(n - len(windows) * per_window) // per_window)
         spec = SyntheticSpec(
-            max(1, -(-need // 4)), sessions=4, turns_per_session=s.turns_per_request
+            max(1, -(-need // 4)), sessions=4, turns_per_session=min(s.turns_per_request or 8, 8)
         )
         with tempfile.TemporaryDirectory(prefix="bench-llm-") as tmp:
             extra, _ = load_benchmark(
                 "locomo", write_locomo(spec, Path(tmp) / "s.json"), None, None
             )
-        windows += plan_windows(extra, s.turns_per_request, s.context_turns)
+        windows += plan_from_settings(extra, s, llm_cfg)[0]
     reqs = [build_request(w, kind, s) for w in windows for kind in s.perspectives][:n]
     return [
         dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, max_tokens=max_tokens))

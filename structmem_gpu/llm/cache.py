@@ -299,6 +299,7 @@ def _hit_result(req: LLMRequest, hit: CachedReply, model: str) -> LLMResult:
         messages_hash=req.messages_hash(),
         model=model,
         error=None if check.ok else check.error,
+        salvaged=check.salvaged,
     )
 
 

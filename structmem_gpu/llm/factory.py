@@ -58,6 +58,9 @@ DEFAULTS: dict[str, Any] = {
     "server_env": {},  # extra environment variables of the launched server
     "convert_from_gguf": None,  # GGUF to convert into `model` on first use; "packaged" = SmolLM2
     "engine_kwargs": {},  # vllm_offline only: extra vllm.LLM(...) arguments (dtype, enforce_eager)
+    # Reply budgets of the profile, read by the extract / consolidate configs
+    # (${llm.budgets.*}); the backend itself ignores them.
+    "budgets": None,
 }
 
 

@@ -43,6 +43,7 @@ def to_frame(requests: Sequence[LLMRequest], results: Sequence[LLMResult]) -> pl
                 "latency_s": float(res.latency_s),
                 "finish_reason": res.finish_reason,
                 "parse_ok": res.parse_ok,
+                "salvaged": res.salvaged,
                 "cache_hit": res.cache_hit,
                 "attempts": res.attempts,
                 "messages_hash": res.messages_hash,

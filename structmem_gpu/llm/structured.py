@@ -2,7 +2,8 @@
 
 Every backend (HTTP, in-process vLLM, scripted) funnels its raw replies through this module,
 so "parse_ok" means the same thing everywhere: the reply parsed as JSON, validated against
-the request's schema with `jsonschema`, and was not cut off at `max_tokens`.
+the request's schema with `jsonschema`. A reply cut off at `max_tokens` keeps what it holds:
+complete JSON as it is, cut JSON its complete list items (`salvaged`).
 
     >>> response_format({"type": "object"}, "llamacpp")
     {'type': 'json_object', 'schema': {'type': 'object'}}
@@ -101,6 +102,9 @@ class Check:
     ok: bool
     data: Any | None = None
     error: str | None = None
+    # The reply was cut by max_tokens and `data` is its longest prefix of complete list items
+    # (closed and validated); nothing the model wrote completely is lost.
+    salvaged: bool = False
 
 
 _VALIDATORS: dict[str, Any] = {}
@@ -131,8 +135,62 @@ def strip_fences(text: str) -> str:
     return s.strip()
 
 
+def _closers(stack: Sequence[str]) -> str:
+    return "".join("]" if c == "[" else "}" for c in reversed(stack))
+
+
+def salvage_prefixes(text: str) -> list[str]:
+    """Closed JSON candidates made from a cut reply, longest first: each ends right after a
+    complete element of a list (an object or value followed by "," or "]") and closes every
+    bracket still open there.
+
+    >>> salvage_prefixes('{"entries": [{"turn": 1, "text": "a"}, {"turn": 2, "te')
+    ['{"entries": [{"turn": 1, "text": "a"}]}', '{"entries": []}']
+    """
+    stack: list[str] = []
+    cuts: list[str] = []
+    in_str = esc = False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "[{":
+            stack.append(ch)
+            if ch == "[":
+                cuts.append(text[: i + 1] + _closers(stack))  # the empty list
+        elif ch in "]}":
+            if not stack:
+                break
+            stack.pop()
+            if stack and stack[-1] == "[":
+                cuts.append(text[: i + 1] + _closers(stack))  # a list element just closed
+    return cuts[::-1]
+
+
+def _salvage(text: str, schema: Mapping[str, Any]) -> Any | None:
+    """The longest closed prefix of a cut reply that validates against the schema, or None."""
+    for cand in salvage_prefixes(strip_fences(text)):
+        try:
+            data = json.loads(cand, strict=False)
+        except json.JSONDecodeError:
+            continue
+        if next(iter(_validator(schema).iter_errors(data)), None) is None:
+            return data
+    return None
+
+
 def check_reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str) -> Check:
-    """Validate one reply: free text always passes; JSON must parse, validate and be complete.
+    """Validate one reply: free text always passes; JSON must parse and validate.
+
+    A reply cut by max_tokens (finish_reason "length") keeps what it received: valid JSON is
+    accepted as it is, and cut JSON keeps its complete list items (`salvaged=True`).
 
     >>> check_reply('{"city": "Paris"}', {"type": "object", "required": ["city"]}, "stop").ok
     True
@@ -146,6 +204,9 @@ def check_reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str)
         data = json.loads(strip_fences(text), strict=False)
     except json.JSONDecodeError as e:
         if finish_reason == "length":
+            kept = _salvage(text, schema)
+            if kept is not None:
+                return Check(True, data=kept, salvaged=True)
             return Check(False, error="the reply was cut off at the token limit (incomplete JSON)")
         return Check(False, error=f"the reply is not valid JSON ({e.msg} at char {e.pos})")
     err = next(iter(_validator(schema).iter_errors(data)), None)
@@ -154,10 +215,6 @@ def check_reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str)
         return Check(
             False, data=data, error=f"schema violation at {path}: {err.message}"[:_MAX_ERROR_CHARS]
         )
-    if finish_reason == "length":
-        # Valid JSON that hit the limit is still suspect (e.g. a list cut at an item boundary
-        # by a grammar that closes early); treat it as truncated so it is recorded as such.
-        return Check(False, data=data, error="the reply was cut off at the token limit")
     return Check(True, data=data)
 
 
@@ -165,7 +222,8 @@ def repair_messages(messages: Sequence[Message], bad_reply: str, error: str) -> 
     """The conversation for a repair attempt: the bad reply, then what was wrong with it."""
     ask = (
         f"Your previous reply was invalid: {error}. Reply again with only a valid JSON object "
-        "that satisfies the required schema. Keep it short. No explanations, no code fences."
+        "that satisfies the required schema, with everything it should contain. No "
+        "explanations, no code fences."
     )
     return (*messages, Message("assistant", bad_reply), Message("user", ask))
 
@@ -221,6 +279,7 @@ class RepairState:
             model=model,
             error=None if self.check.ok else self.check.error,
             unanswered=failed and last.transport,
+            salvaged=self.check.salvaged,
         )
 
 

@@ -77,6 +77,7 @@ class LLMResult:
     # such a request is recorded as incomplete and resumed by a rerun. False for every reply
     # the server did give, including a refusal (HTTP 4xx) and a reply that did not parse.
     unanswered: bool = False
+    salvaged: bool = False  # cut by max_tokens; `data` holds its complete list items only
 
 
 class LLMBackend(Protocol):

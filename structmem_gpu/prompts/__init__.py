@@ -42,10 +42,12 @@ def extraction_prompt(kind: str) -> ModuleType:
         ) from None
 
 
-def extraction_schema(n_turns: int, *, max_items: int, max_item_chars: int) -> dict[str, Any]:
-    """Reply schema: `{"entries": [{"turn": 1..n_turns, "text": str}]}`, bounded so that a reply
-    capped by max_tokens on a small model is still short enough to be valid JSON."""
-    if n_turns < 1 or max_items < 1 or max_item_chars < 1:
+def extraction_schema(
+    n_turns: int, *, max_items: int | None, max_item_chars: int
+) -> dict[str, Any]:
+    """Reply schema: `{"entries": [{"turn": 1..n_turns, "text": str}]}`, optionally bounded
+    (max_items None = no maxItems) so that a small model's reply stays short."""
+    if n_turns < 1 or (max_items is not None and max_items < 1) or max_item_chars < 1:
         raise ValueError(
             f"bad extraction schema bounds: {n_turns=}, {max_items=}, {max_item_chars=}"
         )
@@ -65,9 +67,12 @@ def extraction_schema(n_turns: int, *, max_items: int, max_item_chars: int) -> d
         "required": ["turn", "text"],
         "additionalProperties": False,
     }
+    entries: dict[str, Any] = {"type": "array", "items": item}
+    if max_items is not None:
+        entries["maxItems"] = max_items
     return {
         "type": "object",
-        "properties": {"entries": {"type": "array", "maxItems": max_items, "items": item}},
+        "properties": {"entries": entries},
         "required": ["entries"],
         "additionalProperties": False,
     }

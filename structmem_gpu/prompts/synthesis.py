@@ -1,9 +1,9 @@
 """Cross-event synthesis prompt (paper Eq. 6; specs/structmem.md "Stage consolidate" step 6).
 
-Two variants: `constrained` (default: keep details, cite the date of every linked event, only
-links the entries support, no speculation) and `unconstrained` (paper Table 7 ablation: the
-citation and grounding requirements are dropped). The reply is **free text** (no JSON schema):
-a narrative is prose, and free text cannot fail to parse when a small model runs into
+Two variants: `constrained` (default: every instruction of the reference synthesis prompt,
+structmem-reference.md §5.4, in our own words) and `unconstrained` (paper Fig. 20 / Table 7
+ablation: the same text with its grounding lines deleted, nothing added; see `LINES`). The
+reply is **free text** (no JSON schema): a narrative is prose, and free text cannot fail to parse when a small model runs into
 `max_tokens` (a cut reply is kept; requests.parquet records finish_reason="length").
 
 Rendered user message, abridged:
@@ -30,35 +30,61 @@ from datetime import datetime
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.llm.types import Message
 
-VERSION = "synthesis/1"
+VERSION = "synthesis/2"
 VARIANTS = ("constrained", "unconstrained")
 
 _ROLE = (
-    "You write memory syntheses: short narratives that connect what happened in one "
-    "period of a long conversation with related events from other periods."
+    "You summarise long conversations with an eye for time: you write memory syntheses that "
+    "connect one period of a conversation with related events from other periods."
 )
 
-_COMMON = """The user message lists the entries of one period (fact = what happened or was said; \
-relation = how the people reacted to each other or how events connect) and related entries \
-from other periods. Write one narrative of 200-350 words about the period.
-- Keep both kinds of memory: what happened and how the people interacted.
-- Keep concrete details: dates, places, names, titles, numbers, plans, and the moments where \
-someone's feelings or plans changed.
-- Tell the period in time order, without repeating yourself."""
-
-_CONSTRAINED = """
-- Link the period to a related entry from another period only where the entries directly \
-support the link: a shared experience, a cause, a follow-up, a change over time. Give the date \
-of every event you link to, e.g. "(2023-04-12)".
-- Work the linked events into the narrative where they matter; do not list them at the end.
-- Prefer concrete connections to general remarks about personality.
-- Add nothing the entries do not say: no speculation, no guessed motives or outcomes.
-Reply with the narrative only."""
-
-_UNCONSTRAINED = """
-- Connect the period with the related entries from other periods (shared experiences, \
-causes, follow-ups, changes over time) wherever you see a connection.
-Reply with the narrative only."""
+# The instructions, one line each, in order. Each carries one point of the reference synthesis
+# prompt (structmem-reference.md §5.4), in our own words. `True` marks a grounding line: the
+# `unconstrained` variant (paper Fig. 20) is this text with exactly those lines deleted.
+LINES: tuple[tuple[str, bool], ...] = (
+    (
+        "The user message gives the period's time range and people, the entries of the period "
+        "(fact = what happened or was said; relation = how the people treated each other) and "
+        "related entries from other periods. Write one narrative about the period.",
+        False,
+    ),
+    ("- Keep both kinds of information: the facts and the patterns of interaction.", False),
+    (
+        "- Keep the concrete details: dates, times, places and the names of things; the "
+        "emotional turning points; concrete plans; and quotes that tell something about a person.",
+        False,
+    ),
+    (
+        "- Weave in earlier events or later plans from the related entries, with their dates.",
+        False,
+    ),
+    (
+        "- Use a related entry only when it bears directly on this period's topics and adds "
+        "meaning to them.",
+        True,
+    ),
+    (
+        "- Remove repetition and tell the period in time order, so that the facts and the "
+        "interactions unfold together.",
+        False,
+    ),
+    (
+        "- Bring out causal links, e.g. \"after Tomas lost his job in March, Lena offered to "
+        "review his applications, and he got an interview within a week\".",
+        False,
+    ),
+    ("- Cite the specific time of every event you mention.", True),
+    ("- Prefer concrete connections between events to general remarks about patterns.", True),
+    (
+        "- Work the related entries into the narrative itself; do not append them at the end.",
+        False,
+    ),
+    ("- Balance the factual timeline with the relational dynamics.", False),
+    (
+        "- Write fluent, concise prose of 200-350 words. Reply with the narrative only.",
+        False,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -97,9 +123,8 @@ def _period(start: datetime, end: datetime) -> str:
 def system_prompt(variant: str) -> str:
     """Role and instructions; identical for every window of a run, so servers reuse its KV cache."""
     check_variant(variant)
-    return "\n\n".join(
-        [_ROLE, _COMMON + (_CONSTRAINED if variant == "constrained" else _UNCONSTRAINED)]
-    )
+    keep = [text for text, grounding in LINES if variant == "constrained" or not grounding]
+    return "\n\n".join([_ROLE, "\n".join(keep)])
 
 
 def render_user(buffer: Sequence[Record], context: Sequence[Record]) -> str:

@@ -146,3 +146,38 @@ def test_forced_rerun_is_served_from_the_caches(
                 .read_table(table)
                 .equals(RunDir(structmem_sample_run).read_table(table))
             )
+
+
+def _report_and_versions(run_dir: Path) -> set[str]:
+    run = RunDir(run_dir)
+    assert (run_dir / "report" / "report.json").is_file() and (run_dir / "report" / "report.md").is_file()
+    return set(run.read_table("requests")["prompt_version"])
+
+
+def test_sample_run_default_prompts_end_in_a_report(structmem_sample_run: Path) -> None:
+    # the CPU profile's default prompts: reference instructions, worked examples left out
+    versions = _report_and_versions(structmem_sample_run)
+    assert {"factual/2+noexample", "relational/2+noexample", "synthesis/2+constrained"} <= versions
+    assert "salvaged" in RunDir(structmem_sample_run).read_table("requests").columns
+
+
+@pytest.mark.parametrize(
+    ("overrides", "want"),
+    [
+        (["extract.worked_example=true"], {"factual/2", "relational/2"}),  # the full default text
+        (["extract.prompt_variant=grounded"], {"factual/2+grounded", "relational/2+grounded"}),
+    ],
+    ids=["default-with-examples", "grounded"],
+)
+def test_prompt_variants_end_in_a_report(
+    tmp_path: Path, ci_overrides: list[str], overrides: list[str], want: set[str]
+) -> None:
+    # One conversation, two sessions: ~4 extraction + 1-2 synthesis + a few answer/judge requests.
+    run_dir = tmp_path / "variant"
+    run_pipeline(
+        [*ci_overrides, "benchmark=sample", "benchmark.conversations=[sample-1]", "benchmark.max_sessions=2",
+         "method=structmem", *overrides],
+        run_dir,
+    )
+    assert want <= _report_and_versions(run_dir)
+    assert check_entries(RunDir(run_dir)).height > 0

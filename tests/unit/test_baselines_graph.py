@@ -418,4 +418,4 @@ def test_registry_and_config() -> None:
     assert all(s in stages for s in cfg.method.stages)
     assert stages["graph"] is graph_memory.STAGE and stages["retrieve"] is graph_retrieve.STAGE
     assert list(cfg.extract.perspectives) == ["fact"] and cfg.answer.prompt == "graph"
-    assert cfg.graph_memory.turns_per_request == cfg.extract.turns_per_request
+    assert cfg.graph_memory.turns_per_request == 8  # one wavefront step per 8 turns (mem0: per message)

@@ -79,3 +79,18 @@ def test_token_counter_uses_a_local_tokenizer_folder() -> None:
     c = token_counter({"model": str(minilm.get_model_path())})
     assert c.name.startswith("tokenizer:")
     assert 0 < c.messages([Message("user", "hello world, how are you")]) < 20
+
+
+def test_replication_default_on_locomo_stays_near_the_papers_call_count(locomo_path: Path) -> None:
+    cfg = compose(CONF, ["experiment=structmem_locomo", f"benchmark.path={locomo_path}"])
+    est = estimate(cfg)
+    rows = _rows(est)
+    assert rows["consolidate"]["requests"] == 272  # one window per LoCoMo session
+    assert est["build"]["requests"] == rows["extract"]["requests"] + 272 <= 1150
+    assert est["paper_build"]["requests"] == 1056
+    text = format_estimate(est)
+    assert "build (extract + consolidate):" in text and "1,056 calls" in text
+    # 8-turn windows without packing needed 1,696 extraction requests
+    fixed = _rows(estimate(compose(CONF, ["experiment=structmem_locomo", f"benchmark.path={locomo_path}",
+                                         "extract.window_tokens=null", "extract.turns_per_request=8"])))
+    assert fixed["extract"]["requests"] == 1696 > rows["extract"]["requests"]

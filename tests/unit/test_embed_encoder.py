@@ -115,3 +115,93 @@ def test_packaged_minilm_on_cpu(tmp_path: Path) -> None:
     again = open_encoder(cfg, cache_dir=tmp_path)
     np.testing.assert_array_equal(again.encode(["Tomas got a young beagle."]), vecs[1:2])
     assert again.stats.embedded == 0  # served from the cache written by the first encoder
+
+
+class RecordingModel(CountingModel):
+    """Records the prompt of every call; a whitespace tokenizer with a small max_seq_length."""
+
+    class _Tok:
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[str]:
+            return text.split()
+
+        def decode(self, ids: list[str]) -> str:
+            return " ".join(ids)
+
+    def __init__(self, max_seq_length: int | None = None) -> None:
+        super().__init__()
+        self.prompts: list[str | None] = []
+        self.calls: list[list[str]] = []
+        if max_seq_length is not None:
+            self.tokenizer = self._Tok()
+            self.max_seq_length = max_seq_length
+
+    def encode(self, inputs: list[str], **kwargs: Any) -> np.ndarray:
+        self.prompts.append(kwargs.get("prompt"))
+        self.calls.append(list(inputs))
+        return super().encode(inputs, **kwargs)
+
+
+def test_instructions_reach_the_encoder_per_use(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from structmem_gpu.embed.encoder import instruction
+    from structmem_gpu.stage import Backends, StageContext
+
+    cfg = {"instructions": {"query": "Instruct: find memories\nQuery: ", "fact": "Q2F: ", "passage": None}}
+    assert instruction(cfg, "query") == "Instruct: find memories\nQuery: "
+    assert instruction(cfg, "entry") is None and instruction(cfg, "passage") is None
+    with pytest.raises(Exception, match="unknown uses"):
+        instruction({"instructions": {"querry": "x"}}, "query")
+    with pytest.raises(Exception, match="encoder use"):
+        instruction(cfg, "document")
+
+    model = RecordingModel()
+    enc = Encoder(model, "rec", cache=EmbeddingCache(tmp_path))
+
+    class _B(Backends):
+        def __init__(self) -> None:
+            pass
+
+        def encoder(self) -> Encoder:
+            return enc
+
+    ctx = StageContext.__new__(StageContext)
+    ctx.cfg = OmegaConf.create({"embedder": cfg})
+    ctx.backends = _B()
+    ctx.encoder_wall_s = 0.0
+    q = ctx.encode(["When did Ana move?"], use="query")
+    e = ctx.encode(["When did Ana move?"])  # entry: no instruction
+    ctx.encode(["Ana moved to Lyon."], use="fact")
+    assert model.prompts == ["Instruct: find memories\nQuery: ", None, "Q2F: "]
+    # the instruction is part of the cache key: same text, other use = embedded again
+    assert model.calls == [["When did Ana move?"], ["When did Ana move?"], ["Ana moved to Lyon."]]
+    assert q.shape == e.shape == (1, 32)
+
+
+def test_long_text_is_embedded_in_chunks_and_mean_pooled(tmp_path: Path) -> None:
+    model = RecordingModel(max_seq_length=6)  # 6 - 2 special tokens = 4 words per chunk
+    enc = Encoder(model, "rec")
+    long = "a b c d e f g h i j"  # 10 words -> chunks of 4, 4, 2
+    out = enc.encode(["short text", long])
+    assert model.calls == [["short text", "a b c d", "e f g h", "i j"]]
+    assert enc.stats.chunked == 1 and enc.stats.chunks == 3
+    parts = CountingModel().encode(["a b c d", "e f g h", "i j"])
+    parts = parts / np.linalg.norm(parts, axis=1, keepdims=True)
+    want = parts.sum(axis=0) / np.linalg.norm(parts.sum(axis=0))
+    np.testing.assert_allclose(out[1], want, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, rtol=1e-5)
+    # a prompt takes room from every chunk
+    model2 = RecordingModel(max_seq_length=6)
+    Encoder(model2, "rec").encode([long], prompt="Q: x")
+    assert model2.calls == [["a b", "c d", "e f", "g h", "i j"]] and model2.prompts == ["Q: x"]
+
+
+def test_truncate_mode_counts_long_texts_and_keeps_them_whole() -> None:
+    model = RecordingModel(max_seq_length=6)
+    enc = Encoder(model, "rec", long_texts="truncate")
+    enc.encode(["a b c d e f g h i j", "short"])
+    assert model.calls == [["a b c d e f g h i j", "short"]]  # the model truncates, we count
+    assert enc.stats.truncated == 1 and enc.stats.chunked == 0
+    assert enc.namespace != Encoder(RecordingModel(), "rec").namespace  # never mixed in the cache
+    with pytest.raises(Exception, match="long_texts"):
+        Encoder(RecordingModel(), "rec", long_texts="drop")

@@ -118,6 +118,7 @@ def test_local_preset_composes(tmp_path: Path) -> None:
     "name",
     [
         "structmem_locomo",
+        "structmem_locomo_reference_code",
         "seed_k_sweep",
         "entries_k_sweep",
         "window_sweep",

@@ -60,7 +60,7 @@ def test_response_format_unknown_flavor() -> None:
         ('{"city": "Paris"}', "stop", True, None),
         ('```json\n{"city": "Paris"}\n```', "stop", True, None),
         ('{"city": "Par', "length", False, "cut off"),
-        ('{"city": "Paris"}', "length", False, "cut off"),
+        ('{"city": "Paris"}', "length", True, None),  # complete JSON that hit the limit is kept
         ("Paris", "stop", False, "not valid JSON"),
         ('{"town": "Paris"}', "stop", False, "schema violation"),
         ('{"city": "' + "x" * 30 + '"}', "stop", False, "schema violation at city"),
@@ -74,6 +74,59 @@ def test_check_reply(text: str, finish: str, ok: bool, fragment: str | None) -> 
         assert c.error is None
     else:
         assert fragment in (c.error or "")
+
+
+LIST_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "entries": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"turn": {"type": "integer"}, "text": {"type": "string"}},
+                "required": ["turn", "text"],
+            },
+        }
+    },
+    "required": ["entries"],
+}
+
+
+def test_truncated_reply_keeps_its_complete_items() -> None:
+    cut = (
+        '{"entries": [{"turn": 1, "text": "Ana moved to Lyon, {she said} [twice]."}, '
+        '{"turn": 2, "text": "Ben \\"cheered\\"."}, {"turn": 3, "text": "Ana bought a bi'
+    )
+    c = check_reply(cut, LIST_SCHEMA, "length")
+    assert c.ok and c.salvaged and c.error is None
+    assert c.data == {
+        "entries": [
+            {"turn": 1, "text": "Ana moved to Lyon, {she said} [twice]."},
+            {"turn": 2, "text": 'Ben "cheered".'},
+        ]
+    }
+    # cut inside the first item: the empty list is all that was complete
+    first = check_reply('{"entries": [{"turn": 1, "te', LIST_SCHEMA, "length")
+    assert first.ok and first.salvaged and first.data == {"entries": []}
+    # not cut by the limit: a broken reply is an error, never salvaged
+    broken = check_reply(cut, LIST_SCHEMA, "stop")
+    assert not broken.ok and not broken.salvaged and "not valid JSON" in (broken.error or "")
+    # an incomplete item that would fail the schema is never kept: the prefix before it is
+    partial = check_reply('{"entries": [{"turn": 1, "text": "a"}, {"turn": 2}', LIST_SCHEMA, "length")
+    assert partial.ok and partial.data == {"entries": [{"turn": 1, "text": "a"}]}
+
+
+def test_salvaged_result_is_flagged_and_not_repaired() -> None:
+    st = RepairState(_req(LIST_SCHEMA), repair_attempts=1)
+    assert st.feed(RawReply('{"entries": [{"turn": 1, "text": "a"}, {"tu', "length")) is None
+    res = st.result("m")
+    assert res.parse_ok and res.salvaged and res.finish_reason == "length"
+    assert res.data == {"entries": [{"turn": 1, "text": "a"}]}
+
+
+def test_repair_never_asks_for_less() -> None:
+    msgs = repair_messages((Message("user", "q"),), "oops", "bad")
+    assert "short" not in msgs[-1].content.lower() and "everything" in msgs[-1].content
 
 
 def test_free_text_always_ok_even_when_truncated() -> None:

@@ -95,6 +95,10 @@ def test_normalisation_and_cleaning() -> None:
     q = clean_quad({"subject": "Lena", "relation": "Ran", "object": "Riverside HM", "time": " unknown "})
     assert q is not None and (q.s, q.r, q.o, q.tau) == ("lena", "ran", "riverside hm", None)
     assert fact_text("lena", "ran", "hm", "2024-05") == "lena ran hm (time: 2024-05)"
+    # the reader sees the original wording; normalised forms only key dedup and the graph
+    shown = clean_quad({"subject": "Lena's coach", "relation": "signed up for", "object": "Riverside Half-Marathon",
+                        "time": "2024-05-12"})
+    assert shown is not None and shown.shown == "Lena's coach | signed up for | Riverside Half-Marathon | 2024-05-12"
 
 
 def _passages(n: int, conv: str = "c") -> list[Passage]:
@@ -132,6 +136,19 @@ def test_node_merging_never_joins_two_speakers() -> None:
     assert canon["tomas"] == "tomas" and canon["lena"] == "lena"
     assert canon["lena k"] in {"lena", "tomas"}  # joined one speaker, never both
     assert merge_entities(names, vecs, None, set(), {}) == {n: n for n in names}
+
+
+def test_node_merging_has_no_chains() -> None:
+    # a ~ b (cos 0.95) and b ~ c (0.95) but a ~ c only 0.81: single linkage would merge all
+    # three; merging by similarity to the canonical name keeps c apart.
+    ang = np.deg2rad([0.0, 18.2, 36.4])
+    vecs = _unit([[np.cos(a), np.sin(a)] for a in ang])
+    assert (vecs[0] @ vecs[1]) > 0.9 and (vecs[1] @ vecs[2]) > 0.9 and (vecs[0] @ vecs[2]) < 0.9
+    canon = merge_entities(["lena", "lenna", "jenna"], vecs, 0.9, set(), {"lena": 3, "lenna": 2, "jenna": 1})
+    assert canon == {"lena": "lena", "lenna": "lena", "jenna": "jenna"}
+    # a name joins the canonical it is most similar to
+    two = merge_entities(["x", "y", "z"], _unit([[1, 0], [0, 1], [0.1, 1]]), 0.9, set(), {"x": 5, "y": 4, "z": 1})
+    assert two == {"x": "x", "y": "y", "z": "y"}
 
 
 def test_canonical_is_the_most_frequent_surface_form() -> None:

@@ -128,8 +128,24 @@ def test_ppr_switch_only_changes_the_passage_ranking(ablation_runs: dict) -> Non
     (full, _), (abl, _) = ablation_runs["full"], ablation_runs["ppr"]
     assert _part(full, "facts").equals(_part(abl, "facts"))
     turns = abl.filter(pl.col("circuit") == "turns")
-    assert set(turns["source"]) <= {"dense", "rpe"} and "dense" in set(turns["source"])
+    # the paper's "w/o relational propagation" = direct lexical retrieval (BM25)
+    assert set(turns["source"]) <= {"bm25", "rpe"} and "bm25" in set(turns["source"])
     assert abl["in_context"].all()
+
+
+def test_bm25_ablation_retrieves_by_lexical_overlap() -> None:
+    from structmem_gpu.methods.seem.lexical import LexicalIndex
+
+    idx = LexicalIndex([
+        "Lena: I ran the Lyon half marathon in spring.",
+        "Tomas: Biscuit the beagle chewed my slippers again.",
+        "Lena: The weather in Lyon was lovely.",
+    ])
+    s = idx.scores("What did the beagle Biscuit chew?")
+    assert s.argmax() == 1 and s[0] == 0 and s[2] == 0  # only the passage sharing terms scores
+    lyon = idx.scores("Lyon half marathon")
+    assert lyon[0] > lyon[2] > 0 == lyon[1]  # more shared (rarer) terms rank higher
+    assert not idx.scores("zebra").any() and LexicalIndex([]).scores("x").size == 0
 
 
 def test_rpe_switch_only_drops_expanded_passages(ablation_runs: dict) -> None:
@@ -164,3 +180,40 @@ def test_builder_refuses_retrievals_of_another_method(tmp_path: Path, sample_pat
     ret = pl.DataFrame({"question_id": ["x"], "circuit": ["entries"], "item_id": ["e"], "rank": [0]})
     with pytest.raises(MissingTableError, match="SEEM's retrieve stage"):
         context_builder("seem")(AnswerInputs(seem_cfg(), questions, {"retrievals": ret}))
+
+
+def test_context_truncation_drops_rpe_passages_first_never_frames() -> None:
+    It = seem_context.Item
+    items = [
+        It("facts", 0, 0, "f" * 10), It("facts", 1, 1, "g" * 10),
+        It("frames", 0, 0, "F" * 50), It("frames", 1, 1, "G" * 50),
+        It("turns", 0, 0, "p" * 20), It("turns", 1, 1, "q" * 20),  # P_ret
+        It("turns", 2, 2, "r" * 20), It("turns", 3, 3, "s" * 20),  # RPE (rank after P_ret)
+    ]
+    def texts(kept: list) -> set[str]:
+        return {i.text[0] for i in kept}
+    full = sum(len(i.text) + 1 for i in items)
+    assert texts(seem_context.fit(items, full)) == set("fgFGpqrs")
+    assert texts(seem_context.fit(items, full - 21)) == set("fgFGpqr")  # lowest RPE first
+    assert texts(seem_context.fit(items, full - 63)) == set("fgFGp")  # then P_ret from the bottom
+    assert texts(seem_context.fit(items, full - 95)) == set("fFG")  # then facts
+    assert texts(seem_context.fit(items, 10)) == set("FG")  # frames are never dropped
+
+
+def test_without_eef_both_readings(tmp_path: Path) -> None:
+    from structmem_gpu.data import sample_path
+
+    base = new_run(tmp_path, sample_path())
+    backends = FakeBackends()
+    build_memory(base, seem_cfg(), backends)
+    got = {}
+    for name, overrides in (
+        ("no_rpe", ("seem.ablation.eef=false",)),
+        ("rpe", ("seem.ablation.eef=false", "seem.ablation.rpe_without_eef=true")),
+    ):
+        run_stage(base, seem_cfg(*overrides), backends, retrieve.STAGE)
+        got[name] = base.read_table("retrievals")
+    for ret in got.values():  # frames never reach the context in either reading
+        assert not ret.filter(pl.col("circuit") == "frames")["in_context"].any()
+    src = {k: set(v.filter(pl.col("circuit") == "turns")["source"]) for k, v in got.items()}
+    assert "rpe" not in src["no_rpe"] and "rpe" in src["rpe"]

@@ -83,7 +83,11 @@ def test_registry_and_config_name_the_stages() -> None:
         vcfg = seem_cfg(f"method={variant}")
         switch = variant.removeprefix("seem_no_")
         assert vcfg.method.name == variant and not vcfg.seem.ablation[switch]
-        assert sum(not v for v in vcfg.seem.ablation.values()) == 1
+        switches = ("fact_context", "ppr", "rpe", "eef")
+        assert sum(not vcfg.seem.ablation[k] for k in switches) == 1
+        assert not vcfg.seem.ablation.rpe_without_eef
+    both = seem_cfg("method=seem_no_eef_rpe").seem.ablation
+    assert not both.eef and both.rpe and both.rpe_without_eef  # "w/o EEF", RPE kept
 
 
 @pytest.mark.parametrize("per_request", [1, 3])

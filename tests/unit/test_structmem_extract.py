@@ -91,7 +91,7 @@ def test_local_turn_numbers_map_to_events_and_bad_numbers_are_rejected() -> None
         S1,
         "relation",
     )
-    assert (e.request_id, e.prompt_version, e.model) == (req.request_id, "relational/1", "model-x")
+    assert (e.request_id, e.prompt_version, e.model) == (req.request_id, "relational/2", "model-x")
 
 
 def test_failed_parse_yields_no_entries_and_is_counted() -> None:
@@ -114,6 +114,7 @@ def test_failed_parse_yields_no_entries_and_is_counted() -> None:
     assert notes == {
         "parse_failures": 1,
         "truncated": 0,
+        "salvaged": 0,
         "rejected_items": 1,
         "empty_items": 0,
         "duplicate_items": 1,
@@ -147,5 +148,59 @@ def test_settings_validation() -> None:
     }
     assert ExtractSettings.from_cfg(OmegaConf.create({"extract": base})).perspectives == ("fact",)
     for bad in ({"turns_per_request": 0}, {"perspectives": []}, {"perspectives": ["opinion"]}):
+        with pytest.raises(ConfigError):
+            ExtractSettings.from_cfg(OmegaConf.create({"extract": {**base, **bad}}))
+
+
+def test_salvaged_replies_are_counted() -> None:
+    win = plan_windows(turns_frame(), 3, 0)[0]
+    req = build_request(win, "fact", SETTINGS)
+    cut = LLMResult(
+        req.request_id, "", {"entries": [{"turn": 1, "text": "Ana kept."}]}, True,
+        0, 0, None, 0.0, "length", False, 1, "m", "model-x", salvaged=True,
+    )
+    notes: dict[str, Any] = {}
+    rows = collect_entries([(win, "fact", req)], [cut], notes)
+    assert [r.text for r in rows] == ["Ana kept."]
+    assert notes["salvaged"] == 1 and notes["truncated"] == 1 and notes["parse_failures"] == 0
+
+
+def test_token_packing_stays_in_sessions_and_under_budget() -> None:
+    from structmem_gpu.methods.structmem.packing import pack_lengths
+
+    # greedy would give 850 + 50; balanced packing keeps greedy's count with even windows
+    assert pack_lengths([300, 300, 250, 50], 850) == [(0, 2), (2, 4)]
+    assert pack_lengths([900, 10], 850) == [(0, 1), (1, 2)]  # an oversized turn alone
+    assert pack_lengths([10] * 5, 850, max_turns=2) == [(0, 2), (2, 4), (4, 5)]
+    turns = turns_frame()  # session 1: 5 turns, session 2: 2 turns
+    lengths = {"turn D1:1": 5, "turn D1:2": 5, "turn D1:3": 5, "turn D1:4": 5, "turn D1:5": 5}
+
+    def count(line: str) -> int:
+        return next((n for k, n in lengths.items() if k in line), 5)
+
+    wins = plan_windows(turns, None, 2, window_tokens=10, count_tokens=count)
+    assert [[t.dia_id for t in w.turns] for w in wins] == [
+        ["D1:1", "D1:2"], ["D1:3", "D1:4"], ["D1:5"], ["D2:1", "D2:2"],
+    ]
+    assert [t.dia_id for t in wins[1].context] == ["D1:1", "D1:2"]
+    big = plan_windows(turns, None, 0, window_tokens=10_000)
+    assert [len(w.turns) for w in big] == [5, 2]  # one window per session, never across
+
+
+def test_settings_from_config_validate_the_window_unit() -> None:
+    from omegaconf import OmegaConf
+
+    base = {
+        "turns_per_request": None, "window_tokens": 850, "context_turns": 2,
+        "perspectives": ["fact", "relation"], "max_tokens": 4096, "max_items": None,
+        "max_item_chars": 400, "temperature": 0.0, "prompt_variant": "grounded",
+    }
+    s = ExtractSettings.from_cfg(OmegaConf.create({"extract": base}))
+    assert (s.window_tokens, s.turns_per_request, s.max_items, s.prompt_variant) == (
+        850, None, None, "grounded",
+    )
+    req = build_request(plan_windows(turns_frame(), 3, 0)[0], "fact", s)
+    assert req.prompt_version == "factual/2+grounded" and "maxItems" not in str(req.schema)
+    for bad in ({"window_tokens": None}, {"window_tokens": 0}, {"prompt_variant": "x"}):
         with pytest.raises(ConfigError):
             ExtractSettings.from_cfg(OmegaConf.create({"extract": {**base, **bad}}))

@@ -106,7 +106,7 @@ def test_extract_maps_local_turn_numbers_in_one_batch(run: RunDir) -> None:
         assert r["entry_id"] == extract.entry_id(r["conv_id"], r["event_id"], r["kind"], r["text"])
     assert set(entries["kind"]) == {"fact", "relation"}
     assert entries.filter(pl.col("kind") == "relation")["prompt_version"].unique().to_list() == [
-        "relational/1"
+        "relational/2"
     ]
 
 
@@ -122,7 +122,7 @@ def test_extract_out_of_range_turn_is_recorded_never_bound(run: RunDir) -> None:
     assert set(entries["kind"]) == {"fact"}  # nothing clamped onto the last turn
     failed = log.filter(~pl.col("parse_ok"))
     assert failed.height == ctx.notes["windows"] == ctx.notes["parse_failures"]
-    assert failed["prompt_version"].unique().to_list() == ["relational/1"]
+    assert failed["prompt_version"].unique().to_list() == ["relational/2"]
     assert all("maximum" in e or "is not one of" in e for e in failed["error"].to_list())
 
 
@@ -333,3 +333,37 @@ def test_missing_entry_embedding_is_a_clear_error(run: RunDir) -> None:
     run.write_table("entry_embeddings", emb.slice(1))
     with pytest.raises(RuntimeError, match="entry_embeddings: 1 item"):
         run_stage(run, cfg, backends, consolidate.STAGE)
+
+
+def test_reference_dir_runs_extract_and_consolidate_on_the_checkout_prompts(run: RunDir) -> None:
+    checkout = Path(__file__).resolve().parents[1] / "fixtures" / "lightmem_checkout"
+    line = re.compile(r"^\[[^\]]+\] (\d+)\.([^:]+): (.*)$", re.MULTILINE)
+
+    def reference_reply(req: LLMRequest) -> str:
+        kind = "fact" if req.prompt_version.startswith("reference-fact") else "relation"
+        items = [{"source_id": int(i), kind: f"{who} said: {text}"[:80]}
+                 for i, who, text in line.findall(req.messages[-1].content)]
+        return json.dumps({"data": items})
+
+    seen: list[str] = []
+
+    def synthesis_reply(req: LLMRequest) -> str:
+        seen.append(req.messages[-1].content)
+        return "A narrative."
+
+    cfg = cfg_for(f"prompts.reference_dir={checkout}")
+    backends = FakeBackends({"extract": reference_reply, "consolidate": synthesis_reply})
+    ctx = run_stage(run, cfg, backends, extract.STAGE)
+    entries, turns = run.read_table("entries"), run.read_table("turns")
+    assert ctx.notes["prompt_variant"] == "reference" and ctx.notes["rejected_items"] == 0
+    assert entries.height == 2 * turns.height  # every source id mapped back to its own turn
+    joined = entries.join(turns.select("event_id", pl.col("speaker").alias("ts")), on="event_id")
+    assert (joined["speaker"] == joined["ts"]).all()
+    assert all(t.startswith(f"{s} said: ") for s, t in zip(joined["speaker"], joined["text"], strict=True))
+    run_stage(run, cfg, backends, embed.STAGE)
+    cctx = run_stage(run, cfg, backends, consolidate.STAGE)
+    syn = run.read_table("syntheses")
+    assert syn.height == cctx.notes["windows"] and set(syn["prompt_version"]) == {
+        f"reference-synthesis/{syn['prompt_version'][0].split('/')[1]}"
+    }
+    assert seen and all(m.startswith("FIXTURE synthesis prompt.") and "{" not in m for m in seen)

@@ -81,6 +81,17 @@ def test_seed_pools_never_contain_the_buffer() -> None:
         seed_pool(w, 10, "future")
 
 
+def test_reference_code_seed_pool_keeps_the_buffer() -> None:
+    w = _window(4, 7)
+    glob = seed_pool(w, 10, "global", exclude_buffer=False)
+    assert np.flatnonzero(glob).tolist() == list(range(10))  # the whole conversation
+    hist = seed_pool(w, 10, "historical", exclude_buffer=False)
+    assert np.flatnonzero(hist).tolist() == [0, 1, 2, 3, 4, 5, 6]
+    # a buffer seed comes in itself, but its event siblings inside the buffer do not
+    events = ["e0", "e1", "e1", "e2", "e3", "e3", "e4", "e5", "e6", "e7"]
+    assert reconstruct_events([4, 0], events, w) == [0, 4]
+
+
 def test_top_k_in_pool_order_ties_and_bounds() -> None:
     scores = np.array([0.1, 0.9, 0.5, 0.9, 0.7, 0.95], dtype=np.float32)
     pool = np.array([True, True, True, True, True, False])

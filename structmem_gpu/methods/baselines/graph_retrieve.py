@@ -174,7 +174,7 @@ def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
     rels = ctx.read("graph_relations").filter(pl.col("status") == ACTIVE)
     before = encode_notes(ctx) if questions.height else None
     qmat = (
-        ctx.encode(questions["question"].to_list())
+        ctx.encode(questions["question"].to_list(), use="query")
         if questions.height
         else np.zeros((0, 0), np.float32)
     )

@@ -90,7 +90,7 @@ def run_retrieve_turns(ctx: StageContext) -> dict[str, pl.DataFrame]:
     }
     pools = _pools(ctx.read(TABLE))
     before = encode_notes(ctx) if questions.height else None
-    qmat = ctx.encode(questions["question"].to_list()) if questions.height else None
+    qmat = ctx.encode(questions["question"].to_list(), use="query") if questions.height else None
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for (conv,), part in questions.with_row_index("_pos").group_by("conv_id", maintain_order=True):

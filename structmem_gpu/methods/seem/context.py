@@ -6,8 +6,9 @@ Reads only retrievals.parquet (SEEM's columns: in_context, context_order, text, 
 event_ids) and turns.parquet (session numbers), so the shared answer stage's fingerprint
 (its `answer` config plus those tables) covers every ablation switch. Per question: facts in
 rank order, frames and passages chronological (`context_order`), cut to
-`answer.context_tokens` (characters / 4) by dropping the lowest-ranked frames first, then
-passages, then facts. One frame header: `[Memory 2] sessions 3-5, 2024-03-17 to 2024-04-02`.
+`answer.context_tokens` (characters / 4) by dropping the lowest-ranked passages first (RPE
+passages before P_ret), then facts; frames are never dropped. One frame header:
+`[Memory 2] sessions 3-5, 2024-03-17 to 2024-04-02`.
 
 The shared answer stage finds this builder by name (structmem_gpu/eval/answer.py).
 """
@@ -72,11 +73,17 @@ def _items(rows: pl.DataFrame, sessions: Mapping[str, tuple[int, object]]) -> li
 
 
 def fit(items: list[Item], budget_chars: int) -> list[Item]:
-    """Drop the lowest-ranked frames, then passages, then facts, until the texts fit."""
-    kept = sorted(items, key=lambda i: (("facts", "turns", "frames").index(i.circuit), i.rank))
-    while kept and sum(len(i.text) + 1 for i in kept) > budget_chars:
-        kept.pop()
-    return kept
+    """Drop the lowest-ranked passages first (RPE passages rank after P_ret, so they go first),
+    then the lowest-ranked facts, until the texts fit. Frames are never dropped: they are the
+    component with the largest ablation effect (SEEM Table 3); a context of frames alone that
+    exceeds the budget is kept whole."""
+    frames = [i for i in items if i.circuit == "frames"]
+    droppable = sorted((i for i in items if i.circuit != "frames"),
+                       key=lambda i: (("facts", "turns").index(i.circuit), i.rank))
+    total = sum(len(i.text) + 1 for i in items)
+    while droppable and total > budget_chars:
+        total -= len(droppable.pop().text) + 1
+    return [*droppable, *frames]
 
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:

@@ -1,9 +1,9 @@
 """Entity node merging, synonymy edges and near-duplicate facts (specs/seem.md §6.2-6.5), numpy only.
 
-All functions work on one conversation's unit vectors. Node merging hard-merges union-find
-components of entities with cosine >= `node_merge_threshold`, most similar pairs first,
-never joining two different speaker names; the canonical name of a component is its most
-frequent surface form. Synonymy edges follow HippoRAG 2: the KNN of every entity with more
+All functions work on one conversation's unit vectors. Node merging assigns each entity to
+the most similar canonical name with cosine >= `node_merge_threshold` (canonical names are
+the most frequent surface forms, visited first), never joining two different speaker names;
+similarity to the canonical name only, so no chains. Synonymy edges follow HippoRAG 2: the KNN of every entity with more
 than two alphanumeric characters, walked in decreasing score while the score is above the
 threshold, at most `max_per_entity` neighbours. Example:
 
@@ -51,25 +51,37 @@ def _pairs_above(vecs: np.ndarray, threshold: float) -> list[tuple[int, int, flo
 
 def merge_entities(names: Sequence[str], vecs: np.ndarray, threshold: float | None, protected: set[str],
                    counts: Mapping[str, int]) -> dict[str, str]:
-    """name -> canonical name. threshold None: every name is its own node (HippoRAG 2)."""
+    """name -> canonical name. threshold None: every name is its own node (HippoRAG 2).
+
+    Names are visited most frequent first (then shorter, then alphabetical); each joins the
+    canonical name it is most similar to when that cosine is >= threshold, else it becomes a
+    canonical name itself. Similarity is always to the canonical name, never to another member,
+    so no chain of pairwise-similar names can merge distinct entities (single linkage could:
+    "lena k" ~ "lena" ~ "lenna" ~ "jenna"). Two speaker names never share a node."""
     if threshold is None:
         return {n: n for n in names}
-    uf = UnionFind(len(names))
-    speakers: dict[int, set[str]] = {i: ({n} if n in protected else set()) for i, n in enumerate(names)}
-    for i, j, _ in _pairs_above(vecs, threshold):
-        ri, rj = uf.find(i), uf.find(j)
-        if ri == rj or len(speakers[ri] | speakers[rj]) > 1:
-            continue  # already one node, or the union would join two different speakers
-        root = uf.union(ri, rj)
-        speakers[root] = speakers[ri] | speakers[rj]
-    members: dict[int, list[str]] = {}
-    for i, n in enumerate(names):
-        members.setdefault(uf.find(i), []).append(n)
-    out = {}
-    for group in members.values():
-        canonical = min(group, key=lambda n: (-counts.get(n, 0), len(n), n))
-        out.update({n: canonical for n in group})
-    return out
+    order = sorted(range(len(names)), key=lambda i: (-counts.get(names[i], 0), len(names[i]), names[i]))
+    canon: list[int] = []  # indices of canonical names, in creation order
+    speaker: dict[int, str | None] = {}  # canonical index -> the speaker name in its node
+    out: dict[str, str] = {}
+    for i in order:
+        name = names[i]
+        best, best_sim = None, threshold
+        if canon:
+            sims = vecs[canon] @ vecs[i]
+            for c, sim in zip(canon, sims.tolist(), strict=True):
+                clash = name in protected and speaker[c] is not None and speaker[c] != name
+                if sim >= best_sim and not clash and (best is None or sim > best_sim):
+                    best, best_sim = c, sim
+        if best is None:
+            canon.append(i)
+            speaker[i] = name if name in protected else None
+            out[name] = name
+        else:
+            out[name] = names[best]
+            if name in protected:
+                speaker[best] = name
+    return {n: out[n] for n in names}
 
 
 def alnum_len(text: str) -> int:

@@ -27,7 +27,7 @@ from structmem_gpu.methods.seem.entities import (
     synonymy_pairs,
 )
 from structmem_gpu.methods.seem.passages import Passage
-from structmem_gpu.methods.seem.quadruples import Fact, normalise
+from structmem_gpu.methods.seem.quadruples import Fact, fact_line, normalise
 from structmem_gpu.methods.seem.settings import GraphSettings
 
 
@@ -105,7 +105,8 @@ def build_graph(conv_id: str, passages: Sequence[Passage], facts: Sequence[Fact]
             fact_pairs[_pair(entity_id(cs), entity_id(co))] += 1
         fact_rows.append({"fact_id": f.fact_id, "conv_id": conv_id, "s": f.s, "r": f.r, "o": f.o, "tau": f.tau,
                           "provenance": list(f.provenance), "text": f.text, "subject_node": entity_id(cs),
-                          "object_node": entity_id(co), "request_ids": list(f.request_ids)})
+                          "object_node": entity_id(co), "request_ids": list(f.request_ids),
+                          "shown": f.shown or fact_line(f.s, f.r, f.o, f.tau)})
     canonicals = sorted(ent_passages)
     entities = [{"entity_id": entity_id(c), "conv_id": conv_id, "canonical": c,
                  "aliases": sorted(n for n in names if canon[n] == c and n != c),

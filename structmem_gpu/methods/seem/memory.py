@@ -56,6 +56,7 @@ class ConvMemory:
     frame_of: dict[str, str]  # pid -> frame_id (Phi)
     frames: dict[str, FrameInfo]
     _graph: Any = field(default=None, repr=False)
+    _lexical: Any = field(default=None, repr=False)
 
     @property
     def position(self) -> dict[str, int]:
@@ -71,6 +72,14 @@ class ConvMemory:
 
             self._graph = igraph_graph(self.node_ids, self.edges)
         return self._graph
+
+    def lexical(self) -> Any:
+        """BM25 over the passages' texts (built on first use; `seem.ablation.ppr=false`)."""
+        if self._lexical is None:
+            from structmem_gpu.methods.seem.lexical import LexicalIndex
+
+            self._lexical = LexicalIndex([p.embedding_text for p in self.passages])
+        return self._lexical
 
 
 def _group(df: pl.DataFrame, convs: set[str]) -> dict[str, pl.DataFrame]:
@@ -99,7 +108,10 @@ def load_memories(tables: Mapping[str, pl.DataFrame], convs: set[str], encode: E
     fpos = facts.with_row_index("_i")
     for conv, ps in by_conversation(plist).items():
         mine = fpos.filter(pl.col("conv_id") == conv)
-        finfo = [FactInfo(r["fact_id"], r["subject_node"], r["object_node"], fact_line(r["s"], r["r"], r["o"], r["tau"]),
+        # Shown in the model's original words (case, punctuation); the normalised s/r/o only
+        # key deduplication and the graph.
+        finfo = [FactInfo(r["fact_id"], r["subject_node"], r["object_node"],
+                          r.get("shown") or fact_line(r["s"], r["r"], r["o"], r["tau"]),
                           tuple(r["provenance"])) for r in mine.iter_rows(named=True)]
         empty = pl.DataFrame()
         ents, nodes, edges = (grouped[k].get(conv, empty) for k in ("entities", "graph_nodes", "graph_edges"))

@@ -36,6 +36,7 @@ class Quad:
     r: str
     o: str
     tau: str | None
+    shown: str = ""  # the quadruple in the model's original words (what the reader sees)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Fact:
     tau: str | None
     provenance: tuple[str, ...]  # pids, chronological
     request_ids: tuple[str, ...]
+    shown: str = ""  # first original wording: "Subject | relation | Object | time"
 
     @property
     def text(self) -> str:
@@ -82,7 +84,9 @@ def clean_quad(item: Any) -> Quad | None:
     s, r, o = (normalise(item.get(k)) for k in ("subject", "relation", "object"))
     if not (s and r and o):
         return None
-    return Quad(s, r, o, clean_time(item.get("time")))
+    tau = clean_time(item.get("time"))
+    raw = [" ".join(str(item.get(k) or "").split()) for k in ("subject", "relation", "object")]
+    return Quad(s, r, o, tau, fact_line(*raw, tau))
 
 
 def fact_text(s: str, r: str, o: str, tau: str | None) -> str:
@@ -126,6 +130,7 @@ def collect_facts(groups: Sequence[Sequence[Passage]], requests: Sequence[LLMReq
     """Clean every reply, deduplicate on (conv, s, r, o, tau), union the provenance."""
     counts = ExtractionCounts()
     merged: dict[tuple[str, str, str, str, str | None], tuple[list[Passage], list[str]]] = {}
+    shown: dict[tuple[str, str, str, str, str | None], str] = {}
     for group, req, res in zip(groups, requests, results, strict=True):
         counts.parse_failures += not res.parse_ok
         counts.truncated += res.finish_reason == "length"
@@ -137,6 +142,7 @@ def collect_facts(groups: Sequence[Sequence[Passage]], requests: Sequence[LLMReq
             counts.passages_without_facts += not quads
             for q in quads:
                 ps, rids = merged.setdefault((p.conv_id, q.s, q.r, q.o, q.tau), ([], []))
+                shown.setdefault((p.conv_id, q.s, q.r, q.o, q.tau), q.shown)
                 if p not in ps:
                     ps.append(p)
                 if req.request_id not in rids:
@@ -144,5 +150,6 @@ def collect_facts(groups: Sequence[Sequence[Passage]], requests: Sequence[LLMReq
     facts = []
     for (conv, s, r, o, tau), (ps, rids) in merged.items():
         prov = tuple(p.pid for p in sorted(ps, key=lambda p: p.position))
-        facts.append(Fact(stable_hash(conv, s, r, o, tau), conv, s, r, o, tau, prov, tuple(rids)))
+        shown_text = shown.get((conv, s, r, o, tau), "")
+        facts.append(Fact(stable_hash(conv, s, r, o, tau), conv, s, r, o, tau, prov, tuple(rids), shown_text))
     return facts, counts

@@ -66,7 +66,7 @@ class Selection:
     facts: list[tuple[int, float]]  # kept facts (K_top after the filter), best first
     fact_source: str  # "filter" | "top_k"
     p_ret: list[str]
-    source: str  # "ppr" | "dense" | "dense_fallback"
+    source: str  # "ppr" | "bm25" (ppr=false) | "dense" | "dense_fallback"
     scores: dict[str, float]  # passage scores that ranked P_ret (PPR or dense)
     frames: list[str]  # E_ret
     added: list[str]  # RPE passages
@@ -115,12 +115,20 @@ def filter_choice(result: LLMResult, n: int, limit: int) -> list[int] | None:
     return list(dict.fromkeys(picked))[:limit]
 
 
-def select(mem: ConvMemory, qvecs: np.ndarray, facts: list[tuple[int, float]], rs: RetrieveSettings
+def select(mem: ConvMemory, qvecs: np.ndarray, facts: list[tuple[int, float]], rs: RetrieveSettings,
+           passage_query: np.ndarray | None = None, question: str | None = None,
            ) -> tuple[list[str], str, dict[str, float]]:
-    """P_ret with its source and the passage scores that ranked it (seem.md §7 steps 6-8)."""
+    """P_ret with its source and the passage scores that ranked it (seem.md §7 steps 6-8).
+
+    `seem.ablation.ppr=false` is the paper's "w/o relational propagation" (SEEM §5.3): direct
+    lexical retrieval, BM25 of the question over the conversation's passages (`lexical.py`)."""
     pids = [p.pid for p in mem.passages]
-    dense = mem.passage_vecs @ qvecs[0]  # the raw question vector
+    pq = qvecs[0] if passage_query is None else passage_query  # the raw question vector
+    dense = mem.passage_vecs @ pq
     order = list(range(len(pids)))
+    if not rs.ablation.ppr and question is not None:
+        lex = mem.lexical().scores(question)
+        return [pids[i] for i in top_k(lex, rs.p_ret_k, order)], "bm25", dict(zip(pids, lex.tolist(), strict=True))
     if not rs.ablation.ppr or not facts:
         source = "dense" if not rs.ablation.ppr else "dense_fallback"
         return [pids[i] for i in top_k(dense, rs.p_ret_k, order)], source, dict(zip(pids, dense.tolist(), strict=True))
@@ -135,9 +143,9 @@ def select(mem: ConvMemory, qvecs: np.ndarray, facts: list[tuple[int, float]], r
 
 def expand(mem: ConvMemory, p_ret: list[str], scores: dict[str, float], rs: RetrieveSettings
            ) -> tuple[list[str], list[str]]:
-    """(E_ret, RPE passages); RPE only when both `rpe` and `eef` are on (seem.md §10)."""
+    """(E_ret, RPE passages); RPE when `rpe` is on and `eef` too, or `rpe_without_eef` (seem.md §10)."""
     provenance = {f: info.provenance for f, info in mem.frames.items()}
-    budget = rs.budget if rs.ablation.rpe and rs.ablation.eef else len(p_ret)
+    budget = rs.budget if rs.ablation.expands else len(p_ret)
     return rpe(p_ret, mem.frame_of, provenance, scores, budget, mem.position)
 
 
@@ -183,9 +191,12 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
     # D1 + D2: query quadruples for every question in one batch, all query texts in one encoder call.
     qres = ctx.generate([query_request(q, rs) for q in questions], desc="seem query quadruples")
     texts = [query_texts(q, r) for q, r in zip(questions, qres, strict=True)]
-    flat = ctx.encode([t for ts in texts for t in ts]) if questions else np.zeros((0, 1), dtype=np.float32)
+    # Query texts against facts with the fact instruction, the question against passages with
+    # the passage one (HippoRAG 2's query_to_fact / query_to_passage; embedder.instructions).
+    flat = ctx.encode([t for ts in texts for t in ts], use="fact") if questions else np.zeros((0, 1), dtype=np.float32)
     bounds = np.cumsum([0, *(len(ts) for ts in texts)])
     qvecs = [flat[a:b] for a, b in itertools.pairwise(bounds)]
+    pq = ctx.encode([q.text for q in questions], use="passage") if questions else flat[:0]
     # D3: K_top per question.
     scored = []
     for q, v in zip(questions, qvecs, strict=True):
@@ -206,7 +217,7 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
     rows, sels, filtered = [], [], set(need)
     for i, q in enumerate(questions):
         mem = mems[q.conv_id]
-        p_ret, source, pscores = select(mem, qvecs[i], kept[i], rs)
+        p_ret, source, pscores = select(mem, qvecs[i], kept[i], rs, pq[i], q.text)
         frames, added = expand(mem, p_ret, pscores, rs)
         sel = Selection(kept[i], "filter" if i in filtered else "top_k", p_ret, source, pscores, frames, added)
         sels.append(sel)

@@ -96,6 +96,7 @@ FACTS: Schema = {  # the graph memory layer's quadruples (GML)
     "subject_node": _STR,  # entity node ids after node merging
     "object_node": _STR,
     "request_ids": _STRLIST,
+    "shown": _STR,  # the fact in the model's original words, as the filter and reader see it
 }
 
 ENTITIES: Schema = {

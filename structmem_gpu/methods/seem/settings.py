@@ -20,7 +20,7 @@ from structmem_gpu.prompts.seem_frame import FrameBounds
 
 # The model that wrote a stage's rows: a different model must recompute the stage.
 LLM_KEYS = ("llm.backend", "llm.model", "llm.served_name", "llm.revision")
-EMBED_KEYS = ("embedder.model", "embedder.max_seq_length")
+EMBED_KEYS = ("embedder.model", "embedder.max_seq_length", "embedder.instructions", "embedder.trust_remote_code", "embedder.long_texts")
 
 
 def _block(cfg: DictConfig, key: str) -> dict[str, Any]:
@@ -119,14 +119,23 @@ class Ablation:
     """Paper Table 3 switches (seem.md §10); all true = the full model."""
 
     fact_context: bool  # false: K_top still seeds PPR but is left out of the context
-    ppr: bool  # false: P_ret = dense top-k passages (no relational propagation)
+    ppr: bool  # false: P_ret = BM25 top-k passages (paper §5.3: direct lexical retrieval)
     rpe: bool  # false: P_final = P_ret
-    eef: bool  # false: no frames in the context (and no RPE, which needs frames)
+    eef: bool  # false: no frames in the context (and, by default, no RPE)
+    # With eef=false: keep RPE (frames still give the provenance that expands P_ret, only their
+    # text leaves the context). The paper's "w/o EEF" is ambiguous; both readings are runnable.
+    rpe_without_eef: bool = False
 
     @classmethod
     def from_cfg(cls, cfg: DictConfig) -> Ablation:
         a = _block(cfg, "seem.ablation")
-        return cls(bool(a["fact_context"]), bool(a["ppr"]), bool(a["rpe"]), bool(a["eef"]))
+        return cls(bool(a["fact_context"]), bool(a["ppr"]), bool(a["rpe"]), bool(a["eef"]),
+                   bool(a.get("rpe_without_eef", False)))
+
+    @property
+    def expands(self) -> bool:
+        """Whether RPE adds passages: rpe on, and frames on or kept for provenance only."""
+        return self.rpe and (self.eef or self.rpe_without_eef)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ thousand entries per conversation. One row:
                  window_start=datetime(2024, 3, 17, 19, 5), window_end=datetime(2024, 3, 17, 19, 48),
                  text="On 2024-03-17 Tomas told Lena ...", buffer_entry_ids=("3f0c...", ...),
                  seed_entry_ids=("77ab...", ...), context_entry_ids=("77ab...", "91de...", ...),
-                 request_id="consolidate:5e2f...", prompt_version="synthesis/1+constrained", parse_ok=True)
+                 request_id="consolidate:5e2f...", prompt_version="synthesis/2+constrained", parse_ok=True)
 
 `consolidate.enabled: false` writes empty tables and sends nothing; `seed_k: 0` gives
 buffer-only syntheses. Syntheses with parse_ok and non-empty text are embedded into
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from structmem_gpu import schemas
@@ -63,6 +63,7 @@ from structmem_gpu.methods.structmem.windows import (
     windows_by_conversation,
 )
 from structmem_gpu.prompts import synthesis
+from structmem_gpu.prompts.reference import reference_fingerprint
 from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,13 @@ class ConsolidateSettings:
     prompt_variant: str
     max_tokens: int
     temperature: float
+    seed_exclude_buffer: bool = True  # false = the reference code's effective seed pool
+    reference_dir: str | None = None  # prompts.reference_dir: the checkout's synthesis prompt
 
     @classmethod
     def from_cfg(cls, cfg: DictConfig) -> ConsolidateSettings:
         c = cfg.consolidate
+        ref = OmegaConf.select(cfg, "prompts.reference_dir", default=None)
         s = cls(
             bool(c.enabled),
             float(c.window_seconds),
@@ -94,6 +98,8 @@ class ConsolidateSettings:
             str(c.prompt_variant),
             int(c.max_tokens),
             float(c.temperature),
+            bool(c.get("seed_exclude_buffer", True)),
+            None if ref is None else str(ref),
         )
         if s.seed_k < 0 or s.window_seconds < 0:
             raise ConfigError(
@@ -179,7 +185,7 @@ def query_vectors(
             out.append(q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12))
         return out
     texts = ["\n".join(v.rows["text"][w.start : w.end].to_list()) for v in views for w in v.windows]
-    flat = ctx.encode(texts) if texts else np.zeros((0, 0), dtype=np.float32)
+    flat = ctx.encode(texts, use="query") if texts else np.zeros((0, 0), dtype=np.float32)
     sizes = np.cumsum([0, *(len(v.windows) for v in views)])
     return [flat[a:b] for a, b in itertools.pairwise(sizes)]
 
@@ -191,16 +197,26 @@ def plan_conversation(
     events = view.rows["event_id"].to_list()
     by_event = event_index(events)
     scores = queries @ view.matrix.T if view.windows else np.zeros((0, len(ids)), dtype=np.float32)
-    version = synthesis.prompt_version(s.prompt_variant)
+    if s.reference_dir is not None:
+        from structmem_gpu.prompts import reference
+
+        version = reference.version(s.reference_dir, "synthesis")
+    else:
+        version = synthesis.prompt_version(s.prompt_variant)
     out = []
     for w, row_scores in zip(view.windows, scores, strict=True):
-        seeds = top_k_in_pool(row_scores, seed_pool(w, len(ids), s.seed_scope), s.seed_k)
+        pool = seed_pool(w, len(ids), s.seed_scope, s.seed_exclude_buffer)
+        seeds = top_k_in_pool(row_scores, pool, s.seed_k)
         context = reconstruct_events(seeds, events, w, by_event)
-        messages = synthesis.build_messages(
-            s.prompt_variant,
-            _records(view.rows, range(w.start, w.end)),
-            _records(view.rows, context),
-        )
+        buffer_recs = _records(view.rows, range(w.start, w.end))
+        if s.reference_dir is not None:
+            messages = reference.reference_synthesis_messages(
+                s.reference_dir, buffer_recs, _records(view.rows, context)
+            )
+        else:
+            messages = synthesis.build_messages(
+                s.prompt_variant, buffer_recs, _records(view.rows, context)
+            )
         rid = request_id(STAGE_NAME, view.conv_id, w.index, version, messages[-1].content)
         req = LLMRequest(
             request_id=rid,
@@ -312,5 +328,6 @@ STAGE = Stage(
     run=run_consolidate,
     reads=("entries", "entry_embeddings"),
     writes=("syntheses", "synthesis_embeddings"),
-    config_keys=("consolidate", *EMBED_KEYS, *LLM_KEYS),
+    config_keys=("consolidate", *EMBED_KEYS, *LLM_KEYS, "prompts.reference_dir"),
+    extra_fingerprint=reference_fingerprint,
 )

@@ -31,7 +31,7 @@ from structmem_gpu.stage import Stage, StageContext
 log = logging.getLogger(__name__)
 
 # What changes the vectors (device and batch size do not, beyond float noise).
-EMBED_KEYS = ("embedder.model", "embedder.max_seq_length")
+EMBED_KEYS = ("embedder.model", "embedder.max_seq_length", "embedder.instructions", "embedder.trust_remote_code", "embedder.long_texts")
 
 
 def embeddings_frame(
@@ -98,6 +98,10 @@ def encode_notes(ctx: StageContext, before: dict[str, Any] | None = None) -> dic
         "embedded_new": st.embedded,
         "cache_hits": st.cache_hits,
         "embed_s": round(st.embed_s, 3),
+        # texts over the encoder's limit, embedded in chunks and mean-pooled (never cut)
+        "texts_chunked": st.chunked,
+        "chunks": st.chunks,
+        "texts_truncated": st.truncated,  # only with embedder.long_texts=truncate
     }
     if before:
         now = {

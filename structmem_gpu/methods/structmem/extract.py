@@ -2,18 +2,20 @@
 
     python jobs/run.py benchmark=sample method=structmem stages=[load,extract]
 
-Windows of `extract.turns_per_request` consecutive turns of one session (plus
-`extract.context_turns` earlier turns of that session shown read-only) each yield one request
-per perspective in `extract.perspectives`; every window of every conversation goes out in ONE
+Windows of consecutive turns of one session, packed up to `extract.window_tokens` tokens
+(structmem_gpu/methods/structmem/packing.py) and/or at most `extract.turns_per_request` turns
+(plus `extract.context_turns` earlier turns of that session shown read-only), each yield one
+request per perspective in `extract.perspectives`; every window of every conversation goes out in ONE
 `ctx.generate` batch. A reply item's `turn` is the window-local number 1..n and maps back to
 that turn's event. One entry row:
 
     EntryRow(entry_id="3f0c9a1be2d47c55", conv_id="sample-1", event_id="sample-1:D2:1",
              dia_id="D2:1", session_index=2, turn_index=0, event_time=datetime(2024, 3, 17, 19, 5),
              speaker="Tomas", kind="fact", text="Tomas adopted a beagle puppy named Biscuit.",
-             request_id="extract:9b1d...", prompt_version="factual/1", model="smollm2|...")
+             request_id="extract:9b1d...", prompt_version="factual/2", model="smollm2|...")
 
-ctx.notes: windows, requests, parse_failures, truncated, rejected_items (unknown turn number),
+ctx.notes: windows, window_tokenizer, prompt_variant, requests, parse_failures, truncated,
+salvaged (cut replies whose complete items were kept), rejected_items (unknown turn number),
 empty_items, duplicate_items, entries, entries_fact / entries_relation, turns, turns_covered.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,7 +36,10 @@ from structmem_gpu.data import display_text
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
+from structmem_gpu.methods.structmem.packing import chars_tokens, pack_lengths, text_token_counter
 from structmem_gpu.prompts import extraction_prompt, extraction_schema, render_window
+from structmem_gpu.prompts.variants import check_extraction_variant
+from structmem_gpu.prompts.reference import reference_fingerprint
 from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -85,33 +90,57 @@ class EntryRow:
 
 @dataclass(frozen=True)
 class ExtractSettings:
-    turns_per_request: int
+    turns_per_request: int | None  # max turns per window (None = no cap; needs window_tokens)
     context_turns: int
     perspectives: tuple[str, ...]
     max_tokens: int
-    max_items: int
+    max_items: int | None  # None = no maxItems in the schema
     max_item_chars: int
     temperature: float
+    prompt_variant: str = "default"  # default (reference semantics) | grounded
+    window_tokens: int | None = None  # token budget per window (None = turns_per_request only)
+    reference_dir: str | None = None  # a LightMem checkout: its prompts (prompts/reference.py)
+    worked_example: bool = True  # the default prompts' worked examples (off for tiny models)
 
     @classmethod
     def from_cfg(cls, cfg: DictConfig) -> ExtractSettings:
         e = cfg.extract
+
+        def opt_int(key: str) -> int | None:
+            v = e.get(key)
+            return None if v is None else int(v)
+
+        ref = OmegaConf.select(cfg, "prompts.reference_dir", default=None)
         s = cls(
-            int(e.turns_per_request),
+            opt_int("turns_per_request"),
             int(e.context_turns or 0),
             tuple(str(p) for p in e.perspectives),
             int(e.max_tokens),
-            int(e.max_items),
+            opt_int("max_items"),
             int(e.max_item_chars),
             float(e.temperature),
+            str(e.get("prompt_variant") or "default"),
+            opt_int("window_tokens"),
+            None if ref is None else str(ref),
+            bool(e.get("worked_example", True)),
         )
-        if s.turns_per_request < 1 or s.context_turns < 0 or not s.perspectives:
+        problems = (
+            s.turns_per_request is not None and s.turns_per_request < 1,
+            s.turns_per_request is None and s.window_tokens is None,  # no window unit at all
+            s.window_tokens is not None and s.window_tokens < 1,
+            s.max_items is not None and s.max_items < 1,
+            s.context_turns < 0,
+            not s.perspectives,
+        )
+        if any(problems):
             raise ConfigError(
-                f"extract: need turns_per_request >= 1, context_turns >= 0 and at least one "
+                "extract: need turns_per_request >= 1 or null, window_tokens >= 1 or null (not "
+                "both null), max_items >= 1 or null, context_turns >= 0 and at least one "
                 f"perspective; got {OmegaConf.to_container(e)}"
             )
         for kind in s.perspectives:
             extraction_prompt(kind)  # raises ConfigError naming an unknown perspective
+        check_extraction_variant(s.prompt_variant)
         return s
 
 
@@ -139,9 +168,17 @@ def _turn_view(row: dict[str, Any]) -> TurnView:
 
 
 def plan_windows(
-    turns: pl.DataFrame, per_request: int, context_turns: int
+    turns: pl.DataFrame,
+    per_request: int | None,
+    context_turns: int,
+    window_tokens: int | None = None,
+    count_tokens: Callable[[str], int] = chars_tokens,
 ) -> list[ExtractionWindow]:
-    """Windows of consecutive turns inside each session, in (conv_id, session, turn) order."""
+    """Windows of consecutive turns inside each session, in (conv_id, session, turn) order:
+    `per_request` turns each, or (with `window_tokens`) packed up to that many tokens of
+    "Speaker: text" lines, at most `per_request` turns when that is set too."""
+    if per_request is None and window_tokens is None:
+        raise ValueError("plan_windows needs per_request or window_tokens")
     ordered = turns.sort("conv_id", "session_index", "turn_index")
     out = []
     keyed = itertools.groupby(
@@ -149,20 +186,40 @@ def plan_windows(
     )
     for (conv_id, session_index), rows in keyed:
         views = [_turn_view(r) for r in rows]
-        for start in range(0, len(views), per_request):
+        if window_tokens is None:
+            assert per_request is not None
+            spans = [(a, a + per_request) for a in range(0, len(views), per_request)]
+        else:
+            lengths = [count_tokens(f"{v.speaker}: {v.text}") for v in views]
+            spans = pack_lengths(lengths, window_tokens, per_request)
+        for start, end in spans:
             out.append(
                 ExtractionWindow(
                     conv_id,
                     session_index,
                     views[0].session_time,
-                    tuple(views[start : start + per_request]),
+                    tuple(views[start:end]),
                     tuple(views[max(0, start - context_turns) : start]),
                 )
             )
     return out
 
 
+def plan_from_settings(
+    turns: pl.DataFrame, s: ExtractSettings, llm_cfg: Any
+) -> tuple[list[ExtractionWindow], str]:
+    """The stage's windows for its settings, and the name of the token counter used."""
+    name, count = ("chars/4", chars_tokens)
+    if s.window_tokens is not None:
+        name, count = text_token_counter(llm_cfg)
+    return plan_windows(turns, s.turns_per_request, s.context_turns, s.window_tokens, count), name
+
+
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
+    if s.reference_dir is not None:
+        from structmem_gpu.prompts.reference import reference_extraction_request
+
+        return reference_extraction_request(window, kind, s)
     prompt = extraction_prompt(kind)
     user = render_window(
         window.session_time,
@@ -172,17 +229,21 @@ def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LL
     schema = extraction_schema(
         len(window.turns), max_items=s.max_items, max_item_chars=s.max_item_chars
     )
+    version = prompt.version(s.prompt_variant, s.worked_example)
     # Content-derived id: stable across reruns (resume, caches); the first event keeps two
     # identical windows of one conversation apart.
     rid = request_id(
-        STAGE_NAME, window.conv_id, window.turns[0].event_id, kind, prompt.VERSION, user, schema
+        STAGE_NAME, window.conv_id, window.turns[0].event_id, kind, version, user, schema
     )
     return LLMRequest(
         request_id=rid,
         stage=STAGE_NAME,
         conv_id=window.conv_id,
-        messages=(Message("system", prompt.SYSTEM), Message("user", user)),
-        prompt_version=prompt.VERSION,
+        messages=(
+            Message("system", prompt.system(s.prompt_variant, s.worked_example)),
+            Message("user", user),
+        ),
+        prompt_version=version,
         schema=schema,
         sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
     )
@@ -195,7 +256,7 @@ def map_items(
     out = MappedItems()
     if not result.parse_ok or not isinstance(result.data, dict):
         return out
-    for item in result.data.get("entries") or []:
+    for item in reply_items(result.data, kind):
         turn, text = item.get("turn"), str(item.get("text") or "").strip()
         if (
             isinstance(turn, bool)
@@ -228,6 +289,22 @@ def map_items(
     return out
 
 
+def reply_items(data: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """Our reply `{"entries": [{"turn", "text"}]}`, or the reference format `{"data":
+    [{"source_id", "fact" | "relation"}]}` (prompts.reference_dir; source ids count from 0 in
+    the window) as the same {"turn": 1-based, "text"} items."""
+    if "entries" in data:
+        return [i for i in data.get("entries") or [] if isinstance(i, dict)]
+    out = []
+    for item in data.get("data") or []:
+        if not isinstance(item, dict):
+            continue
+        sid = item.get("source_id")
+        turn = sid + 1 if isinstance(sid, int) and not isinstance(sid, bool) else None
+        out.append({"turn": turn, "text": item.get(kind, item.get("fact", item.get("relation")))})
+    return out
+
+
 def entries_frame(rows: Iterable[EntryRow]) -> pl.DataFrame:
     return schemas.frame((asdict(r) for r in rows), schemas.ENTRIES)
 
@@ -242,6 +319,7 @@ def collect_entries(
     counts = {
         "parse_failures": 0,
         "truncated": 0,
+        "salvaged": 0,
         "rejected_items": 0,
         "empty_items": 0,
         "duplicate_items": 0,
@@ -249,6 +327,7 @@ def collect_entries(
     for (window, kind, req), res in zip(plan, results, strict=True):
         counts["parse_failures"] += not res.parse_ok
         counts["truncated"] += res.finish_reason == "length"
+        counts["salvaged"] += res.salvaged
         mapped = map_items(window, kind, req, res)
         counts["rejected_items"] += mapped.rejected
         counts["empty_items"] += mapped.empty
@@ -270,7 +349,7 @@ def collect_entries(
 def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s = ExtractSettings.from_cfg(ctx.cfg)
     turns = ctx.read("turns")
-    windows = plan_windows(turns, s.turns_per_request, s.context_turns)
+    windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"))
     # Grouped by perspective: consecutive requests share the system prompt, which llama.cpp
     # (one slot, reuses the previous prompt's common prefix) then evaluates once per group.
     plan = [(w, kind, build_request(w, kind, s)) for kind in s.perspectives for w in windows]
@@ -279,6 +358,8 @@ def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     covered = len({r.event_id for r in rows})
     ctx.notes.update(
         windows=len(windows),
+        window_tokenizer=counter,
+        prompt_variant="reference" if s.reference_dir else s.prompt_variant,
         requests=len(plan),
         entries=len(rows),
         turns=turns.height,
@@ -294,5 +375,6 @@ STAGE = Stage(
     run=run_extract,
     reads=("turns",),
     writes=("entries",),
-    config_keys=("extract", *LLM_KEYS),
+    config_keys=("extract", *LLM_KEYS, "prompts.reference_dir"),
+    extra_fingerprint=reference_fingerprint,
 )

@@ -123,7 +123,7 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
         ),
     }
     before = encode_notes(ctx) if questions.height else None
-    qmat = ctx.encode(questions["question"].to_list()) if questions.height else None
+    qmat = ctx.encode(questions["question"].to_list(), use="query") if questions.height else None
     rows: list[dict[str, Any]] = []
     on_gpu: set[bool] = set()
     t0 = time.perf_counter()

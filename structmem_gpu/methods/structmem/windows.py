@@ -100,8 +100,11 @@ def count_windows(df: pl.DataFrame, window_seconds: float, time_col: str = "even
     return sum(len(w) for _, w in windows_by_conversation(df, window_seconds, time_col).values())
 
 
-def seed_pool(window: Window, n: int, scope: str) -> np.ndarray:
-    """Boolean mask over the n sorted positions that may seed `window`; the buffer never can."""
+def seed_pool(window: Window, n: int, scope: str, exclude_buffer: bool = True) -> np.ndarray:
+    """Boolean mask over the n sorted positions that may seed `window`.
+
+    The buffer is excluded unless `exclude_buffer=False` (what the reference code effectively
+    does: its buffer filter is broken, structmem-reference.md §10.1)."""
     if scope not in SEED_SCOPES:
         raise ConfigError(f"consolidate.seed_scope={scope!r}; expected one of {list(SEED_SCOPES)}")
     mask = np.zeros(n, dtype=bool)
@@ -109,7 +112,10 @@ def seed_pool(window: Window, n: int, scope: str) -> np.ndarray:
         mask[: window.start] = True  # everything before the window's first entry
     else:
         mask[:] = True
+    if exclude_buffer:
         mask[window.start : window.end] = False
+    else:
+        mask[window.start : window.end] = True
     return mask
 
 
@@ -143,8 +149,11 @@ def reconstruct_events(
     window: Window,
     by_event: Mapping[str, Sequence[int]] | None = None,
 ) -> list[int]:
-    """Every position sharing an event_id with a seed (the seeds included), buffer excluded,
-    deduplicated, in time order (Eq. 4-5)."""
+    """Every position sharing an event_id with a seed (the seeds included), deduplicated, in
+    time order (Eq. 4-5). Event siblings inside the buffer are skipped; a seed that is itself
+    in the buffer (only with `seed_exclude_buffer=false`) is kept, as the reference code does
+    (structmem-reference.md §5.3)."""
     by_event = event_index(event_ids) if by_event is None else by_event
     found = {p for s in seeds for p in by_event[event_ids[s]]}
-    return sorted(p for p in found if not window.start <= p < window.end)
+    kept = {p for p in found if not window.start <= p < window.end}
+    return sorted(kept | set(seeds))
