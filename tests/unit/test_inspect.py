@@ -1,4 +1,4 @@
-"""structmem_gpu.eval.inspect on a sample run built with the scripted LLM (no server).
+"""structmem_gpu.analysis.inspect on a sample run built with the scripted LLM (no server).
 
 python -m pytest tests/unit -q -k inspect
 """
@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from structmem_gpu.errors import InputError, MissingTableError
-from structmem_gpu.eval.inspect import (
+from structmem_gpu.analysis.inspect import (
     FAILURE_TYPES,
     Run,
     Sweep,
