@@ -172,7 +172,7 @@ def word_tokenize(text: str) -> list[str]:
     Punkt sentences, then NLTKWordTokenizer per sentence.
 
         >>> word_tokenize('"twice."!')
-        ['``', 'twice', '.', "''", '!']
+        ['``', 'twice', '.', '``', '!']
     """
     words = _word_tokenizer().tokenize
     return [tok for sent in _sentence_tokenizer().tokenize(text) for tok in words(sent)]
