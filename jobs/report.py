@@ -80,7 +80,11 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     import polars as pl
 
     from structmem_gpu.artifacts import RunDir
-    from structmem_gpu.analysis.agreement import agreement_markdown, judge_agreement, write_agreement
+    from structmem_gpu.analysis.agreement import (
+        agreement_markdown,
+        judge_agreement,
+        write_agreement,
+    )
 
     run = RunDir(args.run_dir)
     judgments = run.read_table("judgments")

@@ -156,7 +156,7 @@ def rate_stats(
 
 
 def _agreement(df: pl.DataFrame, item: str, label: pl.Expr) -> dict[str, Any] | None:
-    """Cohen's kappa per judge pair and Fleiss' kappa, via analysis/agreement.py; None for 1 judge."""
+    """Cohen's kappa per judge pair and Fleiss' kappa (analysis/agreement.py); None for 1 judge."""
     if df.height == 0 or df["judge_name"].n_unique() < 2:
         return None
     frame = df.select(

@@ -13,14 +13,15 @@ Re-judging never re-answers: the stage reads answers.parquet only. For each judg
 
 `judge.protocol` picks the prompts and the label rule (benchmarks.md §2.3, §3.4):
 
-| protocol | LoCoMo | LongMemEval |
-|---|---|---|
-| `paper` (default) | prompts/judge_locomo_paper.py: one user message, label JSON, 1 iff exactly `CORRECT` | prompts/judge_longmemeval_paper.py: one user message, bare yes/no, max_tokens 10, `'yes' in reply.lower()` |
-| `reasoned` | prompts/judge_locomo.py: system + user, reasoning-then-label schema, any case | prompts/judge_longmemeval.py: same shape, yes/no enum |
+- `paper` (default): LoCoMo prompts/judge_locomo_paper.py (one user message, label JSON, 1 iff
+  exactly `CORRECT`); LongMemEval prompts/judge_longmemeval_paper.py (one user message, bare
+  yes/no, max_tokens 10, `'yes' in reply.lower()`);
+- `reasoned`: prompts/judge_locomo.py / judge_longmemeval.py (system + user message, a
+  reasoning-then-label schema, any case of the label).
 
 A reply without a readable label gives `label = null` (unjudged): recorded with its raw
-reply and never dropped; the report counts it as WRONG in `judge_accuracy` (as the published
-pipelines do) and reports `judge_accuracy_judged` and `unjudged` beside it. Rows of other judge names already in
+reply and never dropped; the report counts it as WRONG in `judge_accuracy` (as the
+published pipelines do) and reports `judge_accuracy_judged` and `unjudged` beside it. Rows of other judge names already in
 judgments.parquet are kept (one row per (question, judge)) unless their `prediction` no longer
 matches answers.parquet (stale: judged an older answer). One row:
 

@@ -38,7 +38,9 @@ VERSION = "answer_paper/1"
 # rank = one list in rank order, each line naming its speaker.
 LAYOUTS = ("speakers", "rank")
 MAX_GROUPS = 2  # the reference keeps only the first two speaker groups
-_FINAL = re.compile(r"^[ \t*#>-]*(?:final\s+)?answer\s*[:：]\s*(.*)$", re.IGNORECASE | re.MULTILINE)
+_FINAL = re.compile(
+    r"^[ \t*#>-]*(?:final\s+)?answer\s*[:：]\s*(.*)$", re.IGNORECASE | re.MULTILINE
+)
 
 _INSTRUCTIONS = """You are a helpful assistant. You answer a question about a long conversation \
 between two people, using memories that were extracted from it.

@@ -1,4 +1,4 @@
-"""Reader protocol `paper` (structmem-reference.md §6): prompt, layouts, abstention line, reply split."""
+"""Reader protocol `paper` (structmem-reference.md §6): prompt, layouts, abstention, reply split."""
 
 from __future__ import annotations
 

@@ -215,7 +215,8 @@ def test_lme_colliding_dia_id_is_still_an_error(write_json) -> None:
             )
         )
     )
-    _raises(load_longmemeval, path, "[tq_1 filler_1#repeat2 filler_1#repeat2_1]", "duplicate dia_id")
+    where = "[tq_1 filler_1#repeat2 filler_1#repeat2_1]"
+    _raises(load_longmemeval, path, where, "duplicate dia_id")
 
 
 def test_lme_duplicate_question_id(write_json) -> None:

@@ -170,7 +170,9 @@ def test_published_rows_follow_recorded_config(tmp_path: Path) -> None:
             },
             "retrieve": {"config": {"retrieve.entries_k": 60, "retrieve.syntheses_k": 5}},
             "answer": {"config": {"answer": {"protocol": "paper"}}},
-            "judge": {"config": {"judge": {"protocol": "paper"}, "llm": {"backend": "vllm_server"}}},
+            "judge": {
+                "config": {"judge": {"protocol": "paper"}, "llm": {"backend": "vllm_server"}}
+            },
         },
     }
     (root / "manifest.json").write_text(json.dumps(manifest))
