@@ -252,9 +252,12 @@ def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     results = ctx.generate(requests, desc="answer")
     answers = answer_rows(questions, results, prompts, protocol)
     failed = int((~answers["parse_ok"]).sum())
-    no_final = int(
-        sum(1 for q, p in prompts.items() if p.reasoned_reply)
-        - answers["reasoning"].is_not_null().sum()
+    from structmem_gpu.prompts.answer_paper import has_final_line
+
+    no_final = sum(
+        1
+        for q, res in zip(questions["question_id"].to_list(), results)
+        if prompts[q].reasoned_reply and res.error is None and not has_final_line(res.text)
     )
     ctx.notes.update(
         questions=answers.height,

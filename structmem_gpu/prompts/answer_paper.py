@@ -149,6 +149,11 @@ def build_messages(
     return (Message("system", text),)
 
 
+def has_final_line(text: str) -> bool:
+    """Whether the reply reached its `Answer: ...` line (False: cut early or off-format)."""
+    return any(m.group(1).strip() for m in _FINAL.finditer(text or ""))
+
+
 def split_reply(text: str) -> tuple[str, str | None]:
     """(prediction, reasoning): the text after the last `Answer:` line, and what precedes it.
 

@@ -160,3 +160,8 @@ def test_answer_rows_store_reasoning_beside_the_prediction() -> None:
     assert rows["prediction"].to_list() == ["Porto", "Ana moved"]
     assert rows["reasoning"].to_list() == ["Ana moved in June.", None]
     assert rows["protocol"].to_list() == ["paper", "paper"]
+
+
+def test_has_final_line() -> None:
+    assert A.has_final_line("reasoning\nAnswer: Porto") and A.has_final_line("Final answer: x")
+    assert not A.has_final_line("Let me think: Ana moved") and not A.has_final_line("Answer:")
