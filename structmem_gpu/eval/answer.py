@@ -314,6 +314,8 @@ def paper_prompts(
     groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=A.MAX_GROUPS))
     if layout not in A.LAYOUTS:
         raise ConfigError(f"answer.entry_layout={layout!r}; expected one of {list(A.LAYOUTS)}")
+    if groups < 1:
+        raise ConfigError(f"answer.speaker_groups={groups} must be >= 1")
     ranked = ranked_entries(retrievals, entries, A.PaperEntry)
     abstain = wants_abstention(inputs.questions)
     out: dict[str, AnswerPrompt] = {}

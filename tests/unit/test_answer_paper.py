@@ -114,6 +114,8 @@ def test_rank_layout_keeps_every_entry_in_rank_order() -> None:
     assert i == sorted(i)
     with pytest.raises(ConfigError, match="entry_layout"):
         _prompts([4], entry_layout="timeline")
+    with pytest.raises(ConfigError, match="speaker_groups"):
+        _prompts([4], speaker_groups=0)
 
 
 def test_reasoned_protocol_keeps_the_earlier_reader() -> None:
