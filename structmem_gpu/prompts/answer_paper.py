@@ -57,7 +57,7 @@ directly.
 4. When memories contradict each other, go with the most recent one.
 5. When a memory uses a relative time ("last year", "two months ago", "next Friday"), work out \
 the actual date from the date the memory was recorded on. Example: a memory recorded on \
-4 May 2022 that says "went to India last year" means the trip took place in 2021.
+12 March 2023 that says "moved to Lisbon two years ago" means the move was in 2021.
 6. Always give times as specific dates, months or years, never as relative expressions.
 7. People are often named in the memories without being one of the two speakers; do not \
 confuse them with the speakers.
