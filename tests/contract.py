@@ -8,6 +8,10 @@ REPORT_GROUP_KEYS = frozenset(
         "n",
         "judge_accuracy",
         "judge_accuracy_ci95",
+        # issue 15 / benchmarks.md §2.3: judge_accuracy counts unjudged replies as wrong;
+        # the judged-only accuracy and the unjudged count stand beside it.
+        "judge_accuracy_judged",
+        "unjudged",
         "f1_locomo",
         "f1_mem0",
         "bleu1",

@@ -39,8 +39,11 @@ NO_LLM_STAGES = frozenset(
     {"load", "embed", "retrieve", "report", "audit_extraction", "audit_consolidation"}
 )
 SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
-ANSWER_COMPLETION = 16  # a short phrase
-JUDGE_COMPLETION = 40  # one sentence of reasoning + label
+ANSWER_COMPLETION = 16  # a short phrase (answer.protocol=reasoned)
+# answer.protocol=paper: a few reasoning steps with the date arithmetic, then the answer line
+ANSWER_PAPER_COMPLETION = 200
+JUDGE_COMPLETION = 40  # one sentence of reasoning + label (judge.protocol=reasoned)
+JUDGE_PAPER_COMPLETION = 8  # {"label": "CORRECT"} (judge.protocol=paper)
 CHARS_PER_TOKEN = 4
 BUILD_STAGES = ("extract", "consolidate")
 # StructMem paper, LoCoMo build of the 10 conversations (gpt-4o-mini): calls, input, output.
@@ -219,15 +222,28 @@ def estimate_answer(
         int(OmegaConf.select(cfg, "consolidate.max_tokens", default=0) or 0), SYNTHESIS_COMPLETION
     )
     synth = [P.SynthesisLine(t, t, "word " * int(synth_tokens * 0.75))] * sk
-    prompt = sum(
-        counter.messages(P.build_messages(q, entries, synth)) for q in qs["question"].to_list()
-    )
+    paper = str(OmegaConf.select(cfg, "answer.protocol", default="paper")) == "paper"
+    if paper:
+        from structmem_gpu.prompts import answer_paper as A
+
+        block = [
+            A.render_entries([A.PaperEntry(e.speaker, e.time, e.text) for e in entries]),
+            A.render_summaries([s.text for s in synth]),
+        ]
+        prompt = sum(
+            counter.messages(A.build_messages(q, block)) for q in qs["question"].to_list()
+        )
+    else:
+        prompt = sum(
+            counter.messages(P.build_messages(q, entries, synth))
+            for q in qs["question"].to_list()
+        )
     note = (
         ""
         if str(OmegaConf.select(cfg, "answer.prompt", default="structmem")) == "structmem"
         else " (StructMem template as a stand-in for answer.prompt)"
     )
-    comp = min(int(cfg.answer.max_tokens), ANSWER_COMPLETION)
+    comp = min(int(cfg.answer.max_tokens), ANSWER_PAPER_COMPLETION if paper else ANSWER_COMPLETION)
     return StageEstimate(
         "answer",
         qs.height,
@@ -241,16 +257,18 @@ def estimate_judge(
     cfg: DictConfig, questions: pl.DataFrame, counter: TokenCounter
 ) -> StageEstimate:
     from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
-    from structmem_gpu.prompts import judge_locomo
+    from structmem_gpu.prompts import judge_locomo, judge_locomo_paper
 
     qs = _selected(cfg, questions).filter(pl.col("category") != LOCOMO_ADVERSARIAL)
     panel = OmegaConf.select(cfg, "judge.panel", default=None)
     judges = len(panel) if panel else 1
+    paper = str(OmegaConf.select(cfg, "judge.protocol", default="paper")) == "paper"
+    build = judge_locomo_paper.build_messages if paper else judge_locomo.build_messages
     prompt = sum(
-        counter.messages(judge_locomo.build_messages(q, a or "", "a short generated answer"))
+        counter.messages(build(q, a or "", "a short generated answer"))
         for q, a in qs.select("question", "answer").iter_rows()
     )
-    comp = min(int(cfg.judge.max_tokens), JUDGE_COMPLETION)
+    comp = min(int(cfg.judge.max_tokens), JUDGE_PAPER_COMPLETION if paper else JUDGE_COMPLETION)
     return StageEstimate(
         "judge",
         qs.height * judges,

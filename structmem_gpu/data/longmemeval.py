@@ -28,6 +28,11 @@ Rules (specs/benchmarks.md §3.2):
   their evidence; evaluation excludes them from retrieval averages (§4.2).
 - session_hash hashes (turns, date) only, so a session shared by several haystacks with the
   same date shares its hash (and its memory).
+- A haystack that lists the same session id twice (13 histories of the real
+  `longmemeval_s_cleaned.json`: identical turns, other dates, filler) keeps both occurrences
+  in list order as distinct sessions: the later copy's session_id becomes
+  `<id>#repeat<n>` (n = 2, 3, ...), so its dia_ids are unique; one warning line per affected
+  instance; the load stage's notes count them (`repeated_sessions`).
 - Unknown keys (the example's `_note`) are ignored. A turn whose `content` is missing or blank
   is an InputError (LongMemEval has no image turns that could carry it).
 - Only the selected instances are validated.
@@ -61,12 +66,13 @@ from structmem_gpu.data.common import (
 )
 from structmem_gpu.errors import InputError
 
-__all__ = ["DATE_FORMAT", "load_longmemeval"]
+__all__ = ["DATE_FORMAT", "REPEAT_MARK", "load_longmemeval", "repeated_sessions"]
 
 log = logging.getLogger(__name__)
 
 DATE_FORMAT: Final = "%Y/%m/%d (%a) %H:%M"  # "2023/04/10 (Mon) 23:07"
 ABSTENTION_SUFFIX: Final = "_abs"
+REPEAT_MARK: Final = "#repeat"  # session_id suffix of a repeated occurrence: "<id>#repeat2"
 _REQUIRED: Final = (
     "question_id",
     "question_type",
@@ -133,6 +139,14 @@ def load_longmemeval(
     return turns_frame(turns), questions_frame(questions)
 
 
+def repeated_sessions(turns: pl.DataFrame) -> int:
+    """How many sessions of `turns` are repeated occurrences of an earlier session id."""
+    if turns.height == 0:
+        return 0
+    rep = turns.filter(pl.col("session_id").str.contains(REPEAT_MARK, literal=True))
+    return rep.select("conv_id", "session_id").unique().height
+
+
 def _str_list(path: Path, value: Any, what: str, record: str) -> list[Any]:
     if not isinstance(value, list):
         raise InputError(path, f"{what} must be a list, got {type(value).__name__}", record)
@@ -171,15 +185,30 @@ def _load_instance(
 
     answer_set = set(answer_sids)
     seen: dict[str, str] = {}
+    occurrences: dict[str, int] = {}
     per_session: list[list[Turn]] = []
+    original: list[str] = []  # the file's session id of each entry of per_session
     for i, (sid, date, items) in enumerate(zip(sids, dates, sessions, strict=True)):
         sid = require_str(path, sid, "haystack session id", f"{qid} session {i + 1}")
         time = parse_time(path, date, DATE_FORMAT, f"{qid} {sid}", "session date")
-        per_session.append(_load_session(path, qid, i + 1, sid, time, items, seen))
+        occurrences[sid] = occurrences.get(sid, 0) + 1
+        unique = sid if occurrences[sid] == 1 else f"{sid}{REPEAT_MARK}{occurrences[sid]}"
+        per_session.append(_load_session(path, qid, i + 1, unique, time, items, seen))
+        original.append(sid)
+    repeated = {sid: n for sid, n in occurrences.items() if n > 1}
+    if repeated:
+        log.warning(
+            "%s: instance %s lists session id(s) %s more than once; every occurrence is kept "
+            "in list order as its own session (later copies renamed <id>%s<n>)",
+            path.name,
+            qid,
+            ", ".join(f"{sid!r} x{n}" for sid, n in sorted(repeated.items())),
+            REPEAT_MARK,
+        )
     evidence = tuple(
         t.dia_id
-        for sess in per_session
-        if sess[0].session_id in answer_set
+        for sid, sess in zip(original, per_session, strict=True)
+        if sid in answer_set
         for t in sess
         if t.has_answer is True
     )
@@ -228,9 +257,10 @@ def _load_session(
         if has_answer is not None and not isinstance(has_answer, bool):
             raise InputError(path, f"has_answer must be true/false, got {has_answer!r}", where)
         if dia_id in seen:
-            # The same session id twice in one haystack would make turn ids ambiguous.
+            # Cannot happen for a repeated session id (renamed above); guards id collisions
+            # such as a real session id that already ends in "#repeat2".
             raise InputError(
-                path, f"duplicate dia_id (session id {sid!r} repeats in the haystack)", where
+                path, f"duplicate dia_id {dia_id!r} (session ids collide in the haystack)", where
             )
         seen[dia_id] = sid
         parsed.append(RawTurn(dia_id, role, content, None, has_answer))

@@ -11,10 +11,24 @@ What the reader sees is decided by a *context builder*, chosen by `answer.prompt
 A builder maps `AnswerInputs` (config, selected questions, the optional tables present) to
 `{question_id: AnswerPrompt}`. The reply is free text (no schema: small models answer a short
 phrase more reliably than they fill JSON); `parse_ok` = the request succeeded and the reply is
-non-empty. One answers row, e.g.
+non-empty.
+
+`answer.protocol` picks the reader of the memory methods (structmem, flat, graph):
+
+- `paper` (default): the StructMem reference reader (prompts/answer_paper.py): step-by-step
+  reasoning ending in `Answer: <short answer>`; the short answer is the prediction and the
+  reasoning goes to the `reasoning` column; entries by speaker (first two groups, rank order;
+  `answer.entry_layout: rank` = one ranked list), dates with weekday, syntheses as plain
+  lines; the "Not mentioned" line only when category 5 / abstention questions are selected.
+- `reasoned`: our earlier reader (prompts/answer_structmem.py): a short phrase, no reasoning,
+  chronological entries under dates, dated syntheses, always the abstention line.
+
+Other builders (full_context, turn_rag, seem) have one reader each; the protocol is recorded
+but does not change them. One answers row, e.g.
 
     {"question_id": "sample-1:q0", "conv_id": "sample-1", "prediction": "Biscuit",
-     "request_id": "answer:3f0c…", "parse_ok": True}
+     "request_id": "answer:3f0c…", "parse_ok": True,
+     "reasoning": "Tomas adopted a beagle named Biscuit on 16 March 2024.", "protocol": "paper"}
 
 Every selected question gets a row; a failed request gets `parse_ok=False`, prediction "".
 """
@@ -53,12 +67,41 @@ LLM_IDENTITY_KEYS = (
     "chat_template_kwargs",
 )
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)
+# answer.protocol values (see the module docstring).
+PROTOCOLS = ("paper", "reasoned")
+ANSWER_COLUMNS: schemas.Schema = {
+    **schemas.ANSWERS,
+    "reasoning": pl.String(),  # the reply before its final answer line (paper reader), else null
+    "protocol": pl.String(),
+}
 
 
 @dataclass(frozen=True)
 class AnswerPrompt:
     messages: tuple[Message, ...]
     prompt_version: str
+    # True: the reply is reasoning + a final "Answer:" line (prompts/answer_paper.py).
+    reasoned_reply: bool = False
+
+
+def answer_protocol(cfg: DictConfig) -> str:
+    """`answer.protocol` (default paper), validated."""
+    value = str(OmegaConf.select(cfg, "answer.protocol", default="paper") or "paper")
+    if value not in PROTOCOLS:
+        raise ConfigError(f"answer.protocol={value!r}; expected one of {list(PROTOCOLS)}")
+    return value
+
+
+def wants_abstention(questions: pl.DataFrame) -> bool:
+    """Whether the paper reader gets its abstention line: the selection holds LoCoMo
+    category 5 or LongMemEval abstention questions (all other questions are answerable)."""
+    from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
+
+    if questions.height == 0:
+        return False
+    cats = set(questions["category"].to_list())
+    abst = "is_abstention" in questions.columns and bool(questions["is_abstention"].any())
+    return LOCOMO_ADVERSARIAL in cats or abst
 
 
 @dataclass(frozen=True)
@@ -167,10 +210,24 @@ def make_requests(
     return out
 
 
-def answer_rows(questions: pl.DataFrame, results: list[LLMResult]) -> pl.DataFrame:
+def answer_rows(
+    questions: pl.DataFrame,
+    results: list[LLMResult],
+    prompts: Mapping[str, AnswerPrompt] | None = None,
+    protocol: str = "paper",
+) -> pl.DataFrame:
+    from structmem_gpu.prompts.answer_paper import split_reply
+
     rows = []
     for (qid, conv), res in zip(questions.select("question_id", "conv_id").iter_rows(), results):
-        pred = clean_prediction(res.text) if res.error is None else ""
+        reasoning: str | None = None
+        if res.error is not None:
+            pred = ""
+        elif prompts is not None and prompts[qid].reasoned_reply:
+            pred, reasoning = split_reply(res.text)
+            pred = clean_prediction(pred)
+        else:
+            pred = clean_prediction(res.text)
         rows.append(
             {
                 "question_id": qid,
@@ -178,21 +235,37 @@ def answer_rows(questions: pl.DataFrame, results: list[LLMResult]) -> pl.DataFra
                 "prediction": pred,
                 "request_id": res.request_id,
                 "parse_ok": bool(res.parse_ok and pred),
+                "reasoning": reasoning,
+                "protocol": protocol,
             }
         )
-    return schemas.frame(rows, schemas.ANSWERS)
+    return schemas.frame(rows, ANSWER_COLUMNS)
 
 
 def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     questions = selected_questions(ctx.cfg, ctx.read("questions"))
     tables = {n: t for n in OPTIONAL_TABLES if (t := ctx.read_optional(n)) is not None}
     prompt = str(ctx.cfg.answer.prompt)
+    protocol = answer_protocol(ctx.cfg)
     prompts = context_builder(prompt)(AnswerInputs(ctx.cfg, questions, tables))
     requests = make_requests(questions, prompts, sampling(ctx.cfg))
     results = ctx.generate(requests, desc="answer")
-    answers = answer_rows(questions, results)
+    answers = answer_rows(questions, results, prompts, protocol)
     failed = int((~answers["parse_ok"]).sum())
-    ctx.notes.update(questions=answers.height, failed=failed, prompt=prompt)
+    from structmem_gpu.prompts.answer_paper import has_final_line
+
+    no_final = sum(
+        1
+        for q, res in zip(questions["question_id"].to_list(), results)
+        if prompts[q].reasoned_reply and res.error is None and not has_final_line(res.text)
+    )
+    ctx.notes.update(
+        questions=answers.height,
+        failed=failed,
+        prompt=prompt,
+        protocol=protocol,
+        without_final_answer_line=no_final,
+    )
     if failed:
         log.warning(
             "answer: %d of %d questions got no usable reply (parse_ok=False)",
@@ -204,14 +277,17 @@ def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 # ---- the StructMem context builder --------------------------------------------------------
 def build_structmem_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
-    """Entries (chronological, grouped by speaker) and syntheses (by window) per question."""
-    from structmem_gpu.prompts import answer_structmem as P
-
+    """Entries grouped by speaker and syntheses per question, in the configured protocol."""
     retrievals = inputs.require("retrievals", "structmem")
     entries = inputs.require("entries", "structmem")
     syntheses = inputs.table("syntheses")
     qids = set(inputs.questions["question_id"].to_list())
     retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))
+    if answer_protocol(inputs.cfg) == "paper":
+        texts = synthesis_texts(retrievals, syntheses)
+        return paper_prompts(inputs, retrievals, entries, lambda q: [texts.get(q, [])], None)
+    from structmem_gpu.prompts import answer_structmem as P
+
     lines = entry_lines(retrievals, entries, P.MemoryLine)
     synths = _synthesis_lines(retrievals, syntheses, P.SynthesisLine)
     out: dict[str, AnswerPrompt] = {}
@@ -220,6 +296,72 @@ def build_structmem_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     ).iter_rows():
         msgs = P.build_messages(question, lines.get(qid, []), synths.get(qid, []), now)
         out[qid] = AnswerPrompt(msgs, P.VERSION)
+    return out
+
+
+def paper_prompts(
+    inputs: AnswerInputs,
+    retrievals: pl.DataFrame,
+    entries: pl.DataFrame,
+    extra: Callable[[str], list[Any]],
+    memory_note: str | None,
+) -> dict[str, AnswerPrompt]:
+    """Reader `paper` prompts: the entry block (answer.entry_layout) plus `extra(qid)` — a
+    list of already-rendered blocks, or lists of synthesis texts — per question."""
+    from structmem_gpu.prompts import answer_paper as A
+
+    layout = str(OmegaConf.select(inputs.cfg, "answer.entry_layout", default="speakers"))
+    groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=A.MAX_GROUPS))
+    if layout not in A.LAYOUTS:
+        raise ConfigError(f"answer.entry_layout={layout!r}; expected one of {list(A.LAYOUTS)}")
+    if groups < 1:
+        raise ConfigError(f"answer.speaker_groups={groups} must be >= 1")
+    ranked = ranked_entries(retrievals, entries, A.PaperEntry)
+    abstain = wants_abstention(inputs.questions)
+    out: dict[str, AnswerPrompt] = {}
+    for qid, question, now in inputs.questions.select(
+        "question_id", "question", "question_time"
+    ).iter_rows():
+        blocks = [A.render_entries(ranked.get(qid, []), layout, groups)]
+        for b in extra(qid):
+            blocks.append(A.render_summaries(b) if isinstance(b, list) else str(b))
+        msgs = A.build_messages(question, blocks, now, abstain, memory_note)
+        out[qid] = AnswerPrompt(msgs, A.VERSION, reasoned_reply=True)
+    return out
+
+
+def ranked_entries(
+    retrievals: pl.DataFrame, entries: pl.DataFrame, make: Callable[..., Any]
+) -> dict[str, list[Any]]:
+    """Retrieved entries per question in RANK order (the reference reader's order)."""
+    hits = retrievals.filter(pl.col("circuit") == "entries")
+    joined = hits.join(
+        entries.select("entry_id", "speaker", "event_time", "text"),
+        left_on="item_id",
+        right_on="entry_id",
+        how="inner",
+    ).sort(["question_id", "rank"], nulls_last=True)
+    out: dict[str, list[Any]] = {}
+    for qid, speaker, t, text in joined.select(
+        "question_id", "speaker", "event_time", "text"
+    ).iter_rows():
+        out.setdefault(qid, []).append(make(speaker=speaker, time=t, text=text))
+    return out
+
+
+def synthesis_texts(
+    retrievals: pl.DataFrame, syntheses: pl.DataFrame | None
+) -> dict[str, list[str]]:
+    """Retrieved synthesis texts per question, in rank order, without time ranges."""
+    hits = retrievals.filter(pl.col("circuit") == "syntheses")
+    if syntheses is None or hits.height == 0:
+        return {}
+    joined = hits.join(
+        syntheses.select("synth_id", "text"), left_on="item_id", right_on="synth_id", how="inner"
+    ).sort(["question_id", "rank"], nulls_last=True)
+    out: dict[str, list[str]] = {}
+    for qid, text in joined.select("question_id", "text").iter_rows():
+        out.setdefault(qid, []).append(text)
     return out
 
 
@@ -283,5 +425,7 @@ STAGE = Stage(
     writes=("answers",),
     optional_reads=OPTIONAL_TABLES,
     config_keys=("answer", "benchmark.name", "benchmark.categories"),
+    # 2: answer.protocol (paper reader by default) and the reasoning/protocol columns.
+    version="2",
     extra_fingerprint=_answer_fingerprint,
 )

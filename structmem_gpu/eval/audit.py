@@ -27,7 +27,7 @@ import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.artifacts import RunDir, atomic_write_text
-from structmem_gpu.eval.agreement import judge_agreement
+from structmem_gpu.analysis.agreement import judge_agreement
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def rate_stats(
 
 
 def _agreement(df: pl.DataFrame, item: str, label: pl.Expr) -> dict[str, Any] | None:
-    """Cohen's kappa per judge pair and Fleiss' kappa, via eval/agreement.py; None for 1 judge."""
+    """Cohen's kappa per judge pair and Fleiss' kappa (analysis/agreement.py); None for 1 judge."""
     if df.height == 0 or df["judge_name"].n_unique() < 2:
         return None
     frame = df.select(

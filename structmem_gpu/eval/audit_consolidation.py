@@ -45,14 +45,14 @@ from structmem_gpu.eval.audit import (
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
-from structmem_gpu.methods.structmem.consolidate import (
+from structmem_gpu.methods.structmem.audit_api import (
+    EMBED_KEYS,
+    LLM_KEYS,
     ConsolidateSettings,
     WindowPlan,
     conversation_views,
     plan_conversation,
 )
-from structmem_gpu.methods.structmem.embed import EMBED_KEYS
-from structmem_gpu.methods.structmem.extract import LLM_KEYS
 from structmem_gpu.prompts import audit_consolidation as prompt
 from structmem_gpu.prompts import synthesis
 from structmem_gpu.stage import Stage, StageContext

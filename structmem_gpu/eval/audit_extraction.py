@@ -40,7 +40,7 @@ from structmem_gpu.eval.judge import parse_label
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
-from structmem_gpu.methods.structmem.extract import ExtractionWindow, plan_windows
+from structmem_gpu.methods.structmem.audit_api import ExtractionWindow, plan_windows
 from structmem_gpu.prompts import audit_extraction as prompt
 from structmem_gpu.stage import Stage, StageContext
 

@@ -5,21 +5,30 @@
 Re-judging never re-answers: the stage reads answers.parquet only. For each judge of
 `ctx.backends.judges()` (one batch per judge):
 
-- LoCoMo / sample questions: CORRECT / WRONG (prompts/judge_locomo.py);
+- LoCoMo / sample questions: CORRECT / WRONG;
 - LongMemEval questions (category ids of data/categories.LONGMEMEVAL_TYPES): yes / no with
-  the rule of the question type (prompts/judge_longmemeval.py);
+  the rule of the question type;
 - LoCoMo category 5: LoCoMo's "not mentioned" rule, no LLM call (judge_model "rule:locomo-cat5");
 - an empty prediction (the answer request failed): WRONG without a call ("rule:empty-answer").
 
+`judge.protocol` picks the prompts and the label rule (benchmarks.md §2.3, §3.4):
+
+- `paper` (default): LoCoMo prompts/judge_locomo_paper.py (one user message, label JSON, 1 iff
+  exactly `CORRECT`); LongMemEval prompts/judge_longmemeval_paper.py (one user message, bare
+  yes/no, max_tokens 10, `'yes' in reply.lower()`);
+- `reasoned`: prompts/judge_locomo.py / judge_longmemeval.py (system + user message, a
+  reasoning-then-label schema, any case of the label).
+
 A reply without a readable label gives `label = null` (unjudged): recorded with its raw
-reply, never counted as wrong, never dropped. Rows of other judge names already in
+reply and never dropped; the report counts it as WRONG in `judge_accuracy` (as the
+published pipelines do) and reports `judge_accuracy_judged` and `unjudged` beside it. Rows of other judge names already in
 judgments.parquet are kept (one row per (question, judge)) unless their `prediction` no longer
 matches answers.parquet (stale: judged an older answer). One row:
 
     {"question_id": "sample-1:q0", "judge_model": "smollm2|…", "judge_name": "same_as_llm",
-     "prompt_version": "judge_locomo/1", "label": True, "reply_raw": "{\\"reasoning\\": …}",
+     "prompt_version": "judge_locomo_paper/1", "label": True, "reply_raw": "{\\"label\\": …}",
      "f1_locomo": 1.0, "f1_mem0": 1.0, "bleu1": 1.0, "evidence_recall": 0.5,
-     "prediction": "Biscuit"}
+     "prediction": "Biscuit", "protocol": "paper"}
 """
 
 from __future__ import annotations
@@ -36,14 +45,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu import schemas
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.errors import ConfigError, StructMemError
 from structmem_gpu.eval.answer import llm_identity
 from structmem_gpu.eval.metrics import lexical_scores, says_not_mentioned
 from structmem_gpu.eval.recall import recall_by_question
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, Sampling, request_id
-from structmem_gpu.prompts import judge_locomo, judge_longmemeval
+from structmem_gpu.prompts import (
+    judge_locomo,
+    judge_locomo_paper,
+    judge_longmemeval,
+    judge_longmemeval_paper,
+)
 from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -59,6 +73,9 @@ LONGMEMEVAL_IDS = frozenset(LONGMEMEVAL_TYPES.values())
 _JSON_OVERHEAD_TOKENS = 24
 _CHARS_PER_TOKEN = 1.5
 _LABEL_RE = re.compile(r'"label"\s*:\s*"([A-Za-z]+)"')
+# judge.protocol values: paper = the published judges' call and label rule; reasoned = our
+# earlier reasoning-first, schema-constrained variant.
+PROTOCOLS = ("paper", "reasoned")
 
 
 @dataclass(frozen=True)
@@ -86,9 +103,22 @@ class JudgmentRow:
     bleu1: float | None
     evidence_recall: float | None
     prediction: str  # the judged answer text (detects stale rows after a re-answer)
+    protocol: str  # judge.protocol of the row ("rule" for rule verdicts)
 
 
-JUDGMENT_COLUMNS: schemas.Schema = {**schemas.JUDGMENTS, "prediction": pl.String()}
+JUDGMENT_COLUMNS: schemas.Schema = {
+    **schemas.JUDGMENTS,
+    "prediction": pl.String(),
+    "protocol": pl.String(),
+}
+
+
+def judge_protocol(cfg: DictConfig) -> str:
+    """`judge.protocol` (default paper), validated."""
+    value = str(OmegaConf.select(cfg, "judge.protocol", default="paper") or "paper")
+    if value not in PROTOCOLS:
+        raise ConfigError(f"judge.protocol={value!r}; expected one of {list(PROTOCOLS)}")
+    return value
 
 
 def parse_label(data: Any, text: str, positive: str, negative: str) -> bool | None:
@@ -145,16 +175,33 @@ def reasoning_chars(max_tokens: int) -> int:
     return max(16, int((max_tokens - _JSON_OVERHEAD_TOKENS) * _CHARS_PER_TOKEN))
 
 
-def build_request(item: JudgeItem, judge_name: str, samp: Sampling) -> LLMRequest:
-    chars = reasoning_chars(samp.max_tokens)
-    if item.category in LONGMEMEVAL_IDS:
-        msgs = judge_longmemeval.build_messages(
-            item.question, item.gold, item.prediction, item.category_name, item.is_abstention
-        )
-        version, sch = judge_longmemeval.VERSION, judge_longmemeval.schema(chars)
+def build_request(
+    item: JudgeItem, judge_name: str, samp: Sampling, protocol: str = "paper"
+) -> LLMRequest:
+    schema_: dict[str, Any] | None
+    if protocol == "paper":
+        if item.category in LONGMEMEVAL_IDS:
+            msgs = judge_longmemeval_paper.build_messages(
+                item.question, item.gold, item.prediction, item.category_name, item.is_abstention
+            )
+            version, schema_ = judge_longmemeval_paper.VERSION, None
+            samp = Sampling(
+                temperature=samp.temperature,
+                max_tokens=min(samp.max_tokens, judge_longmemeval_paper.MAX_TOKENS),
+            )
+        else:
+            msgs = judge_locomo_paper.build_messages(item.question, item.gold, item.prediction)
+            version, schema_ = judge_locomo_paper.VERSION, judge_locomo_paper.schema()
     else:
-        msgs = judge_locomo.build_messages(item.question, item.gold, item.prediction)
-        version, sch = judge_locomo.VERSION, judge_locomo.schema(chars)
+        chars = reasoning_chars(samp.max_tokens)
+        if item.category in LONGMEMEVAL_IDS:
+            msgs = judge_longmemeval.build_messages(
+                item.question, item.gold, item.prediction, item.category_name, item.is_abstention
+            )
+            version, schema_ = judge_longmemeval.VERSION, judge_longmemeval.schema(chars)
+        else:
+            msgs = judge_locomo.build_messages(item.question, item.gold, item.prediction)
+            version, schema_ = judge_locomo.VERSION, judge_locomo.schema(chars)
     rid = request_id(
         "judge", judge_name, item.question_id, version, [m.as_dict() for m in msgs], asdict(samp)
     )
@@ -164,9 +211,19 @@ def build_request(item: JudgeItem, judge_name: str, samp: Sampling) -> LLMReques
         messages=msgs,
         prompt_version=version,
         sampling=samp,
-        schema=sch,
+        schema=schema_,
         conv_id=item.conv_id,
     )
+
+
+def read_label(item: JudgeItem, protocol: str, data: Any, text: str | None) -> bool | None:
+    """The label of one LLM reply under `protocol` (None = unjudged)."""
+    if protocol == "paper":
+        if item.category in LONGMEMEVAL_IDS:
+            return judge_longmemeval_paper.parse_label(text)
+        return judge_locomo_paper.parse_label(text)
+    pos, neg = _labels_for(item)
+    return parse_label(data, text or "", pos, neg)
 
 
 def _labels_for(item: JudgeItem) -> tuple[str, str]:
@@ -189,16 +246,21 @@ def rule_verdict(item: JudgeItem) -> Verdict | None:
 
 
 def judge_with(
-    ctx: StageContext, name: str, backend: LLMBackend, items: Sequence[JudgeItem], samp: Sampling
+    ctx: StageContext,
+    name: str,
+    backend: LLMBackend,
+    items: Sequence[JudgeItem],
+    samp: Sampling,
+    protocol: str = "paper",
 ) -> list[Verdict]:
     """One verdict per item, in item order; the LLM part goes out as one batch."""
     verdicts: list[Verdict | None] = [rule_verdict(it) for it in items]
     ask = [i for i, v in enumerate(verdicts) if v is None]
-    requests = [build_request(items[i], name, samp) for i in ask]
+    requests = [build_request(items[i], name, samp, protocol) for i in ask]
     results = ctx.generate(requests, backend=backend, desc=f"judge:{name}")
     for i, req, res in zip(ask, requests, results):
-        pos, neg = _labels_for(items[i])
-        label = parse_label(res.data, res.text, pos, neg)
+        text = res.text if res.error is None else (res.text or None)
+        label = read_label(items[i], protocol, res.data, text)
         verdicts[i] = (res.model or backend.model_id, req.prompt_version, label, res.text)
     return [v for v in verdicts if v is not None]
 
@@ -210,10 +272,12 @@ def keep_other_judges(
     if old is None or old.height == 0:
         return schemas.empty(JUDGMENT_COLUMNS)
     others = old.filter(~pl.col("judge_name").is_in(list(names)))
-    if "prediction" not in others.columns:
-        return schemas.conform(
-            others.with_columns(pl.lit(None, pl.String()).alias("prediction")), JUDGMENT_COLUMNS
-        )
+    unchecked = "prediction" not in others.columns  # written before predictions were stored
+    for col in ("prediction", "protocol"):  # rows written before these columns existed
+        if col not in others.columns:
+            others = others.with_columns(pl.lit(None, pl.String()).alias(col))
+    if unchecked or others.height == 0:
+        return schemas.conform(others, JUDGMENT_COLUMNS).select(list(JUDGMENT_COLUMNS))
     current = answers.select("question_id", pl.col("prediction").alias("_current"))
     joined = others.join(current, on="question_id", how="left")
     fresh = joined.filter(
@@ -241,11 +305,12 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     samp = Sampling(
         temperature=float(ctx.cfg.judge.temperature), max_tokens=int(ctx.cfg.judge.max_tokens)
     )
+    protocol = judge_protocol(ctx.cfg)
     rows: list[JudgmentRow] = []
     judges = ctx.backends.judges()
     for name, backend in judges:
         for it, (model, version, label, raw) in zip(
-            items, judge_with(ctx, name, backend, items, samp)
+            items, judge_with(ctx, name, backend, items, samp, protocol)
         ):
             lex = lexical[it.question_id]
             rows.append(
@@ -261,6 +326,7 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
                     lex.bleu1,
                     recall.get(it.question_id),
                     it.prediction,
+                    "rule" if model.startswith("rule:") else protocol,
                 )
             )
     names = [n for n, _ in judges]
@@ -269,6 +335,7 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     new = schemas.frame([asdict(r) for r in rows], JUDGMENT_COLUMNS)
     unjudged = int(new["label"].is_null().sum())
     ctx.notes.update(
+        protocol=protocol,
         judges=names,
         rows=new.height,
         unjudged=unjudged,
@@ -277,7 +344,10 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     )
     if unjudged:
         log.warning(
-            "judge: %d of %d judgments unjudged (reply without a valid label)", unjudged, new.height
+            "judge: %d of %d judgments unjudged (reply without a valid label; counted as wrong "
+            "in judge_accuracy)",
+            unjudged,
+            new.height,
         )
     return {"judgments": pl.concat([kept, new])}
 
@@ -291,6 +361,7 @@ def judge_identity(cfg: DictConfig) -> dict[str, Any]:
         "panel": [{"name": m.get("name"), "llm": llm_identity(m.get("llm"))} for m in panel],
         "max_tokens": j.get("max_tokens"),
         "temperature": j.get("temperature"),
+        "protocol": j.get("protocol", "paper"),
         "answer_llm": llm_identity(OmegaConf.select(cfg, "llm", default=None)),
     }
 
@@ -305,4 +376,6 @@ STAGE = Stage(
     optional_reads=("retrievals", "entries", "syntheses"),
     config_keys=("benchmark.name", "benchmark.categories"),
     extra_fingerprint=judge_identity,
+    # 2: judge.protocol (paper judges by default), protocol column, cat-5 lexical rule.
+    version="2",
 )

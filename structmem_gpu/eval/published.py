@@ -9,20 +9,32 @@ row) and a `match` block of config values that make a run comparable, e.g.
      "overall": {"judge_accuracy": 76.49}, "by_category": {}}
 
 `match` keys: "benchmark" (= benchmark.name), "method" (= method.name), or any dotted config
-key. `match: null` rows (methods this project does not implement) are data only and never
-matched. Values are percentages, as printed in the papers.
+key; a row lists EVERY setting the published figure fixes (method, benchmark, ablation
+switches, seed_k, p_ret_k, rpe_factor, fusion window, passages per request, entries/syntheses
+per question, reader protocol, ...). On top of its `match` block a row matches only when
+
+- the run's category scope (`benchmark.categories`; null = every category of the benchmark)
+  equals the row's `categories`;
+- the run's `judge.protocol` is `paper` (the published judges);
+- the run is not a harness run: never for `llm=scripted` (llm.backend scripted) or a debug
+  profile (`debug_profile` set by debug=ci / debug=scripted).
+
+`match: null` rows (methods or settings this project does not implement) are data only and
+never matched. Values are percentages, as printed in the papers.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.data.categories import LOCOMO_CATEGORIES, LONGMEMEVAL_TYPES
 
 PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
 _ALIASES = {"benchmark": "benchmark.name", "method": "method.name"}
@@ -85,12 +97,51 @@ def config_fact(cfg: DictConfig, key: str) -> Any:
     return value
 
 
+Facts = DictConfig | Callable[[str], Any]  # a config, or a dotted key -> value lookup
+
+
+def _lookup(facts: Facts) -> Callable[[str], Any]:
+    if isinstance(facts, DictConfig):
+        return lambda key: config_fact(facts, key)
+    return facts
+
+
+def run_categories(facts: Facts) -> tuple[int, ...]:
+    """The run's category scope: benchmark.categories, or every category of its benchmark."""
+    get = _lookup(facts)
+    cats = get("benchmark.categories")
+    if cats is not None:
+        return tuple(sorted(int(c) for c in cats))
+    if get("benchmark") == "longmemeval":
+        return tuple(sorted(LONGMEMEVAL_TYPES.values()))
+    return tuple(sorted(LOCOMO_CATEGORIES))
+
+
+def harness_run(facts: Facts) -> str | None:
+    """Why a run can never be compared with a paper (None = it can)."""
+    get = _lookup(facts)
+    if get("llm.backend") == "scripted":
+        return "llm=scripted (scripted replies, not a model)"
+    profile = get("debug_profile")
+    if profile:
+        return f"debug={profile} (shrunk settings)"
+    return None
+
+
+def row_matches(facts: Facts, row: PublishedRow) -> bool:
+    """True when the run reproduces every setting `row` fixes (see the module docstring)."""
+    get = _lookup(facts)
+    if not row.match or harness_run(get) is not None:
+        return False
+    if (get("judge.protocol") or "paper") != "paper":
+        return False
+    if run_categories(get) != tuple(sorted(row.categories)):
+        return False
+    return all(get(k) == v for k, v in row.match.items())
+
+
 def matching_rows(
     cfg: DictConfig, rows: Sequence[PublishedRow] | None = None
 ) -> list[PublishedRow]:
-    """Rows whose every `match` value equals the run's config value."""
-    out = []
-    for row in load_published() if rows is None else rows:
-        if row.match and all(config_fact(cfg, k) == v for k, v in row.match.items()):
-            out.append(row)
-    return out
+    """Rows that `row_matches` the run."""
+    return [r for r in (load_published() if rows is None else rows) if row_matches(cfg, r)]

@@ -13,8 +13,12 @@ no tables. report.json (DESIGN.md contract; scores in [0, 1]):
      "parse_failure_rate": {"extract": 0.02, "answer": 0.0}, "truncation_rate": {...},
      "build_cost": {"extract": {"calls": 40, "cache_hits": 0, "prompt_tokens": …, "wall_s": …}}, …}
 
-n = judged questions (label not null); F1/BLEU-1 average every answer of the group, evidence
-recall the questions with resolvable evidence. When any LLM stage's parse-failure rate exceeds
+n = scored questions; `judge_accuracy` counts an unjudged reply (label null) as wrong, as the
+published pipelines do, `judge_accuracy_judged` averages the judged ones only, and `unjudged`
+counts the difference, per category and overall. F1/BLEU-1 average every answer of the group,
+evidence recall the questions with resolvable evidence. `protocols` names the answer and
+judge protocols the run used; `published` lists only rows whose every fixed setting matches
+(eval/published.py). When any LLM stage's parse-failure rate exceeds
 `report.max_parse_failure_rate`, the files are written first and then StructMemError is
 raised, so a broken prompt is never reported as a low score.
 """
@@ -39,8 +43,15 @@ from structmem_gpu.data.categories import (
 )
 from structmem_gpu.errors import StructMemError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
-from structmem_gpu.eval.judge import judge_identity
-from structmem_gpu.eval.published import config_fact, load_published, matching_rows
+from structmem_gpu.eval.answer import answer_protocol
+from structmem_gpu.eval.judge import judge_identity, judge_protocol
+from structmem_gpu.eval.published import (
+    config_fact,
+    harness_run,
+    load_published,
+    matching_rows,
+    run_categories,
+)
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.stage import Stage, StageContext
 
@@ -74,14 +85,24 @@ def _mean(s: pl.Series) -> float | None:
 
 
 def group_summary(rows: pl.DataFrame, name: str, st: ReportSettings) -> dict[str, Any]:
-    """The contract block of one group (one judge's rows of a category, or of all categories)."""
+    """The contract block of one group (one judge's rows of a category, or of all categories).
+
+    An unjudged row (label null: the judge's reply had no readable label) counts as WRONG in
+    `judge_accuracy` and its CI, as in the published pipelines (benchmarks.md §2.3);
+    `judge_accuracy_judged` leaves it out, and `unjudged` counts it. n = every scored row.
+    """
+    scored = rows["label"].fill_null(False).cast(pl.Float64)
     judged = rows["label"].drop_nulls().cast(pl.Float64)
-    ci = bootstrap_ci(judged.to_list(), resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
+    ci = bootstrap_ci(scored.to_list(), resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
     return {
         "name": name,
-        "n": judged.len(),
-        "judge_accuracy": float(judged.mean()) if judged.len() else None,  # type: ignore[arg-type]
+        "n": scored.len(),
+        "judge_accuracy": float(scored.mean()) if scored.len() else None,  # type: ignore[arg-type]
         "judge_accuracy_ci95": list(ci) if ci else None,
+        "judge_accuracy_judged": (
+            float(judged.mean()) if judged.len() else None  # type: ignore[arg-type]
+        ),
+        "unjudged": int(rows["label"].is_null().sum()),
         "f1_locomo": _mean(rows["f1_locomo"]),
         "f1_mem0": _mean(rows["f1_mem0"]),
         "bleu1": _mean(rows["bleu1"]),
@@ -90,17 +111,21 @@ def group_summary(rows: pl.DataFrame, name: str, st: ReportSettings) -> dict[str
 
 
 def longmemeval_summary(rows: pl.DataFrame) -> dict[str, Any]:
-    """Overall (micro), task-averaged (unweighted over types) and abstention accuracy (§3.5)."""
-    judged = rows.filter(pl.col("label").is_not_null())
-    per_type = judged.group_by("category").agg(pl.col("label").cast(pl.Float64).mean().alias("acc"))
-    abst = judged.filter(pl.col("is_abstention"))
+    """Overall (micro), task-averaged (unweighted over types) and abstention accuracy (§3.5).
+
+    An unjudged reply counts as "no", as in evaluate_qa.py's substring rule.
+    """
+    scored = rows.with_columns(pl.col("label").fill_null(False).cast(pl.Float64).alias("_s"))
+    per_type = scored.group_by("category").agg(pl.col("_s").mean().alias("acc"))
+    abst = scored.filter(pl.col("is_abstention"))
     return {
-        "overall_accuracy": _mean(judged["label"].cast(pl.Float64)),
-        "overall_n": judged.height,
+        "overall_accuracy": _mean(scored["_s"]),
+        "overall_n": scored.height,
         "task_averaged_accuracy": _mean(per_type["acc"]),
         "task_averaged_types": per_type.height,
-        "abstention_accuracy": _mean(abst["label"].cast(pl.Float64)),
+        "abstention_accuracy": _mean(abst["_s"]),
         "abstention_n": abst.height,
+        "unjudged": int(rows["label"].is_null().sum()),
     }
 
 
@@ -265,7 +290,10 @@ def build_report(
         )
         if head
         else 0,
+        "protocols": run_protocols(cfg, manifest),
+        "category_scope": list(run_categories(cfg)),
         "published": [r.id for r in matching_rows(cfg)],
+        "published_excluded": harness_run(cfg),
         "settings": {
             "bootstrap_resamples": st.bootstrap_resamples,
             "bootstrap_seed": st.bootstrap_seed,
@@ -277,6 +305,16 @@ def build_report(
         if key in main:
             report[key] = main[key]
     return report
+
+
+def run_protocols(cfg: DictConfig, manifest: Mapping[str, Any]) -> dict[str, str]:
+    """{"answer": ..., "judge": ...}: what each stage recorded in the manifest, else the config."""
+    stages = manifest.get("stages") or {}
+    out = {}
+    for stage, default in (("answer", answer_protocol(cfg)), ("judge", judge_protocol(cfg))):
+        notes = (stages.get(stage) or {}).get("notes") or {}
+        out[stage] = str(notes.get("protocol") or default)
+    return out
 
 
 def hypotheses_jsonl(questions: pl.DataFrame, answers: pl.DataFrame) -> str:
@@ -323,11 +361,16 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
         atomic_write_text(
             out / "longmemeval_hypotheses.jsonl", hypotheses_jsonl(questions, answers)
         )
-    if OmegaConf.select(cfg, "report.plots", default=True):  # report/*.png (eval/plots.py)
-        from structmem_gpu.eval.plots import write_run_plots
+    if OmegaConf.select(cfg, "report.plots", default=True):  # report/*.png (analysis/plots.py)
+        from structmem_gpu.analysis.plots import write_run_plots
 
         write_run_plots(ctx.run.root, cfg)
-    ctx.notes.update(judge=report["judge"], n=report["overall"]["n"], unjudged=report["unjudged"])
+    ctx.notes.update(
+        judge=report["judge"],
+        n=report["overall"]["n"],
+        unjudged=report["unjudged"],
+        protocols=report["protocols"],
+    )
     log.info("report: %s", out / "report.md")
     check_parse_failures(report["parse_failure_rate"], st.max_parse_failure_rate)
     return {}
@@ -335,6 +378,7 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 def _report_fingerprint(cfg: DictConfig) -> Any:
     keys = sorted({k for r in load_published() if r.match for k in r.match})
+    keys += ["llm.backend", "debug_profile", "answer.protocol"]
     return {"published": {k: config_fact(cfg, k) for k in keys}, "judge": judge_identity(cfg)}
 
 
@@ -352,4 +396,6 @@ STAGE = Stage(
         "method.stages",
     ),
     extra_fingerprint=_report_fingerprint,
+    # 2: unjudged counted as wrong; judge_accuracy_judged / unjudged per group; protocols.
+    version="2",
 )

@@ -44,6 +44,8 @@ def _score_row(label: str, g: Mapping[str, Any]) -> list[str]:
         str(g["n"]),
         pct(g["judge_accuracy"]),
         _ci(g["judge_accuracy_ci95"]),
+        pct(g.get("judge_accuracy_judged")),
+        str(g.get("unjudged", 0)),
         pct(g["f1_locomo"]),
         pct(g["f1_mem0"]),
         pct(g["bleu1"]),
@@ -54,9 +56,11 @@ def _score_row(label: str, g: Mapping[str, Any]) -> list[str]:
 def scores_section(rep: Mapping[str, Any]) -> list[str]:
     head = [
         "category",
-        "n judged",
+        "n",
         "judge acc.",
         "95% CI",
+        "judge acc. (judged only)",
+        "unjudged",
         "F1 (LoCoMo)",
         "F1 (Mem0)",
         "BLEU-1",
@@ -71,7 +75,9 @@ def scores_section(rep: Mapping[str, Any]) -> list[str]:
     models = ", ".join(rep["judge_models"].get(rep["judge"] or "", [])) or "–"
     out = [f"## Scores (judge `{rep['judge']}`: {models})", ""] + _table(head, rows)
     out.append(
-        f"Unjudged (reply without a valid label, not counted as wrong): {rep['unjudged']}. "
+        f"Unjudged (judge reply without a readable label): {rep['unjudged']}; they count as "
+        f"WRONG in `judge acc.`, as in the published pipelines, and are left out of "
+        f"`judge acc. (judged only)`. "
         f"Evidence recall excludes {rep['evidence_recall_excluded']} questions without resolvable "
         f"evidence or retrievals. CI: {rep['settings']['bootstrap_resamples']} bootstrap "
         f"resamples, seed {rep['settings']['bootstrap_seed']}."
@@ -132,19 +138,34 @@ def _ours(rep: Mapping[str, Any], metric: str, cat: str | None) -> str:
 
 def published_section(rep: Mapping[str, Any], rows: Sequence[PublishedRow]) -> list[str]:
     if not rows:
-        return []
+        why = rep.get("published_excluded")
+        scope = rep.get("category_scope", rep["categories"])
+        reason = (
+            f"this is a harness run ({why}), never comparable with a paper"
+            if why
+            else (
+                f"no published row fixes exactly this run's settings (method, benchmark, "
+                f"ablation switches, k values, reader/judge protocol, category scope {scope})"
+            )
+        )
+        return ["## Published figures", "", f"None shown: {reason}.", ""]
     out = [
         "## Published figures for this configuration",
         "",
         (
-            "Published numbers use other backbones and judges (listed per row): compare "
-            "trends, not absolute values. Scores in percent."
+            "Rows whose every fixed setting matches this run (method, benchmark, ablation "
+            "switches, k values, protocols, category scope). Published numbers use other "
+            "backbones and judges (listed per row): compare trends, not absolute values. "
+            "Scores in percent."
         ),
         "",
     ]
     ours_cats = set(rep["categories"])
     for row in rows:
-        out.append(f"**{row.label}** — {row.source}; {row.paper}; judge {row.judge_model}.")
+        out.append(
+            f"**{row.label}** — {row.source}; {row.paper}; judge {row.judge_model}; "
+            f"categories {list(row.categories)}."
+        )
         out.append("")
         table: list[list[str]] = []
         for metric, value in row.overall.items():
@@ -214,10 +235,16 @@ def cost_section(rep: Mapping[str, Any]) -> list[str]:
 
 def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> str:
     names = ", ".join(f"{k} = {v}" for k, v in rep["category_names"].items())
+    protocols = rep.get("protocols") or {}
     lines = [
         f"# Report: {rep['benchmark']} / {rep['method']}",
         "",
         f"{rep['questions']} questions, categories {rep['categories']}. Category ids: {names}.",
+        "",
+        (
+            f"Protocols: reader `{protocols.get('answer', '?')}`, judge "
+            f"`{protocols.get('judge', '?')}` (README \"Evaluation protocols\")."
+        ),
         "",
     ]
     for section in (

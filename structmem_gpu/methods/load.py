@@ -131,9 +131,14 @@ def run_load(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
     turns, questions = load_benchmark(**_benchmark_args(ctx.cfg))
     turns, questions = apply_shard(turns, questions, int(ctx.cfg.shard_index), int(ctx.cfg.num_shards))
+    from structmem_gpu.data.longmemeval import repeated_sessions
+
     ctx.notes.update(conversations=turns["conv_id"].n_unique(), turns=turns.height,
                      sessions=turns.select("conv_id", "session_index").unique().height,
                      questions=questions.height)
+    if ctx.cfg.benchmark.name == "longmemeval":
+        # Haystacks that list a session id twice keep both copies (data/longmemeval.py).
+        ctx.notes["repeated_sessions"] = repeated_sessions(turns)
     log.info("loaded %s", ctx.notes)
     return {"turns": turns, "questions": questions}
 

@@ -29,10 +29,11 @@ from structmem_gpu.prompts.answer_structmem import (
 
 VERSION = "answer_graph/1"
 
-SYSTEM = reader_system(
+SYSTEM_RELATION_RULE = (
     'Relations link two entities ("source -> relation -> target"); use them to connect people, '
     "places and things that the memories mention separately."
 )
+SYSTEM = reader_system(SYSTEM_RELATION_RULE)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import polars as pl
 import pytest
 
 from structmem_gpu.artifacts import RunDir
-from structmem_gpu.eval.compare import compare_runs, discover_runs, write_comparison
+from structmem_gpu.analysis.compare import compare_runs, discover_runs, write_comparison
 from structmem_gpu.methods.baselines.graph_memory import GRAPH_ENTITIES, GRAPH_RELATIONS
 from structmem_gpu.prompts import factual
 from tests.fixtures.llm import llamacpp_missing
@@ -107,7 +107,9 @@ def test_each_method_writes_the_standard_tables_and_report(fixture: str, request
     report = json.loads((run_dir / "report" / "report.json").read_text())
     answers = run.read_table("answers")
     assert answers.height == report["questions"] == 2
-    assert report["overall"]["n"] + report["unjudged"] == answers.height
+    # n = every scored question (unjudged replies count as wrong in judge_accuracy)
+    assert report["overall"]["n"] == answers.height
+    assert 0 <= report["unjudged"] <= answers.height
     assert all(s["status"] == "done" for s in _manifest(run_dir)["stages"].values())
 
 

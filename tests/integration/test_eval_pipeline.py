@@ -60,9 +60,17 @@ def test_report_overall_and_categories(structmem_sample_run: Path) -> None:
     rep = _report(structmem_sample_run)
     judg = RunDir(structmem_sample_run).read_table("judgments")
     judged = int(judg["label"].is_not_null().sum())
+    correct = int(judg["label"].fill_null(False).sum())
     assert set(rep["overall"]) == REPORT_GROUP_KEYS
-    assert rep["overall"]["n"] == judged == sum(g["n"] for g in rep["by_category"].values())
-    assert rep["unjudged"] == judg.height - judged
+    # n = every scored question; an unjudged reply counts as wrong in judge_accuracy
+    assert rep["overall"]["n"] == judg.height == sum(g["n"] for g in rep["by_category"].values())
+    assert rep["unjudged"] == rep["overall"]["unjudged"] == judg.height - judged
+    assert rep["overall"]["judge_accuracy"] == pytest.approx(correct / judg.height)
+    if judged:
+        assert rep["overall"]["judge_accuracy_judged"] == pytest.approx(correct / judged)
+    assert all(set(g) == REPORT_GROUP_KEYS for g in rep["by_category"].values())
+    assert rep["protocols"] == {"answer": "paper", "judge": "paper"}
+    assert rep["published"] == [] and rep["published_excluded"]  # debug=ci: never comparable
     assert set(rep["by_category"]) <= {"1", "2", "3", "4"}
     assert {"extract", "consolidate", "answer", "judge"} <= set(rep["build_cost"])
     assert {"extract", "answer", "judge"} <= set(rep["parse_failure_rate"])

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from structmem_gpu.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.eval import audit, audit_consolidation, audit_extraction
-from structmem_gpu.eval.agreement import cohen_kappa, fleiss_kappa
+from structmem_gpu.analysis.agreement import cohen_kappa, fleiss_kappa
 from structmem_gpu.llm.scripted import Responder, ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest
 from structmem_gpu.methods.structmem import consolidate

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+from omegaconf import OmegaConf
 import pytest
 
 from structmem_gpu.artifacts import RunDir
@@ -77,6 +78,15 @@ def test_flat_reader_shows_dated_entries_and_no_syntheses(run: RunDir) -> None:
     assert ret.group_by("question_id").len()["len"].max() <= int(cfg.retrieve.entries_k)
     tables = {n: run.read_table(n) for n in ("retrievals", "entries")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
+    paper = context_builder("flat")(AnswerInputs(cfg, questions, tables))  # default protocol
+    assert set(paper) == set(questions["question_id"])
+    for p in paper.values():
+        text = p.messages[-1].content
+        assert p.prompt_version == "answer_paper/1" and len(p.messages) == 1
+        assert "Memories of " in text and "(recorded on " in text
+        assert "Event summaries:" not in text  # flat memory has no syntheses
+        assert text.rstrip().splitlines()[-1].startswith("Question: ")
+    OmegaConf.update(cfg, "answer.protocol", "reasoned")
     prompts = context_builder("flat")(AnswerInputs(cfg, questions, tables))
     assert set(prompts) == set(questions["question_id"])
     for p in prompts.values():

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from omegaconf import OmegaConf
 import pytest
 
 from structmem_gpu.artifacts import RunDir
@@ -393,8 +394,15 @@ def test_graph_reader_shows_entries_and_relations(run: RunDir) -> None:
         run_stage(run, cfg, backends, stage)
     tables = {n: run.read_table(n) for n in ("retrievals", "entries", "turns")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
-    prompts = context_builder("graph")(AnswerInputs(cfg, questions, tables))
     with_rel = set(tables["retrievals"].filter(pl.col("circuit") == "relations")["question_id"])
+    paper = context_builder("graph")(AnswerInputs(cfg, questions, tables))  # default protocol
+    for qid, p in paper.items():
+        text = p.messages[-1].content
+        assert p.prompt_version == "answer_paper/1" and "Memories of " in text
+        assert ("Relations between entities:\n- [" in text) == (qid in with_rel)
+        assert "source -> relation -> target" in text  # the relation rule joins the reader
+    OmegaConf.update(cfg, "answer.protocol", "reasoned")
+    prompts = context_builder("graph")(AnswerInputs(cfg, questions, tables))
     for qid, p in prompts.items():
         user = p.messages[-1].content
         assert user.startswith("Memories of ") and p.prompt_version == "answer_graph/1"

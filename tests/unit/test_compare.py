@@ -11,7 +11,7 @@ import pytest
 
 from jobs.report import main as report_main
 from structmem_gpu.errors import InputError
-from structmem_gpu.eval.compare import compare_runs, discover_runs, write_comparison
+from structmem_gpu.analysis.compare import compare_runs, discover_runs, write_comparison
 
 CATS = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop"}
 
@@ -27,7 +27,13 @@ def _cost(calls: int, batches: int = 1, wall: float = 1.0) -> dict[str, Any]:
     }
 
 
-def fake_run(root: Path, method: str, build: dict[str, dict[str, Any]], acc: float = 0.5) -> Path:
+def fake_run(
+    root: Path,
+    method: str,
+    build: dict[str, dict[str, Any]],
+    acc: float = 0.5,
+    protocols: dict[str, str] | None = None,
+) -> Path:
     run = root / f"method={method}"
     (run / "report").mkdir(parents=True)
     group = {
@@ -44,6 +50,7 @@ def fake_run(root: Path, method: str, build: dict[str, dict[str, Any]], acc: flo
         "method": method,
         "judge": "same_as_llm",
         "unjudged": 0,
+        **({"protocols": protocols} if protocols else {}),
         "overall": {"name": "overall", **group},
         "by_category": {
             c: {"name": n, **group, "judge_accuracy": acc / int(c)} for c, n in CATS.items()
@@ -113,7 +120,8 @@ def test_write_comparison_md_csv_json(runs: list[Path], tmp_path: Path) -> None:
     df = compare_runs(runs)
     paths = write_comparison(df, tmp_path / "out")
     md = paths["md"].read_text()
-    assert "| graph_memory | sample | 4 | 50.0 |" in md and "×1.88" in md and "## Build cost" in md
+    assert "| graph_memory | sample | reasoned/reasoned | 4 | 50.0 |" in md
+    assert "×1.88" in md and "## Build cost" in md
     assert pl.read_csv(paths["csv"])["method"].to_list() == df["method"].to_list()
     assert [r["build_calls"] for r in json.loads(paths["json"].read_text())] == [3, 15, 8]
 
@@ -137,3 +145,23 @@ def test_missing_report_and_no_reference(tmp_path: Path, runs: list[Path]) -> No
         compare_runs([])
     df = compare_runs(runs[:2])  # no structmem run: no ratio
     assert df["build_calls_vs_ref"].null_count() == 2
+
+
+def test_rows_with_other_protocols_are_marked(tmp_path: Path) -> None:
+    paper = {"answer": "paper", "judge": "paper"}
+    runs = [
+        fake_run(tmp_path / "a", "structmem", {"extract": _cost(8)}, protocols=paper),
+        fake_run(tmp_path / "b", "flat", {"extract": _cost(4)}, protocols=paper),
+        fake_run(
+            tmp_path / "c",
+            "graph_memory",
+            {"extract": _cost(4)},
+            protocols={"answer": "paper", "judge": "reasoned"},
+        ),
+    ]
+    df = compare_runs(runs)
+    assert df["protocols"].to_list() == ["paper/paper", "paper/paper", "paper/reasoned"]
+    assert df["protocols_differ"].to_list() == [False, False, True]
+    md = write_comparison(df, tmp_path / "out")["md"].read_text()
+    assert "| graph_memory | sample | **paper/reasoned (differs)** |" in md
+    assert "| flat | sample | paper/paper |" in md

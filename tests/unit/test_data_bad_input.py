@@ -203,9 +203,20 @@ def test_lme_turn_without_text(write_json, content: str | None) -> None:
     )
 
 
-def test_lme_duplicate_dia_id(write_json) -> None:
-    path = write_json(_lme(lambda r: r["haystack_session_ids"].__setitem__(1, "filler_1")))
-    _raises(load_longmemeval, path, "[tq_1 filler_1 filler_1_1]", "duplicate dia_id")
+def test_lme_colliding_dia_id_is_still_an_error(write_json) -> None:
+    # a real session id that spells the rename of a repeat collides with it: an error, not a merge
+    path = write_json(
+        _lme(
+            lambda r: (
+                r["haystack_session_ids"].__setitem__(1, "filler_1#repeat2"),
+                r["haystack_session_ids"].append("filler_1"),
+                r["haystack_dates"].append("2024/01/06 (Sat) 09:00"),
+                r["haystack_sessions"].append([{"role": "user", "content": "Tea again?"}]),
+            )
+        )
+    )
+    where = "[tq_1 filler_1#repeat2 filler_1#repeat2_1]"
+    _raises(load_longmemeval, path, where, "duplicate dia_id")
 
 
 def test_lme_duplicate_question_id(write_json) -> None:

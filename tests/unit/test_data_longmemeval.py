@@ -10,6 +10,7 @@ import polars as pl
 
 from structmem_gpu import schemas
 from structmem_gpu.data import load_benchmark, load_longmemeval
+from structmem_gpu.data.longmemeval import repeated_sessions
 from structmem_gpu.data.categories import LONGMEMEVAL_TYPES, longmemeval_category
 from tests.fixtures.data import tiny_longmemeval
 
@@ -96,3 +97,56 @@ def test_integer_answer_is_a_string(write_json) -> None:
     data[0]["answer"] = 3
     _, questions = load_longmemeval(write_json(data))
     assert questions["answer"].to_list() == ["3"]
+
+
+def test_repeated_session_id_loads_with_both_occurrences(write_json, caplog) -> None:
+    """As in 13 histories of the real longmemeval_s_cleaned.json: the same filler session id
+    twice, identical turns, different dates. Both stay, in list order, with unique dia_ids."""
+    data = tiny_longmemeval()
+    rec = data[0]
+    rec["haystack_session_ids"].append("filler_1")
+    rec["haystack_dates"].append("2024/01/07 (Sun) 10:00")
+    rec["haystack_sessions"].append(copy.deepcopy(rec["haystack_sessions"][0]))
+    with caplog.at_level("WARNING", logger="structmem_gpu.data.longmemeval"):
+        turns, questions = load_longmemeval(write_json(data))
+    assert turns["session_id"].unique(maintain_order=True).to_list() == [
+        "filler_1",
+        "answer_tq_1",
+        "filler_1#repeat2",
+    ]
+    assert turns["session_index"].unique(maintain_order=True).to_list() == [1, 2, 3]
+    assert turns["dia_id"].is_unique().all()
+    copy1 = turns.filter(pl.col("session_index") == 1)["text"].to_list()
+    copy2 = turns.filter(pl.col("session_index") == 3)["text"].to_list()
+    assert copy1 == copy2  # identical turns, different session (date, hash)
+    assert turns.filter(pl.col("session_index") == 3)["session_hash"].n_unique() == 1
+    assert questions["evidence"].to_list() == [["answer_tq_1_1"]]
+    warnings = [r for r in caplog.records if "more than once" in r.getMessage()]
+    assert len(warnings) == 1 and "tq_1" in warnings[0].getMessage()
+    assert repeated_sessions(turns) == 1
+
+
+def test_repeated_sessions_land_in_turns_parquet_and_the_load_notes(tmp_path, write_json) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    data = tiny_longmemeval()
+    rec = data[0]
+    rec["haystack_session_ids"].append("filler_1")
+    rec["haystack_dates"].append("2024/01/07 (Sun) 10:00")
+    rec["haystack_sessions"].append(copy.deepcopy(rec["haystack_sessions"][0]))
+    path, run_dir = write_json(data), tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(root / "jobs" / "run.py"), "benchmark=longmemeval",
+         f"benchmark.path={path}", "stages=[load]", f"hydra.run.dir={run_dir}"],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "more than once" in proc.stdout + proc.stderr  # the one warning line
+    turns = pl.read_parquet(run_dir / "tables" / "turns.parquet")
+    assert set(turns["session_id"]) == {"filler_1", "answer_tq_1", "filler_1#repeat2"}
+    assert turns.height == 6
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["stages"]["load"]["notes"]["repeated_sessions"] == 1

@@ -85,23 +85,26 @@ def test_rules_without_llm_calls() -> None:
 
 
 def test_request_schema_puts_reasoning_before_label_and_fits_max_tokens() -> None:
-    req = build_request(_item(), "j", Sampling(max_tokens=40))
+    req = build_request(_item(), "j", Sampling(max_tokens=40), "reasoned")
     assert req.prompt_version == judge_locomo.VERSION and req.stage == "judge"
     assert list(req.schema["properties"]) == ["reasoning", "label"]  # type: ignore[index]
     assert req.schema["properties"]["label"]["enum"] == ["CORRECT", "WRONG"]  # type: ignore[index]
     assert req.schema["properties"]["reasoning"]["maxLength"] == reasoning_chars(40) < 40 * 4  # type: ignore[index]
-    other = build_request(_item(), "other-judge", Sampling(max_tokens=40))
+    other = build_request(_item(), "other-judge", Sampling(max_tokens=40), "reasoned")
     assert other.request_id != req.request_id  # one request per (judge, question)
 
 
 def test_longmemeval_rule_by_type_and_abstention() -> None:
     lme = _item(category=106, category_name="temporal-reasoning")
-    req = build_request(lme, "j", Sampling())
+    req = build_request(lme, "j", Sampling(), "reasoned")
     assert req.prompt_version == judge_longmemeval.VERSION
     assert "off-by-one" in req.messages[0].content
     assert req.schema["properties"]["label"]["enum"] == ["yes", "no"]  # type: ignore[index]
     abst = build_request(
-        _item(category=106, category_name="temporal-reasoning", is_abstention=True), "j", Sampling()
+        _item(category=106, category_name="temporal-reasoning", is_abstention=True),
+        "j",
+        Sampling(),
+        "reasoned",
     )
     assert "cannot be answered" in abst.messages[0].content
     assert judge_longmemeval.rule_for("knowledge-update", False) == "knowledge_update"

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from structmem_gpu import schemas
 from structmem_gpu.errors import StructMemError
-from structmem_gpu.eval.published import load_published, matching_rows
+from structmem_gpu.eval.published import harness_run, load_published, matching_rows
 from structmem_gpu.eval.report import (
     ReportSettings,
     build_costs,
@@ -50,19 +50,31 @@ def _rows(
     )
 
 
-def test_group_block_counts_only_judged_and_keeps_contract_keys() -> None:
+def test_group_block_counts_unjudged_as_wrong_and_keeps_contract_keys() -> None:
     g = group_summary(
         _rows([True, False, None, True], [1, 1, 1, 1]), "multi-hop", ReportSettings(200, 0, 0.5)
     )
     assert set(g) == REPORT_GROUP_KEYS
-    assert g["n"] == 3 and g["judge_accuracy"] == pytest.approx(2 / 3)  # unjudged is not wrong
+    # the unjudged reply counts as WRONG in the headline, as in the published pipelines
+    assert g["n"] == 4 and g["judge_accuracy"] == pytest.approx(2 / 4)
+    assert g["judge_accuracy_judged"] == pytest.approx(2 / 3) and g["unjudged"] == 1
     assert g["f1_locomo"] == 0.5 and g["f1_mem0"] is None and g["evidence_recall"] == 1.0
     lo, hi = g["judge_accuracy_ci95"]
-    assert 0.0 <= lo <= 2 / 3 <= hi <= 1.0
+    assert 0.0 <= lo <= 2 / 4 <= hi <= 1.0
     empty = group_summary(_rows([], []), "x", ReportSettings())
     assert (
         empty["n"] == 0 and empty["judge_accuracy"] is None and empty["judge_accuracy_ci95"] is None
     )
+    assert empty["judge_accuracy_judged"] is None and empty["unjudged"] == 0
+
+
+def test_an_unjudged_reply_lowers_judge_accuracy_and_not_the_judged_only_score() -> None:
+    st = ReportSettings(100, 0, 0.5)
+    before = group_summary(_rows([True, True, False], [4, 4, 4]), "single-hop", st)
+    after = group_summary(_rows([True, True, False, None], [4, 4, 4, 4]), "single-hop", st)
+    assert after["judge_accuracy"] < before["judge_accuracy"]  # 2/4 < 2/3
+    assert after["judge_accuracy_judged"] == before["judge_accuracy_judged"] == pytest.approx(2 / 3)
+    assert (before["unjudged"], after["unjudged"]) == (0, 1)
 
 
 def test_longmemeval_overall_task_averaged_abstention() -> None:
@@ -72,7 +84,9 @@ def test_longmemeval_overall_task_averaged_abstention() -> None:
         [False, False, True, False, False, True],
     )
     s = longmemeval_summary(rows)
-    assert s["overall_accuracy"] == pytest.approx(4 / 5) and s["overall_n"] == 5
+    # the unjudged 105 reply counts as "no" (evaluate_qa.py: no 'yes' in it)
+    assert s["overall_accuracy"] == pytest.approx(4 / 6) and s["overall_n"] == 6
+    assert s["unjudged"] == 1
     assert (
         s["task_averaged_accuracy"] == pytest.approx((1.0 + 0.0 + 1.0) / 3)
         and s["task_averaged_types"] == 3
@@ -174,10 +188,22 @@ def test_hypotheses_jsonl_one_line_per_question() -> None:
 
 
 def _cfg(**kw: object) -> object:
+    """A StructMem LoCoMo config that reproduces paper Table 1's settings."""
     base = {
         "benchmark": {"name": "locomo", "categories": [1, 2, 3, 4]},
         "method": {"name": "structmem"},
-        "consolidate": {"seed_k": 15, "enabled": True},
+        "llm": {"backend": "vllm_server"},
+        "debug_profile": None,
+        "consolidate": {"seed_k": 15, "enabled": True, "window_seconds": 3600},
+        "retrieve": {"entries_k": 60, "syntheses_k": 5},
+        "answer": {"protocol": "paper"},
+        "judge": {"name": "same_as_llm", "protocol": "paper"},
+        "seem": {
+            "ablation": {"fact_context": True, "ppr": True, "rpe": True, "eef": True},
+            "retrieve": {"p_ret_k": 5, "rpe_factor": 2},
+            "fusion": {"window": 1},
+            "passages_per_request": 1,
+        },
     }
     c = OmegaConf.create(base)
     for k, v in kw.items():
@@ -185,29 +211,76 @@ def _cfg(**kw: object) -> object:
     return c
 
 
+def _ids(cfg: object) -> set[str]:
+    return {r.id for r in matching_rows(cfg)}  # type: ignore[arg-type]
+
+
 def test_published_rows_have_sources_and_match_configs() -> None:
     rows = load_published()
-    assert all(r.source and r.paper for r in rows)
-    ids = {r.id for r in matching_rows(_cfg())}  # type: ignore[arg-type]
-    assert ids == {"structmem-table1", "structmem-fig3d-k15"}
+    assert all(r.source and r.paper and r.categories for r in rows)
+    assert _ids(_cfg()) == {"structmem-table1", "structmem-fig3d-k15"}
     t1 = next(r for r in rows if r.id == "structmem-table1")
     assert (
         t1.overall == {"judge_accuracy": 76.82} and t1.by_category["judge_accuracy"]["2"] == 81.62
     )
-    assert {r.id for r in matching_rows(_cfg(**{"consolidate.seed_k": 5}))} == {
-        "structmem-fig3d-k5"
-    }  # type: ignore[arg-type]
-    assert {r.id for r in matching_rows(_cfg(**{"method.name": "structmem_no_cross_event"}))} == {  # type: ignore[arg-type]
-        "structmem-table2-no-cross-event"
-    }
-    assert matching_rows(_cfg(**{"benchmark.name": "sample"})) == []  # type: ignore[arg-type]
-    seem = {
-        r.id
-        for r in matching_rows(_cfg(**{"method.name": "seem", "benchmark.name": "longmemeval"}))
-    }  # type: ignore[arg-type]
-    assert seem == {"seem-table1-longmemeval-seem", "seem-table7-seem"}
+    assert _ids(_cfg(**{"consolidate.seed_k": 5})) == {"structmem-fig3d-k5"}
+    no_cross = _cfg(**{"method.name": "structmem_no_cross_event", "consolidate.enabled": False})
+    assert _ids(no_cross) == {"structmem-table2-no-cross-event"}
+    assert _ids(_cfg(**{"benchmark.name": "sample"})) == set()
+    lme = _cfg(
+        **{"method.name": "seem", "benchmark.name": "longmemeval", "benchmark.categories": None}
+    )
+    assert _ids(lme) == {"seem-table1-longmemeval-seem", "seem-table7-seem"}
     t6 = next(r for r in rows if r.id == "seem-table6-seem")
     assert t6.extra["correct_by_category"]["5"] == 432
+    # SEEM's LongMemEval judge is not stated in the paper
+    assert {r.judge_model for r in rows if r.paper.startswith("Structured Episodic") and
+            r.categories[0] > 100} == {"not stated"}
+
+
+def test_a_row_matches_only_when_every_fixed_setting_matches() -> None:
+    seem = _cfg(**{"method.name": "seem", "benchmark.categories": [1, 2, 3, 4, 5]})
+    assert _ids(seem) == {"seem-table1-locomo-seem", "seem-table2-seem", "seem-table6-seem"}
+    # ablation switches, k values, the fusion window, passages per request
+    assert _ids(_cfg(**{"method.name": "seem", "benchmark.categories": [1, 2, 3, 4, 5],
+                        "seem.ablation.rpe": False})) == set()
+    assert _ids(_cfg(**{"method.name": "seem_no_rpe", "benchmark.categories": [1, 2, 3, 4, 5],
+                        "seem.ablation.rpe": False})) == {"seem-table3-no-rpe"}
+    for key, value in [("seem.retrieve.p_ret_k", 10), ("seem.retrieve.rpe_factor", 3),
+                       ("seem.fusion.window", 5), ("seem.passages_per_request", 8)]:
+        assert _ids(_cfg(**{"method.name": "seem", "benchmark.categories": [1, 2, 3, 4, 5],
+                            key: value})) == set(), key
+    # category scope: SEEM's figures cover 1-5, StructMem's 1-4
+    assert _ids(_cfg(**{"method.name": "seem"})) == set()
+    assert _ids(_cfg(**{"benchmark.categories": [1, 2, 3, 4, 5]})) == set()
+    # reader / judge protocol, retrieval sizes
+    assert _ids(_cfg(**{"judge.protocol": "reasoned"})) == set()
+    assert _ids(_cfg(**{"answer.protocol": "reasoned"})) == set()
+    assert _ids(_cfg(**{"retrieve.entries_k": 20})) == set()
+    # a judge row of Table 4 needs that judge
+    assert "structmem-table4-qwen2-5-32b-judge" in _ids(_cfg(**{"judge.name": "qwen2_5_32b"}))
+
+
+def test_no_published_row_for_harness_runs() -> None:
+    assert _ids(_cfg(**{"llm.backend": "scripted"})) == set()
+    assert _ids(_cfg(**{"debug_profile": "ci"})) == set()
+    assert harness_run(_cfg(**{"llm.backend": "scripted"})) is not None  # type: ignore[arg-type]
+    assert harness_run(_cfg()) is None  # type: ignore[arg-type]
+
+
+def test_new_tables_are_transcribed_with_their_source() -> None:
+    rows = {r.id: r for r in load_published()}
+    q = rows["structmem-table4-qwen2-5-32b-judge"]
+    assert q.overall == {"judge_accuracy": 77.01} and q.judge_model == "Qwen2.5-32B"
+    assert q.by_category["judge_accuracy"] == {"1": 69.86, "2": 78.19, "3": 48.96, "4": 82.16}
+    assert rows["structmem-table4-gpt-4o-mini-judge"].extra["fleiss_kappa"] == 0.8341
+    assert "Table 4" in q.source and "A.5" in q.source
+    assert rows["seem-table3-no-eef"].overall == {
+        "bleu1": 53.5, "f1_locomo": 58.5, "judge_accuracy": 75.0
+    }
+    assert rows["seem-table8-incremental"].match is None  # not implemented: data only
+    assert rows["seem-table5-seem"].overall["judge_accuracy"] == 77.1
+    assert "Table 5" in rows["seem-table5-seem"].source
 
 
 def _report(categories: list[int]) -> dict[str, object]:
@@ -245,6 +318,7 @@ def _report(categories: list[int]) -> dict[str, object]:
             }
         },
         "evidence_recall_excluded": 2,
+        "protocols": {"answer": "paper", "judge": "paper"},
         "settings": {"bootstrap_resamples": 10, "bootstrap_seed": 0, "max_parse_failure_rate": 0.5},
     }
 
@@ -257,5 +331,6 @@ def test_markdown_shows_published_figures_side_by_side_with_source() -> None:
     )
     assert "| 1 multi-hop judge accuracy | 50.0 (n=2) | 68.77 |" in md
     assert "Published build cost: 1056 calls" in md
-    other = render_markdown(_report([1, 2, 3, 4, 5]), rows)
-    assert "n/a (published covers categories [1, 2, 3, 4])" in other
+    assert "categories [1, 2, 3, 4]" in md and "Protocols: reader `paper`, judge `paper`" in md
+    none = render_markdown({**_report([1, 2, 3, 4]), "published_excluded": "llm=scripted"}, [])
+    assert "## Published figures" in none and "harness run (llm=scripted)" in none

@@ -59,10 +59,12 @@ def _answer(req: LLMRequest) -> str:
 
 
 def _judge(req: LLMRequest) -> str:
-    user = req.messages[1].content  # the judged pair (a repair attempt appends messages after it)
+    # the judged pair: the first user message (paper: the only message; reasoned: after the
+    # system message; a repair attempt appends messages after it)
+    user = next(m.content for m in req.messages if m.role == "user")
     if "When" in user:
         return '{"reasoning": "cut off mid-sente'  # malformed: unjudged, not wrong
-    label = "CORRECT" if "Biscuit" in user else "WRONG"
+    label = "CORRECT" if "Generated answer: Biscuit" in user else "WRONG"
     return json.dumps({"reasoning": "compared with the gold answer", "label": label})
 
 
@@ -106,13 +108,20 @@ def test_report_json_contract_and_n_sums(sample_run: Path) -> None:
     rep = json.loads((sample_run / "report" / "report.json").read_text())
     judg = RunDir(sample_run).read_table("judgments")
     judged = int(judg["label"].is_not_null().sum())
+    correct = int(judg["label"].fill_null(False).sum())
     assert set(rep["overall"]) == REPORT_GROUP_KEYS
     assert all(set(g) == REPORT_GROUP_KEYS for g in rep["by_category"].values())
-    assert rep["overall"]["n"] == judged == sum(g["n"] for g in rep["by_category"].values())
-    assert rep["unjudged"] == judg.height - judged > 0
+    # n = every scored question; unjudged replies count as wrong in judge_accuracy
+    assert rep["overall"]["n"] == judg.height == sum(g["n"] for g in rep["by_category"].values())
+    assert rep["unjudged"] == rep["overall"]["unjudged"] == judg.height - judged > 0
+    assert rep["overall"]["judge_accuracy"] == pytest.approx(correct / judg.height)
+    assert rep["overall"]["judge_accuracy_judged"] == pytest.approx(correct / judged)
+    assert sum(g["unjudged"] for g in rep["by_category"].values()) == rep["unjudged"]
+    assert rep["protocols"] == {"answer": "paper", "judge": "paper"}
+    assert rep["published"] == [] and "scripted" in rep["published_excluded"]
     assert set(rep["by_category"]) == {"1", "2", "3", "4", "5"}
     assert rep["category_names"]["5"] == "adversarial" and rep["judge"] == "same_as_llm"
-    assert rep["overall_without_adversarial"]["n"] == judged - rep["by_category"]["5"]["n"]
+    assert rep["overall_without_adversarial"]["n"] == judg.height - rep["by_category"]["5"]["n"]
     assert (
         set(rep["parse_failure_rate"]) >= {"answer", "judge"} and "judge" in rep["truncation_rate"]
     )
@@ -130,6 +139,7 @@ def test_report_json_contract_and_n_sums(sample_run: Path) -> None:
     ]
     md = (sample_run / "report" / "report.md").read_text()
     assert "| **overall** |" in md and "## Build cost" in md
+    assert "None shown: this is a harness run" in md and "judged only" in md
 
 
 def test_rejudge_adds_a_judge_and_never_reanswers(
@@ -168,9 +178,10 @@ def test_broken_judge_prompt_fails_the_report_after_writing_it(
     ):
         _run(["method=full_context", f"paths.cache_dir={tmp_path / 'c'}"], run_dir)
     rep = json.loads((run_dir / "report" / "report.json").read_text())
-    assert (
-        rep["overall"]["n"] == 0 and rep["unjudged"] == rep["questions"] > 0
-    )  # unjudged, never "wrong"
+    # every reply unjudged: all count as wrong in the headline, none in the judged-only score
+    assert rep["overall"]["n"] == rep["unjudged"] == rep["questions"] > 0
+    assert rep["overall"]["judge_accuracy"] == 0.0
+    assert rep["overall"]["judge_accuracy_judged"] is None
     assert RunDir(run_dir).stage_entry("report") is None  # not recorded as done: a rerun retries it
 
 

@@ -1,4 +1,4 @@
-"""structmem_gpu.eval.inspect on a sample run built with the scripted LLM (no server).
+"""structmem_gpu.analysis.inspect on a sample run built with the scripted LLM (no server).
 
 python -m pytest tests/unit -q -k inspect
 """
@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from structmem_gpu.errors import InputError, MissingTableError
-from structmem_gpu.eval.inspect import (
+from structmem_gpu.analysis.inspect import (
     FAILURE_TYPES,
     Run,
     Sweep,
@@ -159,10 +159,21 @@ def test_load_sweep_and_comparison(tmp_path: Path, run: Run) -> None:
 def test_published_rows_follow_recorded_config(tmp_path: Path) -> None:
     root = tmp_path / "locomo-run"
     root.mkdir()
+    # every setting the rows fix, as the stages record them (no report.json yet)
     manifest = {
         "benchmark": "locomo",
         "method": "structmem",
-        "stages": {"consolidate": {"config": {"consolidate": {"seed_k": 15}}}},
+        "stages": {
+            "load": {"config": {"benchmark": {"categories": [1, 2, 3, 4]}}},
+            "consolidate": {
+                "config": {"consolidate": {"seed_k": 15, "enabled": True, "window_seconds": 3600}}
+            },
+            "retrieve": {"config": {"retrieve.entries_k": 60, "retrieve.syntheses_k": 5}},
+            "answer": {"config": {"answer": {"protocol": "paper"}}},
+            "judge": {
+                "config": {"judge": {"protocol": "paper"}, "llm": {"backend": "vllm_server"}}
+            },
+        },
     }
     (root / "manifest.json").write_text(json.dumps(manifest))
     ids = {r.id for r in published_rows(load_run(root))}
@@ -170,3 +181,7 @@ def test_published_rows_follow_recorded_config(tmp_path: Path) -> None:
     manifest["stages"]["consolidate"]["config"]["consolidate"]["seed_k"] = 7
     (root / "manifest.json").write_text(json.dumps(manifest))
     assert published_rows(load_run(root)) == []
+    # a finished run: the ids its report.json lists
+    (root / "report").mkdir()
+    (root / "report" / "report.json").write_text(json.dumps({"published": ["structmem-fig3d-k5"]}))
+    assert [r.id for r in published_rows(load_run(root))] == ["structmem-fig3d-k5"]

@@ -1,4 +1,4 @@
-"""structmem_gpu.eval.plots: the report stage's PNGs, the curves behind them, empty inputs.
+"""structmem_gpu.analysis.plots: the report stage's PNGs, the curves behind them, empty inputs.
 
 python -m pytest tests/unit -q -k plots
 """
@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 
 from structmem_gpu.errors import StructMemError
-from structmem_gpu.eval import plots
-from structmem_gpu.eval.inspect import load_run, request_events, sweep_frame
+from structmem_gpu.analysis import plots
+from structmem_gpu.analysis.inspect import load_run, request_events, sweep_frame
 from structmem_gpu.eval.published import load_published
 from structmem_gpu.schemas import (
     ENTRIES,

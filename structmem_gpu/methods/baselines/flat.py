@@ -27,7 +27,9 @@ import polars as pl
 from structmem_gpu.eval.answer import (
     AnswerInputs,
     AnswerPrompt,
+    answer_protocol,
     entry_lines,
+    paper_prompts,
 )
 from structmem_gpu.prompts import answer_flat as P
 from structmem_gpu.prompts.answer_structmem import MemoryLine
@@ -40,7 +42,10 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     retrievals = inputs.require("retrievals", PROMPT_NAME)
     entries = inputs.require("entries", PROMPT_NAME)
     qids = inputs.questions["question_id"].to_list()
-    lines = entry_lines(retrievals.filter(pl.col("question_id").is_in(qids)), entries, MemoryLine)
+    mine = retrievals.filter(pl.col("question_id").is_in(qids))
+    if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader, minus the summaries
+        return paper_prompts(inputs, mine, entries, lambda q: [], None)
+    lines = entry_lines(mine, entries, MemoryLine)
     out: dict[str, AnswerPrompt] = {}
     for qid, question, now in inputs.questions.select(
         "question_id", "question", "question_time"

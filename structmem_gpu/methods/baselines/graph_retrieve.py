@@ -36,7 +36,9 @@ from structmem_gpu import schemas
 from structmem_gpu.eval.answer import (
     AnswerInputs,
     AnswerPrompt,
+    answer_protocol,
     entry_lines,
+    paper_prompts,
 )
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K
@@ -242,6 +244,14 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
             "question_id", "relation_first", "relation_last", "relation_text"
         ).iter_rows():
             rel.setdefault(qid, []).append(P.RelationLine(a, b, text))
+    if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader + the relations block
+        return paper_prompts(
+            inputs,
+            mine.select(list(schemas.RETRIEVALS)),
+            entries,
+            lambda q: [P.render((), rel[q])] if rel.get(q) else [],
+            P.SYSTEM_RELATION_RULE,
+        )
     out: dict[str, AnswerPrompt] = {}
     for qid, question, now in inputs.questions.select(
         "question_id", "question", "question_time"

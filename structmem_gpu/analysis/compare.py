@@ -1,0 +1,268 @@
+"""Compare finished runs side by side: one row per run, scores and build cost.
+
+    python jobs/report.py compare outputs/compare outputs/multirun/sample/2026-05-01_12-00-00
+    # or, from code / jobs/report.py:
+    df = compare_runs(discover_runs(Path("outputs/multirun/sample/2026-05-01_12-00-00")))
+    write_comparison(df, Path("outputs/compare"))   # comparison.md, .csv, .json
+
+Reads each run's report/report.json (scores; DESIGN.md contract) and manifest.json (per-stage
+build_cost, including LLM batches). BUILD cost sums every stage that builds memory, i.e. all
+stages except `load, retrieve, answer, judge, report`. Calls count every request the method
+makes, cache hits included: the cost of the method, not of this particular rerun (wall
+seconds, in contrast, are as measured and shrink when the cache answers). One row:
+
+    {"method": "graph_memory", "benchmark": "sample", "n": 2, "acc_overall": 0.5,
+     "acc_single_hop": 1.0, ..., "f1_locomo": 0.31, "evidence_recall": 0.5,
+     "build_calls": 19, "build_prompt_tokens": 9120, "build_completion_tokens": 1310,
+     "build_wall_s": 95.2, "build_batches": 11, "build_calls_vs_ref": 2.4, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from structmem_gpu.artifacts import MANIFEST, atomic_write_text
+from structmem_gpu.errors import InputError
+
+log = logging.getLogger(__name__)
+
+REPORT = Path("report") / "report.json"
+QUERY_STAGES = frozenset({"load", "retrieve", "answer", "judge", "report"})  # not memory building
+COST_KEYS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s", "batches")
+METRICS = ("f1_locomo", "f1_mem0", "bleu1", "evidence_recall")
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise InputError(path, "missing; is this a finished run directory (stages up to report)?")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise InputError(path, "expected a JSON object")
+    return data
+
+
+def discover_runs(*roots: Path) -> list[Path]:
+    """Run directories (those with report/report.json) at or below `roots`, sorted by path."""
+    found: set[Path] = set()
+    for root in roots:
+        if (root / REPORT).is_file():
+            found.add(root)
+        found |= {
+            p.parent.parent
+            for p in root.rglob("report.json")
+            if p.parent.name == "report" and (p.parent.parent / MANIFEST).is_file()
+        }
+    return sorted(found)
+
+
+def slug(name: str) -> str:
+    """Column-safe category name ("single-hop" -> "single_hop")."""
+    return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+
+
+def build_cost(manifest: Mapping[str, Any]) -> dict[str, float]:
+    """Sum of the build stages' manifest build_cost, plus the answer stage's calls/tokens."""
+    stages = manifest.get("stages") or {}
+    out: dict[str, float] = {f"build_{k}": 0 for k in COST_KEYS}
+    for name, entry in stages.items():
+        if name in QUERY_STAGES:
+            continue
+        cost = entry.get("build_cost") or {}
+        for k in COST_KEYS:
+            out[f"build_{k}"] += cost.get(k) or 0
+    out["build_wall_s"] = round(float(out["build_wall_s"]), 3)
+    answer = (stages.get("answer") or {}).get("build_cost") or {}
+    out["answer_calls"] = answer.get("calls") or 0
+    out["answer_prompt_tokens"] = answer.get("prompt_tokens") or 0
+    return out
+
+
+def _protocols(report: Mapping[str, Any]) -> str:
+    """"reader/judge" protocols of a report ("reasoned/reasoned" before protocols existed:
+    older runs used what is now the `reasoned` variant)."""
+    p = report.get("protocols") or {}
+    return f"{p.get('answer', 'reasoned')}/{p.get('judge', 'reasoned')}"
+
+
+def run_row(run_dir: Path) -> dict[str, Any]:
+    """One comparison row from a run directory's report.json and manifest.json."""
+    report, manifest = _load_json(run_dir / REPORT), _load_json(run_dir / MANIFEST)
+    overall = report.get("overall") or {}
+    ci = overall.get("judge_accuracy_ci95") or [None, None]
+    row: dict[str, Any] = {
+        "method": report.get("method") or manifest.get("method"),
+        "benchmark": report.get("benchmark") or manifest.get("benchmark"),
+        "run_dir": str(run_dir),
+        "config_hash": manifest.get("config_hash"),
+        "judge": report.get("judge"),
+        "protocols": _protocols(report),
+        "n": overall.get("n"),
+        "unjudged": report.get("unjudged"),
+        "acc_overall": overall.get("judge_accuracy"),
+        "acc_overall_ci_low": ci[0],
+        "acc_overall_ci_high": ci[1],
+    }
+    cats = report.get("by_category") or {}
+    for cid in sorted(cats, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c)):
+        row[f"acc_{slug(cats[cid].get('name') or cid)}"] = cats[cid].get("judge_accuracy")
+    row.update({m: overall.get(m) for m in METRICS})
+    row.update(build_cost(manifest))
+    return row
+
+
+def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    # Category columns after the overall score, in first-seen order; all other columns fixed.
+    acc = [c for c in cols if c.startswith("acc_") and not c.startswith("acc_overall")]
+    head = [
+        "method",
+        "benchmark",
+        "run_dir",
+        "config_hash",
+        "judge",
+        "protocols",
+        "protocols_differ",
+        "n",
+        "unjudged",
+        "acc_overall",
+        "acc_overall_ci_low",
+        "acc_overall_ci_high",
+    ]
+    order = head + acc + [c for c in cols if c not in head and c not in acc]
+    return pl.DataFrame(
+        [{c: r.get(c) for c in order} for r in rows],
+        schema_overrides={
+            c: pl.Float64
+            for c in order
+            if c.startswith("acc_") or c in METRICS or c == "build_wall_s"
+        },
+        infer_schema_length=None,
+    )
+
+
+def compare_runs(run_dirs: Iterable[Path], reference: str | None = "structmem") -> pl.DataFrame:
+    """One row per run (in the given order). `build_calls_vs_ref` = build calls / the build
+    calls of the `reference` method's run on the same benchmark (null when there is none)."""
+    rows = [run_row(Path(d)) for d in run_dirs]
+    if not rows:
+        raise InputError(
+            "compare_runs", "no run directories given (none found under the folders named?)"
+        )
+    # A row whose reader/judge protocols differ from the most common pair is marked: its
+    # scores are not comparable with the others' (README "Evaluation protocols").
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["protocols"]] = counts.get(r["protocols"], 0) + 1
+    common = max(counts, key=lambda k: (counts[k], k == "paper/paper"))
+    for r in rows:
+        r["protocols_differ"] = r["protocols"] != common
+    df = _frame(rows)
+    ref = (
+        df.filter(pl.col("method") == reference)
+        .group_by("benchmark")
+        .agg(pl.col("build_calls").first().alias("_ref"))
+        if reference
+        else None
+    )
+    if ref is None or ref.height == 0:
+        return df.with_columns(pl.lit(None, pl.Float64).alias("build_calls_vs_ref"))
+    df = df.join(ref, on="benchmark", how="left", maintain_order="left")
+    ratio = pl.when(pl.col("_ref") > 0).then(pl.col("build_calls") / pl.col("_ref")).otherwise(None)
+    return df.with_columns(ratio.round(2).alias("build_calls_vs_ref")).drop("_ref")
+
+
+# ---- output ----------------------------------------------------------------------------------
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * float(x):.1f}"
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.1f}" if isinstance(x, float) and not float(x).is_integer() else f"{int(x):,}"
+
+
+def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> str:
+    acc = [c for c in df.columns if c.startswith("acc_") and not c.startswith("acc_overall_ci")]
+    metrics = [c for c in METRICS if c in df.columns]
+    note = (
+        "Scores in percent (judge accuracy per category, unjudged counted as wrong; n = scored "
+        "questions). Protocols = reader/judge protocol; a row marked (differs) used other "
+        "protocols than the rest and is not comparable with them. Build cost sums "
+        "every memory-building stage; calls include cache hits (the method's cost), wall "
+        "seconds are as measured."
+    )
+    lines = ["# Method comparison", "", note, ""]
+    head = [
+        "method",
+        "benchmark",
+        "protocols",
+        "n",
+        *(c.removeprefix("acc_") for c in acc),
+        *metrics,
+    ]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in df.iter_rows(named=True):
+        proto = str(r.get("protocols") or "–")
+        cells = [
+            str(r["method"]),
+            str(r["benchmark"]),
+            f"**{proto} (differs)**" if r.get("protocols_differ") else proto,
+            _num(r["n"]),
+            *(_pct(r[c]) for c in acc),
+            *(_pct(r[c]) for c in metrics),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    ratio = f"calls vs {reference}" if reference else "calls vs ref"
+    cost = [
+        "method",
+        "build calls",
+        ratio,
+        "LLM batches",
+        "prompt tokens",
+        "completion tokens",
+        "wall s",
+        "answer prompt tokens",
+    ]
+    lines += ["", "## Build cost", "", "| " + " | ".join(cost) + " |", "|" + "---|" * len(cost)]
+    for r in df.iter_rows(named=True):
+        x = r.get("build_calls_vs_ref")
+        cells = [
+            str(r["method"]),
+            _num(r["build_calls"]),
+            "–" if x is None else f"×{x:.2f}",
+            _num(r["build_batches"]),
+            _num(r["build_prompt_tokens"]),
+            _num(r["build_completion_tokens"]),
+            _num(r["build_wall_s"]),
+            _num(r["answer_prompt_tokens"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison(
+    df: pl.DataFrame, out_dir: Path, reference: str | None = "structmem"
+) -> dict[str, Path]:
+    """comparison.md, comparison.csv and comparison.json (records) under `out_dir`."""
+    out_dir = Path(out_dir)
+    paths = {
+        "md": out_dir / "comparison.md",
+        "csv": out_dir / "comparison.csv",
+        "json": out_dir / "comparison.json",
+    }
+    atomic_write_text(paths["md"], render_markdown(df, reference))
+    atomic_write_text(paths["csv"], df.write_csv())
+    atomic_write_text(paths["json"], json.dumps(df.to_dicts(), indent=2, default=str) + "\n")
+    log.info("comparison of %d runs: %s", df.height, paths["md"])
+    return paths

@@ -1,0 +1,36 @@
+"""The part of StructMem that the fidelity audits (eval/audit_extraction.py,
+eval/audit_consolidation.py) may use: a small, stable interface, so that the audit stages
+depend on these names only and not on the build stages' internals.
+
+    from structmem_gpu.methods.structmem.audit_api import plan_windows, plan_conversation
+
+- extraction: `ExtractionWindow` and `plan_windows` (the exact windows the extract stage
+  sends), `LLM_KEYS` (the llm-config keys a build request depends on);
+- embedding: `EMBED_KEYS` (the embedder-config keys an index depends on);
+- consolidation: `ConsolidateSettings`, `WindowPlan`, `conversation_views` and
+  `plan_conversation` (the windows, buffers and seed events the consolidate stage uses).
+
+A change in the build stages that keeps these names and meanings needs no audit change.
+"""
+
+from __future__ import annotations
+
+from structmem_gpu.methods.structmem.consolidate import (
+    ConsolidateSettings,
+    WindowPlan,
+    conversation_views,
+    plan_conversation,
+)
+from structmem_gpu.methods.structmem.embed import EMBED_KEYS
+from structmem_gpu.methods.structmem.extract import LLM_KEYS, ExtractionWindow, plan_windows
+
+__all__ = [
+    "EMBED_KEYS",
+    "LLM_KEYS",
+    "ConsolidateSettings",
+    "ExtractionWindow",
+    "WindowPlan",
+    "conversation_views",
+    "plan_conversation",
+    "plan_windows",
+]
