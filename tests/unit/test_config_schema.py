@@ -62,6 +62,8 @@ BAD = [
     (["embedder.long_texts=cut"], "embedder.long_texts", "'chunk', 'truncate'"),
     (["llm.budgets.extract_max_items=0"], "llm.budgets.extract_max_items", ">= 1"),
     (["answer.max_tokens=-1"], "answer.max_tokens", ">= 1"),
+    (["answer.protocol=strict"], "answer.protocol", "'paper', 'reasoned'"),
+    (["judge.protocol=lenient"], "judge.protocol", "'paper', 'reasoned'"),
     (["method=graph_memory", "graph_memory.entity_threshold=1.5"],
      "graph_memory.entity_threshold", "<= 1"),
     (["method=seem", "seem.retrieve.damping=0"], "seem.retrieve.damping", "> 0"),
