@@ -87,7 +87,7 @@ praised, asked about or agreed on;
 - carries time information when it matters, a relative time kept as said and anchored to the \
 session date in YYYY-MM-DD form ("next week after 2023-09-14");
 - merges related behaviours within one turn into one statement;
-- for a mutual agreement, says "both" ("Dana and Sam both ...") and belongs to the turn where \
+- for a mutual agreement, says "both" ("X and Y both ...") and belongs to the turn where \
 the agreement is completed.
 
 Reply with JSON only: an object whose "entries" list holds one object per relation, with \
