@@ -6,8 +6,9 @@
 StructMem paper Appendix A.6, Table 6. Every entry (or a seeded sample of
 `audit.extraction.sample_size`, drawn over entries sorted by entry_id so the same run and seed
 give the same sample on every machine) gets one judge request per judge of the panel: the
-extraction window the entry came from (rebuilt with extract.plan_windows from
-`extract.turns_per_request` / `extract.context_turns`, so the judge sees what the extractor saw),
+extraction window the entry came from (rebuilt with the extract stage's own planner from
+`extract.window_tokens` / `turns_per_request` / `context_turns`, so the judge sees what the
+extractor saw),
 its source turn, and the entry. One batch per judge. One row per (entry, judge):
 
     {"entry_id": "3f0c...", "kind": "fact", "judge_name": "same_as_llm", "label": "supported",
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from omegaconf import OmegaConf
 
 from structmem_gpu import schemas
 from structmem_gpu.eval.audit import (
@@ -40,7 +42,12 @@ from structmem_gpu.eval.judge import parse_label
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
-from structmem_gpu.methods.structmem.audit_api import ExtractionWindow, plan_windows
+from structmem_gpu.methods.structmem.audit_api import (
+    LLM_KEYS,
+    ExtractionWindow,
+    ExtractSettings,
+    plan_from_settings,
+)
 from structmem_gpu.prompts import audit_extraction as prompt
 from structmem_gpu.stage import Stage, StageContext
 
@@ -67,11 +74,11 @@ def sample_entries(entries: pl.DataFrame, size: int | None, seed: int) -> pl.Dat
 
 
 def audit_items(
-    entries: pl.DataFrame, turns: pl.DataFrame, per_request: int, context_turns: int
+    entries: pl.DataFrame, windows: list[ExtractionWindow]
 ) -> tuple[list[AuditItem], int]:
     """(items, entries whose source turn is in no window): each entry with its extraction window."""
     where: dict[str, tuple[ExtractionWindow, int]] = {}
-    for w in plan_windows(turns, per_request, context_turns):
+    for w in windows:
         for i, t in enumerate(w.turns):
             # Source index counts the context lines first: the excerpt is context + turns.
             where[t.event_id] = (w, len(w.context) + i + 1)
@@ -153,12 +160,12 @@ def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s = AuditSettings.from_cfg(ctx.cfg)
     entries, turns = ctx.read("entries"), ctx.read("turns")
     sample = sample_entries(entries, s.extraction_sample_size, s.seed)
-    items, orphans = audit_items(
-        sample,
-        turns,
-        int(ctx.cfg.extract.turns_per_request),
-        int(ctx.cfg.extract.context_turns or 0),
+    # The extract stage's own windows for this config (token-packed or fixed), so the judge
+    # sees exactly what the extractor saw.
+    windows, _ = plan_from_settings(
+        turns, ExtractSettings.from_cfg(ctx.cfg), OmegaConf.select(ctx.cfg, "llm")
     )
+    items, orphans = audit_items(sample, windows)
     if orphans:
         log.warning(
             "%s: %d sampled entries have a source turn in no extraction window (skipped)",
@@ -191,6 +198,7 @@ STAGE = Stage(
     run=run_audit_extraction,
     reads=("entries", "turns"),
     writes=(EXTRACTION_TABLE,),
-    config_keys=("audit", "extract.turns_per_request", "extract.context_turns"),
+    config_keys=("audit", "extract.turns_per_request", "extract.context_turns",
+                 "extract.window_tokens", *LLM_KEYS),
     extra_fingerprint=judge_panel_identity,
 )

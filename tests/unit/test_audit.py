@@ -121,13 +121,15 @@ def test_extraction_audit_request_shows_window_source_and_bounded_reason(run: Ru
     s = audit.AuditSettings.from_cfg(cfg)
     assert s.reason_chars() == int((40 - 24) * 1.5)  # lowered to what fits in max_tokens
     entries = audit_extraction.sample_entries(run.read_table("entries"), 3, 0)
-    items, orphans = audit_extraction.audit_items(entries, run.read_table("turns"), 8, 0)
+    windows = audit_extraction.plan_from_settings(
+        run.read_table("turns"), audit_extraction.ExtractSettings.from_cfg(cfg), cfg.llm)[0]
+    items, orphans = audit_extraction.audit_items(entries, windows)
     assert orphans == 0 and len(items) == 3
     for it in items:
         req = audit_extraction.build_request(it, "j", s)
         user = req.messages[-1].content
         assert it.entry["text"] in user and f"Source turn: [{it.source_index}]" in user
-        assert len(it.window.turns) <= 8
+        assert len(it.window.turns) <= int(cfg.extract.turns_per_request)
         assert req.schema["properties"]["reason"]["maxLength"] == s.reason_chars()
         assert list(req.schema["properties"]) == ["reason", "label"]  # reason before label
 

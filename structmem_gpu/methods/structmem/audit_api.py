@@ -4,8 +4,8 @@ depend on these names only and not on the build stages' internals.
 
     from structmem_gpu.methods.structmem.audit_api import plan_windows, plan_conversation
 
-- extraction: `ExtractionWindow` and `plan_windows` (the exact windows the extract stage
-  sends), `LLM_KEYS` (the llm-config keys a build request depends on);
+- extraction: `ExtractionWindow`, `ExtractSettings` and `plan_from_settings` (the exact
+  windows the extract stage sends for a config, token-packed or fixed), `plan_windows`, `LLM_KEYS` (the llm-config keys a build request depends on);
 - embedding: `EMBED_KEYS` (the embedder-config keys an index depends on);
 - consolidation: `ConsolidateSettings`, `WindowPlan`, `conversation_views` and
   `plan_conversation` (the windows, buffers and seed events the consolidate stage uses).
@@ -22,15 +22,23 @@ from structmem_gpu.methods.structmem.consolidate import (
     plan_conversation,
 )
 from structmem_gpu.methods.structmem.embed import EMBED_KEYS
-from structmem_gpu.methods.structmem.extract import LLM_KEYS, ExtractionWindow, plan_windows
+from structmem_gpu.methods.structmem.extract import (
+    LLM_KEYS,
+    ExtractionWindow,
+    ExtractSettings,
+    plan_from_settings,
+    plan_windows,
+)
 
 __all__ = [
     "EMBED_KEYS",
     "LLM_KEYS",
     "ConsolidateSettings",
+    "ExtractSettings",
     "ExtractionWindow",
     "WindowPlan",
     "conversation_views",
     "plan_conversation",
+    "plan_from_settings",
     "plan_windows",
 ]
