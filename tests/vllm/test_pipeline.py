@@ -152,7 +152,8 @@ def test_job_killed_mid_extract_resumes_from_the_cache(
     try:
         deadline = time.monotonic() + 600
         while _cached(db) < 2:
-            assert proc.poll() is None, f"job ended before the kill:\n{proc.stderr.read()[-3000:]}"  # type: ignore[union-attr]
+            err = "" if proc.poll() is None else proc.stderr.read()[-3000:]  # type: ignore[union-attr]
+            assert proc.poll() is None, f"job ended before the kill:\n{err}"
             assert time.monotonic() < deadline, "no extraction reply cached within 600 s"
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -171,4 +172,5 @@ def test_job_killed_mid_extract_resumes_from_the_cache(
     assert 2 <= done < rows.height, "the kill did not land mid-batch"
     assert int(rows["cache_hit"].sum()) == done  # finished replies came from the cache
     assert (rows.filter(~pl.col("cache_hit"))["finish_reason"] != "error").all()
-    assert RunDir(tmp_path / "run").stage_entry("extract")["status"] == "done"  # type: ignore[index]
+    entry = RunDir(tmp_path / "run").stage_entry("extract")
+    assert entry is not None and entry["status"] == "done"
