@@ -3,7 +3,7 @@
     python jobs/data.py                                  # LoCoMo -> data/locomo10.json
     python jobs/data.py locomo longmemeval_s --data-dir /scratch/benchmarks
     python jobs/data.py --check all                      # verify what is there; download nothing
-    python jobs/data.py smollm2-hf                       # packaged SmolLM2 GGUF -> HF folder for llm=vllm_cpu
+    python jobs/data.py smollm2-hf                       # SmolLM2 GGUF -> HF folder (llm=vllm_cpu)
 
 LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
 LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the

@@ -6,7 +6,8 @@ The same real extraction requests (the configured benchmark's windows, topped up
 synthetic ones) go through `open_llm` exactly as a stage sends
 them (HTTPBackend inside DedupBackend, or CachedBackend on a fresh cache with `cache=True`:
 every request a miss, every reply written) to `bench/mock_server.py` in a child process, which
-answers every POST at once with one completion that validates against every request's schema. So the client does all its real
+answers every POST at once with one completion that validates against every request's
+schema. So the client does all its real
 work: JSON encoding, HTTP, parsing, schema validation, bookkeeping, cache writes.
 
 Per point: requests_per_s = n / wall and client_cpu_ms_per_request = this process's CPU time

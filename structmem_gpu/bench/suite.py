@@ -146,7 +146,8 @@ def _other_llm_servers() -> int:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue  # the process ended while we looked
-        if ("llama_cpp.server" in cmd or "vllm serve" in cmd) and ppid != me:
+        servers = ("llama_cpp.server", "vllm serve", "vllm.entrypoints.openai.api_server")
+        if any(s in cmd for s in servers) and ppid != me:
             n += 1
     return n
 
@@ -183,8 +184,8 @@ class Suite:
     def run(self) -> dict[str, Any]:
         """Run the parts in PARTS order; write bench.json and bench.md after each part."""
         parts: dict[str, Callable[[], Any]] = {
-            "client": self.part_client, "llm": self.part_llm, "build": self.part_build, "schedule": self.part_schedule,
-            "components": self.part_components, "cost": self.part_cost,
+            "client": self.part_client, "llm": self.part_llm, "build": self.part_build,
+            "schedule": self.part_schedule, "components": self.part_components, "cost": self.part_cost,
             "scale": self.part_scale, "dry-run": self.part_dry_run,
         }  # fmt: skip
         meta = self.bench["meta"]

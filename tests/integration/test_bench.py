@@ -20,7 +20,7 @@ from tests.fixtures.llm import llamacpp_missing
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP_KEYS = {"meta", "llm", "build", "schedule", "components", "cost", "scale", "dry_run"}
+TOP_KEYS = {"meta", "client", "llm", "build", "schedule", "components", "cost", "scale", "dry_run"}
 
 
 def _cli() -> ModuleType:
@@ -50,6 +50,7 @@ def test_tiny_bench_writes_every_part(tiny_bench: dict) -> None:
     assert tiny_bench["_calls"] <= 20  # the suite's LLM budget
     md = (Path(tiny_bench["_out"]) / "bench.md").read_text()
     for title in (
+        "LLM client ceiling",
         "LLM client throughput",
         "Build cost per stage",
         "Batched vs reference schedule",
@@ -59,6 +60,16 @@ def test_tiny_bench_writes_every_part(tiny_bench: dict) -> None:
         "Dry-run estimates",
     ):
         assert f"## {title}" in md
+
+
+@pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing()))
+def test_tiny_bench_client_rows(tiny_bench: dict) -> None:
+    rows = tiny_bench["client"]
+    assert [(r["in_flight"], r["cache"]) for r in rows] == [(1, False), (8, False), (1, True),
+                                                            (8, True)]
+    for r in rows:
+        assert {"in_flight", "cache", "requests_per_s", "client_cpu_ms_per_request"} <= set(r)
+        assert r["errors"] == 0 and r["requests"] == 40
 
 
 @pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing()))

@@ -35,9 +35,10 @@ def test_offline_backend_runs_the_extract_stage(tmp_path: Path) -> None:
     )
     from structmem_gpu.llm.types import LLMResult
 
-    cfg = compose_cfg([*profile_overrides(), "debug=ci", "llm.backend=vllm_offline", "llm.extra_args=[]",
-                       "benchmark=sample", "benchmark.conversations=[sample-1]"])
-    llm = factory.resolve_config(OmegaConf.to_container(cfg.llm, resolve=True))  # type: ignore[arg-type]
+    cfg = compose_cfg([*profile_overrides(), "debug=ci", "llm.backend=vllm_offline",
+                       "llm.extra_args=[]", "benchmark=sample", "benchmark.conversations=[sample-1]"])
+    plain = OmegaConf.to_container(cfg.llm, resolve=True)
+    llm = factory.resolve_config(plain)  # type: ignore[arg-type]
     factory._ensure_model(llm)
     turns, _ = load_benchmark("sample", None, ["sample-1"], None)
     s = ExtractSettings.from_cfg(cfg)
