@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 from structmem_gpu.artifacts import RunDir
 from structmem_gpu.llm.cache import CACHE_FILE
 from structmem_gpu.preempt import DEFAULT_EXIT_CODE
-from tests.fixtures.llm import llamacpp_missing, register_server_log
+from tests.fixtures.llm import cached_replies, llamacpp_missing, register_server_log
 
 pytestmark = [
     pytest.mark.integration,
@@ -37,14 +36,6 @@ SMALL = ["debug=ci", "benchmark=sample", "benchmark.conversations=[sample-1]",
          "benchmark.max_sessions=2", "method=structmem", "llm.progress=false"]
 
 
-def _cached(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(db, timeout=5) as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
-    except sqlite3.OperationalError:  # not created yet, or a writer holds the lock
-        return 0
 
 
 def _server_pid(job_pid: int) -> int | None:
@@ -83,7 +74,7 @@ class Job:
 
     def wait_for_replies(self, proc: subprocess.Popen[str], n: int) -> None:
         deadline = time.monotonic() + 600
-        while _cached(self.db) < n:
+        while cached_replies(self.db) < n:
             assert proc.poll() is None, f"job ended early:\n{proc.communicate()[1][-3000:]}"
             assert time.monotonic() < deadline, f"no {n} replies cached within 600 s"
             time.sleep(0.1)
@@ -137,7 +128,7 @@ def test_without_replacement_the_stage_is_incomplete_and_a_plain_rerun_resumes(
     assert 0 < lost < total and not RunDir(job.run_dir).has_table("entries")
     first = job.extract_rows()
     answered_unparsed = first.filter(~pl.col("unanswered") & ~pl.col("parse_ok")).height
-    cached = _cached(job.db)
+    cached = cached_replies(job.db)
 
     again = job.run()  # the same command: a new server, only what is missing is sent
     assert again.returncode == 0, again.stderr[-4000:]
@@ -166,7 +157,7 @@ def test_sigterm_mid_extract_exits_for_requeue_and_the_rerun_resumes(tmp_path: P
     run = RunDir(job.run_dir)
     assert not run.has_table("entries") and run.stage_entry("extract") is None
     assert server is not None and not Path(f"/proc/{server}").exists()  # server stopped too
-    cached = _cached(job.db)
+    cached = cached_replies(job.db)
     assert cached >= 1
 
     again = job.run()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 from structmem_gpu.artifacts import RunDir
 from structmem_gpu.llm.cache import CACHE_FILE
 from structmem_gpu.merge import discover_run_dirs
-from tests.fixtures.llm import LlamaServer, llamacpp_missing
+from tests.fixtures.llm import LlamaServer, cached_replies, llamacpp_missing
 from tests.fixtures.pipeline import run_pipeline
 
 pytestmark = [
@@ -89,14 +88,6 @@ def test_local_multirun_reuses_the_warm_cache(warm_run: Path, ci_overrides: list
     assert (sweep / ".submitit").is_dir()  # the jobs really went through submitit
 
 
-def _cached(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(db, timeout=5) as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
-    except sqlite3.OperationalError:  # table not created yet, or a writer holds a lock
-        return 0
 
 
 def test_sigkill_during_extract_then_rerun_resumes(warm_run: Path, ci_overrides: list[str],
@@ -112,7 +103,7 @@ def test_sigkill_during_extract_then_rerun_resumes(warm_run: Path, ci_overrides:
                             text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
-        while _cached(db) < 2:
+        while cached_replies(db) < 2:
             assert proc.poll() is None, f"job ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
             assert time.monotonic() < deadline, "no extraction reply cached within 600 s"
             time.sleep(0.1)
@@ -125,7 +116,7 @@ def test_sigkill_during_extract_then_rerun_resumes(warm_run: Path, ci_overrides:
     assert proc.returncode == -signal.SIGKILL
     killed = RunDir(tmp_path / "run")
     assert killed.stage_entry("extract") is None and not killed.has_table("entries")
-    done_before_kill = _cached(db)
+    done_before_kill = cached_replies(db)
     assert 2 <= done_before_kill < n_total, "the kill did not land mid-batch"
 
     before = llama_server.calls()

@@ -102,14 +102,19 @@ STANDIN = textwrap.dedent("""
 """)
 
 
-def test_dead_server_is_replaced_and_only_unanswered_requests_are_resent(tmp_path: Path) -> None:
+def standin_supervisor(tmp_path: Path, *, max_restarts: int) -> ServerSupervisor:
+    """A supervisor launching the stand-in chat server (log: <tmp_path>/standin.server.log)."""
     script = tmp_path / "standin.py"
     script.write_text(STANDIN)
-    sup = ServerSupervisor(
+    return ServerSupervisor(
         lambda: launch_server(lambda port: [sys.executable, str(script), str(port)],
                               ready_path="/v1/models", log_dir=tmp_path, name="standin",
                               startup_timeout_s=30, death_signal=signal.SIGKILL),
-        name="standin", max_restarts=2)
+        name="standin", max_restarts=max_restarts)
+
+
+def test_dead_server_is_replaced_and_only_unanswered_requests_are_resent(tmp_path: Path) -> None:
+    sup = standin_supervisor(tmp_path, max_restarts=2)
     with sup:
         first = sup.start()
         http = backend(first.base_url, max_in_flight=1)
@@ -133,13 +138,7 @@ def test_dead_server_is_replaced_and_only_unanswered_requests_are_resent(tmp_pat
 
 
 def test_restarts_used_up_leave_requests_unanswered(tmp_path: Path) -> None:
-    script = tmp_path / "standin.py"
-    script.write_text(STANDIN)
-    sup = ServerSupervisor(
-        lambda: launch_server(lambda port: [sys.executable, str(script), str(port)],
-                              ready_path="/v1/models", log_dir=tmp_path, name="standin",
-                              startup_timeout_s=30, death_signal=signal.SIGKILL),
-        name="standin", max_restarts=0)
+    sup = standin_supervisor(tmp_path, max_restarts=0)
     with sup:
         srv = sup.start()
         http = backend(srv.base_url)

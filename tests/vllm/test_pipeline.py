@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 
 from structmem_gpu.artifacts import RunDir
 from structmem_gpu.llm.cache import CACHE_FILE
+from tests.fixtures.llm import cached_replies
 from tests.fixtures.pipeline import run_pipeline
 from tests.fixtures.vllm import ROOT, VllmServer, vllm_missing
 
@@ -128,14 +128,6 @@ def test_integer_bounds_enforced_by_the_engine(vllm_server: VllmServer) -> None:
     assert all(1 <= t <= 3 for t in turns), turns
 
 
-def _cached(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(db, timeout=5) as conn:
-            return int(conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
-    except sqlite3.OperationalError:
-        return 0
 
 
 def test_job_killed_mid_extract_resumes_from_the_cache(
@@ -151,7 +143,7 @@ def test_job_killed_mid_extract_resumes_from_the_cache(
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
-        while _cached(db) < 2:
+        while cached_replies(db) < 2:
             err = "" if proc.poll() is None else proc.stderr.read()[-3000:]  # type: ignore[union-attr]
             assert proc.poll() is None, f"job ended before the kill:\n{err}"
             assert time.monotonic() < deadline, "no extraction reply cached within 600 s"
@@ -164,7 +156,7 @@ def test_job_killed_mid_extract_resumes_from_the_cache(
             proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
     assert RunDir(tmp_path / "run").stage_entry("extract") is None
-    done = _cached(db)
+    done = cached_replies(db)
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
                            check=False)
     assert again.returncode == 0, again.stderr[-4000:]
