@@ -116,8 +116,8 @@ def test_each_method_writes_the_standard_tables_and_report(fixture: str, request
 def test_flat_extraction_is_structmems_factual_extraction(
     flat_sample_run, structmem_slice_run
 ) -> None:
-    sm = _requests(structmem_slice_run, "extract").filter(
-        pl.col("prompt_version") == factual.VERSION
+    sm = _requests(structmem_slice_run, "extract").filter(  # "factual/2" (+noexample on CPU)
+        pl.col("prompt_version").str.starts_with(factual.VERSION)
     )
     fl = _requests(flat_sample_run, "extract")
     assert sorted(fl["request_id"]) == sorted(sm["request_id"]) and fl.height == 3
