@@ -21,7 +21,7 @@ every cache key and of every entry's provenance.
 
 from __future__ import annotations
 
-from structmem_gpu.prompts.variants import check_extraction_variant
+from structmem_gpu.prompts.variants import variant_system, variant_version
 
 VERSION = "factual/2"
 KIND = "fact"  # the `kind` of the entries this prompt produces
@@ -139,17 +139,11 @@ Reply with JSON only: an object whose "entries" list holds one object per statem
 
 
 def system(variant: str, example: bool = True) -> str:
-    """The system prompt of an extraction variant ("default" | "grounded"); `example=False`
-    leaves the worked example out of the default (extract.worked_example)."""
-    check_extraction_variant(variant)
-    if variant == "grounded":
-        return SYSTEM_GROUNDED
-    return SYSTEM if example else SYSTEM_NO_EXAMPLE
+    """The system prompt of an extraction variant ("default" | "grounded")."""
+    return variant_system(variant, example, default=SYSTEM, no_example=SYSTEM_NO_EXAMPLE,
+                          grounded=SYSTEM_GROUNDED)
 
 
 def version(variant: str, example: bool = True) -> str:
-    """'factual/2' (default) or 'factual/2+grounded': recorded on requests and entries."""
-    check_extraction_variant(variant)
-    if variant == "grounded":
-        return f"{VERSION}+grounded"
-    return VERSION if example else f"{VERSION}+noexample"
+    """'factual/2', 'factual/2+grounded' or 'factual/2+noexample' (recorded on requests)."""
+    return variant_version(VERSION, variant, example)

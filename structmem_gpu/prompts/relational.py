@@ -21,7 +21,7 @@ Bump VERSION whenever the wording (or the shared user-message format) changes.
 
 from __future__ import annotations
 
-from structmem_gpu.prompts.variants import check_extraction_variant
+from structmem_gpu.prompts.variants import variant_system, variant_version
 
 VERSION = "relational/2"
 KIND = "relation"
@@ -135,17 +135,11 @@ Reply with JSON only: an object whose "entries" list holds one object per statem
 
 
 def system(variant: str, example: bool = True) -> str:
-    """The system prompt of an extraction variant ("default" | "grounded"); `example=False`
-    leaves the worked example out of the default (extract.worked_example)."""
-    check_extraction_variant(variant)
-    if variant == "grounded":
-        return SYSTEM_GROUNDED
-    return SYSTEM if example else SYSTEM_NO_EXAMPLE
+    """The system prompt of an extraction variant ("default" | "grounded")."""
+    return variant_system(variant, example, default=SYSTEM, no_example=SYSTEM_NO_EXAMPLE,
+                          grounded=SYSTEM_GROUNDED)
 
 
 def version(variant: str, example: bool = True) -> str:
-    """'relational/2' (default) or 'relational/2+grounded'."""
-    check_extraction_variant(variant)
-    if variant == "grounded":
-        return f"{VERSION}+grounded"
-    return VERSION if example else f"{VERSION}+noexample"
+    """'relational/2', 'relational/2+grounded' or 'relational/2+noexample'."""
+    return variant_version(VERSION, variant, example)
