@@ -330,39 +330,51 @@ def paper_prompts(
     return out
 
 
+def _retrieved(
+    retrievals: pl.DataFrame, circuit: str, table: pl.DataFrame, id_col: str, cols: list[str]
+) -> tuple[pl.DataFrame, int]:
+    """(the retrievals of one circuit joined to their rows' `cols`, the number retrieved)."""
+    hits = retrievals.filter(pl.col("circuit") == circuit)
+    joined = hits.join(
+        table.select(id_col, *cols), left_on="item_id", right_on=id_col, how="inner"
+    )
+    return joined, hits.height
+
+
+def _per_question(joined: pl.DataFrame, cols: list[str], make: Callable[..., Any]
+                  ) -> dict[str, list[Any]]:
+    """Rows grouped by question, in the frame's order: make(*row[cols]) each."""
+    out: dict[str, list[Any]] = {}
+    for qid, *values in joined.select("question_id", *cols).iter_rows():
+        out.setdefault(qid, []).append(make(*values))
+    return out
+
+
+def _entry(make: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda speaker, t, text: make(speaker=speaker, time=t, text=text)
+
+
+ENTRY_COLS = ["speaker", "event_time", "text"]
+
+
 def ranked_entries(
     retrievals: pl.DataFrame, entries: pl.DataFrame, make: Callable[..., Any]
 ) -> dict[str, list[Any]]:
     """Retrieved entries per question in RANK order (the reference reader's order)."""
-    hits = retrievals.filter(pl.col("circuit") == "entries")
-    joined = hits.join(
-        entries.select("entry_id", "speaker", "event_time", "text"),
-        left_on="item_id",
-        right_on="entry_id",
-        how="inner",
-    ).sort(["question_id", "rank"], nulls_last=True)
-    out: dict[str, list[Any]] = {}
-    for qid, speaker, t, text in joined.select(
-        "question_id", "speaker", "event_time", "text"
-    ).iter_rows():
-        out.setdefault(qid, []).append(make(speaker=speaker, time=t, text=text))
-    return out
+    joined, _ = _retrieved(retrievals, "entries", entries, "entry_id", ENTRY_COLS)
+    joined = joined.sort(["question_id", "rank"], nulls_last=True)
+    return _per_question(joined, ENTRY_COLS, _entry(make))
 
 
 def synthesis_texts(
     retrievals: pl.DataFrame, syntheses: pl.DataFrame | None
 ) -> dict[str, list[str]]:
     """Retrieved synthesis texts per question, in rank order, without time ranges."""
-    hits = retrievals.filter(pl.col("circuit") == "syntheses")
-    if syntheses is None or hits.height == 0:
+    if syntheses is None:
         return {}
-    joined = hits.join(
-        syntheses.select("synth_id", "text"), left_on="item_id", right_on="synth_id", how="inner"
-    ).sort(["question_id", "rank"], nulls_last=True)
-    out: dict[str, list[str]] = {}
-    for qid, text in joined.select("question_id", "text").iter_rows():
-        out.setdefault(qid, []).append(text)
-    return out
+    joined, _ = _retrieved(retrievals, "syntheses", syntheses, "synth_id", ["text"])
+    joined = joined.sort(["question_id", "rank"], nulls_last=True)
+    return _per_question(joined, ["text"], lambda text: text)
 
 
 def entry_lines(
@@ -370,16 +382,11 @@ def entry_lines(
 ) -> dict[str, list[Any]]:
     # Chronological order (not rank order): the reader resolves relative dates and "most
     # recent wins" more easily when memories read as a timeline.
-    hits = retrievals.filter(pl.col("circuit") == "entries")
-    joined = hits.join(
-        entries.select("entry_id", "speaker", "event_time", "text", "session_index", "turn_index"),
-        left_on="item_id",
-        right_on="entry_id",
-        how="inner",
-    )
-    if joined.height < hits.height:
+    joined, n_hits = _retrieved(retrievals, "entries", entries, "entry_id",
+                                [*ENTRY_COLS, "session_index", "turn_index"])
+    if joined.height < n_hits:
         log.warning(
-            "answer: %d retrieved entry ids are not in entries.parquet", hits.height - joined.height
+            "answer: %d retrieved entry ids are not in entries.parquet", n_hits - joined.height
         )
     joined = joined.sort(
         ["question_id", "event_time", "session_index", "turn_index", "rank"], nulls_last=True
@@ -387,35 +394,20 @@ def entry_lines(
     # Identical (speaker, date, text) lines say nothing new: the two perspectives sometimes
     # word a statement the same way; show it once.
     joined = joined.unique(
-        subset=["question_id", "speaker", "event_time", "text"], keep="first", maintain_order=True
+        subset=["question_id", *ENTRY_COLS], keep="first", maintain_order=True
     )
-    out: dict[str, list[Any]] = {}
-    for qid, speaker, t, text in joined.select(
-        "question_id", "speaker", "event_time", "text"
-    ).iter_rows():
-        out.setdefault(qid, []).append(make(speaker=speaker, time=t, text=text))
-    return out
+    return _per_question(joined, ENTRY_COLS, _entry(make))
 
 
 def _synthesis_lines(
     retrievals: pl.DataFrame, syntheses: pl.DataFrame | None, make: Callable[..., Any]
 ) -> dict[str, list[Any]]:
-    hits = retrievals.filter(pl.col("circuit") == "syntheses")
-    if syntheses is None or hits.height == 0:
+    if syntheses is None:
         return {}
-    joined = hits.join(
-        syntheses.select("synth_id", "window_start", "window_end", "text"),
-        left_on="item_id",
-        right_on="synth_id",
-        how="inner",
-    )
+    cols = ["window_start", "window_end", "text"]
+    joined, _ = _retrieved(retrievals, "syntheses", syntheses, "synth_id", cols)
     joined = joined.sort(["question_id", "window_start", "rank"], nulls_last=True)
-    out: dict[str, list[Any]] = {}
-    for qid, a, b, text in joined.select(
-        "question_id", "window_start", "window_end", "text"
-    ).iter_rows():
-        out.setdefault(qid, []).append(make(start=a, end=b, text=text))
-    return out
+    return _per_question(joined, cols, lambda a, b, text: make(start=a, end=b, text=text))
 
 
 STAGE = Stage(
