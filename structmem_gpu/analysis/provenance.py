@@ -27,6 +27,16 @@ from structmem_gpu.errors import InputError
 
 
 # ---- memory items ---------------------------------------------------------------------------
+# Columns of a catalogue item (entry, synthesis, fact, turn ...), empty or not.
+ITEM_SCHEMA: dict[str, pl.DataType] = {
+    "item_id": pl.String,
+    "kind": pl.String,
+    "text": pl.String,
+    "events": pl.List(pl.String),
+    "time_start": pl.Datetime("us"),
+    "time_end": pl.Datetime("us"),
+}
+
 def _one_event_items(
     df: pl.DataFrame, id_col: str, kind: str, label_col: str, time_col: str
 ) -> pl.DataFrame:
@@ -86,14 +96,7 @@ def item_catalogue(run: Run, conv_id: str | None = None) -> pl.DataFrame:
         parts.append(_one_event_items(conv(turns), "event_id", "turn", "speaker", "session_time"))
     if not parts:
         return pl.DataFrame(
-            schema={
-                "item_id": pl.String,
-                "kind": pl.String,
-                "text": pl.String,
-                "events": pl.List(pl.String),
-                "time_start": pl.Datetime("us"),
-                "time_end": pl.Datetime("us"),
-            }
+            schema=ITEM_SCHEMA
         )
     return pl.concat(parts, how="vertical_relaxed").unique(
         "item_id", keep="first", maintain_order=True
@@ -150,18 +153,8 @@ def _retrieved(run: Run, question_id: str, conv_id: str, wanted: set[str]) -> pl
     if not run.has("retrievals"):
         # full_context answers from the whole conversation: nothing was retrieved.
         return pl.DataFrame(
-            schema={
-                "circuit": pl.String,
-                "rank": pl.Int32,
-                "score": pl.Float64,
-                "item_id": pl.String,
-                "kind": pl.String,
-                "text": pl.String,
-                "events": pl.List(pl.String),
-                "time_start": pl.Datetime("us"),
-                "time_end": pl.Datetime("us"),
-                "covers_evidence": pl.Boolean,
-            }
+            schema={"circuit": pl.String, "rank": pl.Int32, "score": pl.Float64, **ITEM_SCHEMA,
+                    "covers_evidence": pl.Boolean}
         )
     rows = run.retrievals.filter(pl.col("question_id") == question_id)
     # Methods whose items live in their own tables (SEEM facts/frames, graph relations) write
