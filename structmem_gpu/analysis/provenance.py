@@ -37,6 +37,7 @@ ITEM_SCHEMA: dict[str, pl.DataType] = {
     "time_end": pl.Datetime("us"),
 }
 
+
 def _one_event_items(
     df: pl.DataFrame, id_col: str, kind: str, label_col: str, time_col: str
 ) -> pl.DataFrame:
