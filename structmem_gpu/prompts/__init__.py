@@ -67,13 +67,19 @@ def extraction_schema(
         "required": ["turn", "text"],
         "additionalProperties": False,
     }
-    entries: dict[str, Any] = {"type": "array", "items": item}
+    return list_reply_schema("entries", item, max_items)
+
+
+def list_reply_schema(key: str, item: dict[str, Any], max_items: int | None) -> dict[str, Any]:
+    """`{key: [item, ...]}`, the one shape of every extraction reply (ours and the reference
+    format's `{"data": [...]}`), bounded by `max_items` when given."""
+    items: dict[str, Any] = {"type": "array", "items": item}
     if max_items is not None:
-        entries["maxItems"] = max_items
+        items["maxItems"] = max_items
     return {
         "type": "object",
-        "properties": {"entries": entries},
-        "required": ["entries"],
+        "properties": {key: items},
+        "required": [key],
         "additionalProperties": False,
     }
 

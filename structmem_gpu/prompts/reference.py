@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling, request_id
+from structmem_gpu.prompts import list_reply_schema
 
 if TYPE_CHECKING:
     from structmem_gpu.methods.structmem.extract import ExtractionWindow, ExtractSettings
@@ -124,15 +125,7 @@ def reply_schema(n_turns: int, kind: str, max_items: int | None) -> dict[str, An
         "required": ["source_id", kind],
         "additionalProperties": False,
     }
-    data: dict[str, Any] = {"type": "array", "items": item}
-    if max_items is not None:
-        data["maxItems"] = max_items
-    return {
-        "type": "object",
-        "properties": {"data": data},
-        "required": ["data"],
-        "additionalProperties": False,
-    }
+    return list_reply_schema("data", item, max_items)
 
 
 def reference_extraction_request(
