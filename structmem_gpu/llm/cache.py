@@ -64,8 +64,6 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE INDEX IF NOT EXISTS responses_messages_hash ON responses (messages_hash);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-# How keys are computed (dedup.cache_key's first hashed element); stored in the file's meta table.
-KEY_FORMAT = KEY_VERSION
 
 
 class CacheError(StructMemError):
@@ -131,16 +129,17 @@ class ResponseCache:
 
     def _check_key_format(self) -> None:
         """Refuse a cache whose keys were computed another way (every lookup would miss, and a
-        stale entry could be served for a different request)."""
+        stale entry could be served for a different request): the file's meta table records
+        dedup.KEY_VERSION, the first element cache_key hashes."""
         row = self._retry(lambda: self._conn.execute(
             "SELECT value FROM meta WHERE name = 'key_format'").fetchone())
         if row is None:  # new file, or one written before the meta table existed (format 1)
             self._retry(lambda: self._conn.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('key_format', ?)", (KEY_FORMAT,)))
-        elif row[0] != KEY_FORMAT:
+                "INSERT OR IGNORE INTO meta VALUES ('key_format', ?)", (KEY_VERSION,)))
+        elif row[0] != KEY_VERSION:
             raise CacheError(
                 f"{self.path}: response cache written with key format {row[0]!r}, this version "
-                f"uses {KEY_FORMAT!r}; move it aside (mv {self.path} {self.path}.{row[0].replace('/', '-')}) "
+                f"uses {KEY_VERSION!r}; move it aside (mv {self.path} {self.path}.{row[0].replace('/', '-')}) "
                 f"or point paths.cache_dir elsewhere"
             )
 
