@@ -135,7 +135,7 @@ def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, hea
     t0 = time.perf_counter()
     tables = dict(stage.run(ctx))
     preempt.check(stage.name)  # stopping: no table, no manifest entry; the cache has the replies
-    if ctx.unanswered:
+    if ctx.unanswered_endpoints:
         _record_incomplete(stage, cfg, run, ctx, fp, started, header)
     if set(tables) != set(stage.writes):
         raise RuntimeError(f"stage '{stage.name}' returned tables {sorted(tables)}, declared {sorted(stage.writes)}")
@@ -163,19 +163,21 @@ def _record_incomplete(stage: Stage, cfg: DictConfig, run: RunDir, ctx: StageCon
                        started: str, header: Mapping[str, Any]) -> None:
     """Requests without a reply: log them (requests.parquet), mark the stage incomplete in the
     manifest (so a rerun runs it again, reusing cached replies), write none of its tables."""
-    if ctx.request_frames:
-        run.replace_requests(stage.name, pl.concat(ctx.request_frames))
-    n_sent = sum(f.height for f in ctx.request_frames)
-    ids = list(dict.fromkeys(ctx.unanswered))
+    log_rows = pl.concat(ctx.request_frames)
+    run.replace_requests(stage.name, log_rows)
+    lost = log_rows.filter(pl.col("unanswered"))
+    ids = lost["request_id"].unique(maintain_order=True).to_list()
+    errors = lost["error"].head(3).to_list()
+    endpoints = sorted(ctx.unanswered_endpoints)
     run.record_stage(stage.name, {
         "status": "incomplete", "fingerprint": fp, "version": stage.version, "started": started,
         "finished": now_iso(), "config": select_config(cfg, stage.config_keys),
-        "unanswered": len(ids), "requests": n_sent, "unanswered_request_ids": ids[:100],
-        "errors": ctx.unanswered_errors, "endpoints": sorted(ctx.endpoints), "notes": ctx.notes,
+        "unanswered": len(ids), "requests": log_rows.height, "unanswered_request_ids": ids[:100],
+        "errors": errors, "endpoints": endpoints, "notes": ctx.notes,
     }, header)
     raise StageIncompleteError(
-        f"stage '{stage.name}' incomplete: {len(ids)} of {n_sent} requests got no reply from "
-        f"{', '.join(sorted(ctx.endpoints))} (first error: {ctx.unanswered_errors[0]}); none of "
+        f"stage '{stage.name}' incomplete: {len(ids)} of {log_rows.height} requests got no reply "
+        f"from {', '.join(endpoints)} (first error: {errors[0]}); none of "
         f"its tables written; rerun the same command to resume (cached replies are reused, "
         f"only the {len(ids)} unanswered requests are re-sent)"
     )

@@ -126,11 +126,10 @@ class StageContext:
     encoder_wall_s: float = 0.0  # wall time inside the encoder, model load included
     index_wall_s: float = 0.0  # wall time inside vector-index build + search (retrieve stages)
     notes: dict[str, Any] = field(default_factory=dict)  # stage-specific counters for the manifest
-    # Requests that got no reply at all (transport failure, dead server, not sent while
-    # stopping): while any is left the stage is incomplete (pipeline.py), never "done".
-    unanswered: list[str] = field(default_factory=list)
-    unanswered_errors: list[str] = field(default_factory=list)  # first few errors, for the message
-    endpoints: set[str] = field(default_factory=set)  # where unanswered requests were sent
+    # Where requests got no reply at all (transport failure, dead server, not sent while
+    # stopping); non-empty = the stage is incomplete (pipeline.py), never "done". Which requests
+    # they were is in request_frames (column `unanswered`).
+    unanswered_endpoints: set[str] = field(default_factory=set)
 
     def read(self, name: str) -> pl.DataFrame:
         return self.run.read_table(name, needed_by=self.stage.name)
@@ -163,11 +162,8 @@ class StageContext:
         if len(results) != len(requests):
             raise RuntimeError(f"backend returned {len(results)} results for {len(requests)} requests")
         self.request_frames.append(to_frame(requests, results))
-        lost = [r for r in results if r.unanswered]
-        if lost:
-            self.unanswered.extend(r.request_id for r in lost)
-            self.unanswered_errors.extend(str(r.error) for r in lost[: max(0, 3 - len(self.unanswered_errors))])
-            self.endpoints.add(endpoint_of(be))
+        if any(r.unanswered for r in results):
+            self.unanswered_endpoints.add(endpoint_of(be))
         return results
 
     def encode(self, texts: Sequence[str], use: str = "entry") -> Any:
