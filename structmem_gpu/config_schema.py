@@ -138,9 +138,10 @@ LLM_RULES: list[tuple[str, Rule]] = [
     ("gpu_memory_utilization", Float(gt=0, le=1)), ("max_num_seqs", Int(ge=1, null=True)),
     ("extra_args", List(STR)), ("extra_body", DICT), ("extra_body.*", ANY),
     ("chat_template_kwargs", DICT), ("chat_template_kwargs.*", ANY),
-    # reply budgets of the profile (read by extract/consolidate via ${llm.budgets.*})
+    # budgets of the profile (read by extract/consolidate/retrieve/answer via ${llm.budgets.*})
     ("budgets", DICT), ("budgets.*_max_tokens", TOKENS),
     ("budgets.extract_max_items", Int(ge=1, null=True)), ("budgets.worked_example", BOOL),
+    ("budgets.extract_max_item_chars", SIZE), ("budgets.reader_*_k", Int(ge=0)),
     ("server_python", STR_OR_NULL), ("vllm_entrypoint", Enum("serve", "module")),
     ("convert_from_gguf", STR_OR_NULL), ("server_env", DICT), ("server_env.*", ANY),
     ("engine_kwargs", DICT), ("engine_kwargs.*", ANY),

@@ -61,6 +61,8 @@ BAD = [
     (["consolidate.seed_exclude_buffer=2"], "consolidate.seed_exclude_buffer", "true or false"),
     (["embedder.long_texts=cut"], "embedder.long_texts", "'chunk', 'truncate'"),
     (["llm.budgets.extract_max_items=0"], "llm.budgets.extract_max_items", ">= 1"),
+    (["llm.budgets.extract_max_item_chars=0"], "llm.budgets.extract_max_item_chars", ">= 1"),
+    (["llm.budgets.reader_entries_k=-1"], "llm.budgets.reader_entries_k", ">= 0"),
     (["answer.max_tokens=-1"], "answer.max_tokens", ">= 1"),
     (["answer.protocol=strict"], "answer.protocol", "'paper', 'reasoned'"),
     (["judge.protocol=lenient"], "judge.protocol", "'paper', 'reasoned'"),
