@@ -32,7 +32,10 @@ def test_replication_experiment_pins_the_reader_context_on_any_profile() -> None
     assert (cfg.retrieve.entries_k, cfg.retrieve.syntheses_k) == (60, 5)
 
 
-def test_flat_baseline_reads_the_same_entry_budget_without_syntheses() -> None:
-    cpu, gpu = compose_cfg(["method=flat"]), compose_cfg(["method=flat", "llm=vllm_server"])
+@pytest.mark.parametrize("method", ["flat", "graph_memory"])
+def test_paradigm_baselines_read_the_same_entry_budget_without_syntheses(method: str) -> None:
+    # experiment=paradigms compares these with StructMem: one entry budget per profile for all.
+    cpu = compose_cfg([f"method={method}"])
+    gpu = compose_cfg([f"method={method}", "llm=vllm_server"])
     assert cpu.retrieve.entries_k == cpu.llm.budgets.reader_entries_k and cpu.retrieve.syntheses_k == 0
     assert gpu.retrieve.entries_k == 60
