@@ -5,7 +5,9 @@
     python jobs/run.py -m consolidate.seed_k=0,5,10,15,20      # Hydra multirun sweep
 
 Expected errors (bad input files, bad config, missing tables) end the job with exit code 2 and
-one line naming the file and record, without a traceback.
+one line naming the file and record, without a traceback. In a multirun a failing point prints
+the same line and the sweep goes on; the sweep ends with a table of every point
+(structmem_gpu/sweep.py) and exits 1 when any point failed. A preempted job exits 75.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,43 +31,91 @@ log = logging.getLogger("structmem_gpu.run")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    from structmem_gpu import preempt
-    from structmem_gpu.config_schema import check_config
+def main(cfg: DictConfig) -> dict | None:
+    from structmem_gpu import preempt, sweep
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
     guard = preempt.PreemptionGuard(
         grace_s=float(cfg.get("preempt", {}).get("grace_s", 30)),
         exit_code=int(cfg.get("preempt", {}).get("exit_code", preempt.DEFAULT_EXIT_CODE)),
     )
+
+    def point(status: str, error: str | None = None, code: int = 0) -> dict:
+        record = sweep.point_status(job=int(hydra_cfg.job.get("num") or 0),
+                                    overrides=list(hydra_cfg.overrides.task), status=status,
+                                    run_dir=run_dir, error=error, exit_code=code)
+        if in_sweep:
+            sweep.record_point(Path(str(hydra_cfg.sweep.dir)), record)
+        return record
+
     try:
-        check_config(cfg)  # types and ranges of every knob, before anything runs
-        if cfg.get("dry_run"):  # estimate requests and tokens per stage; no server, no files
-            from structmem_gpu.bench.dry_run import estimate, format_estimate
-
-            print(format_estimate(estimate(cfg)))
-            return
-        from structmem_gpu.methods.registry import stage_registry
-        from structmem_gpu.pipeline import run_stages
-        from structmem_gpu.runlock import hold_run_dir
-
-        # The lock first, then Hydra's record of the job: a second job on this directory must
-        # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
-        with hold_run_dir(run_dir), guard:
-            save_job_config(cfg, run_dir)
-            run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
+        ran = run_job(cfg, run_dir, guard)
     except preempt.Preempted as err:
         # Servers are stopped by now (run_stages' scope closed); let submitit requeue, if it
         # installed the handler we replaced, else exit with the code a requeue wrapper expects.
         log.warning("%s", err)
         print(f"preempted: {err}", file=sys.stderr)
+        point("preempted", str(err), guard.exit_code)
         guard.chain()
         sys.exit(guard.exit_code)
     except StructMemError as err:
         log.error("%s", err)
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return _end(point("failed", str(err), 2), in_sweep)
+    except Exception as err:  # a bug: its traceback goes to the console and run.log
+        log.exception("job failed with an unexpected %s", type(err).__name__)
+        line = f"{type(err).__name__}: {err} (unexpected: traceback in {run_dir / 'run.log'})"
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return _end(point("failed", line, 1), in_sweep)
+    if ran:
+        _print_closing(run_dir, table="report" in ran)
+    return _end(point("ok"), in_sweep)
+
+
+def _end(record: dict, in_sweep: bool) -> dict:
+    """A sweep point returns its record (the sweep goes on); a single job exits with its code."""
+    if not in_sweep and record["exit_code"]:
+        sys.exit(record["exit_code"])
+    return record
+
+
+def run_job(cfg: DictConfig, run_dir: Path, guard: object) -> list[str]:
+    """Check the config, then run the stages (or print the dry-run estimate). The names of the
+    stages the job went through (none for a dry run)."""
+    from structmem_gpu.config_schema import check_config
+
+    check_config(cfg)  # types and ranges of every knob, before anything runs
+    if cfg.get("dry_run"):  # estimate requests and tokens per stage; no server, no files
+        from structmem_gpu.bench.dry_run import estimate, format_estimate
+
+        print(format_estimate(estimate(cfg)))
+        return []
+    from structmem_gpu.methods.registry import stage_registry
+    from structmem_gpu.pipeline import job_stage_names, run_stages, stages_to_run
+    from structmem_gpu.run_changes import log_changes
+    from structmem_gpu.runlock import hold_run_dir
+
+    registry = stage_registry(str(cfg.method.name))
+    # The lock first, then Hydra's record of the job: a second job on this directory must
+    # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
+    with hold_run_dir(run_dir), guard:  # type: ignore[attr-defined]
+        log_changes(run_dir, cfg, stages_to_run(cfg, run_dir, registry))  # before .hydra/ changes
+        save_job_config(cfg, run_dir)
+        run_stages(cfg, run_dir, registry)
+    return job_stage_names(cfg)
+
+
+def _print_closing(run_dir: Path, table: bool) -> None:
+    """The headline table (and matching published rows) of the report this job wrote, then
+    the paths."""
+    from structmem_gpu.eval.report_md import closing_table
+
     report = run_dir / "report" / "report.md"
+    table = closing_table(run_dir / "report" / "report.json") if table else None
+    if table:
+        print("\n" + table)
     print(f"run directory: {run_dir}")
     if report.exists():
         print(f"report: {report}")
@@ -86,3 +137,6 @@ def save_job_config(cfg: DictConfig, run_dir: Path) -> None:
 
 if __name__ == "__main__":
     main()
+    from structmem_gpu.sweep import last_exit_code
+
+    sys.exit(last_exit_code())  # 1 after a multirun with a failed point, else 0

@@ -4,4 +4,10 @@ Importing the package is cheap: heavy libraries (vllm, faiss, torch, sentence_tr
 aiohttp) are imported lazily, each by exactly one module.
 """
 
+from structmem_gpu import run_key as _run_key
+
 __version__ = "0.1.0"
+
+# conf/config.yaml names run directories with ${run_key:...}. Registered on import so that a
+# submitit worker, which imports this package to unpickle its job, resolves them too.
+_run_key.register()

@@ -24,17 +24,15 @@ from structmem_gpu.artifacts import RunDir, git_commit, now_iso, package_version
 from structmem_gpu import preempt
 from structmem_gpu.errors import ConfigError, MissingTableError, StageIncompleteError
 from structmem_gpu.hashing import file_sha256, stable_hash
+from structmem_gpu.result_keys import EXCLUDED_KEYS, LAUNCH_TOP_KEYS, SHARD_KEYS
 from structmem_gpu.runlock import hold_run_dir
 from structmem_gpu.stage import Backends, Stage, StageContext, select_config
 
 log = logging.getLogger(__name__)
 
 # Never part of a fingerprint or of the config hash: where a run lives and how it is launched
-# does not change what it computes (DESIGN.md "Resume").
-EXCLUDED_TOP_KEYS = ("hydra", "paths", "stages", "force", "shard_index", "num_shards", "dry_run",
-                     "run_dir", "preempt")
-EXCLUDED_KEYS = ("llm.base_url", "llm.max_in_flight", "llm.request_timeout_s",
-                 "llm.startup_timeout_s", "llm.max_restarts")
+# does not change what it computes (structmem_gpu/result_keys.py is the one list).
+EXCLUDED_TOP_KEYS = (*LAUNCH_TOP_KEYS, *SHARD_KEYS)
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -102,9 +100,39 @@ def run_header(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def job_stage_names(cfg: DictConfig) -> list[str]:
+    """The stages this job runs, in order: `stages` when given, else the method's list."""
+    return list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
+
+
+def stages_to_run(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[str]:
+    """The job's stages that will (re)compute their tables, predicted before any runs: those
+    not finished with today's fingerprint, and every later stage reading a table one of them
+    writes (its input hash changes then)."""
+    run = RunDir(run_dir)
+    out: list[str] = []
+    rewritten: set[str] = set()
+    for name in job_stage_names(cfg):
+        stage = registry.get(name)
+        if stage is None:
+            continue
+        entry = run.stage_entry(name)
+        reads = set(stage.reads) | set(stage.optional_reads)
+        try:
+            fresh = (not cfg.get("force", False) and not (reads & rewritten) and entry is not None
+                     and entry.get("status") == "done" and run.outputs_intact(entry)
+                     and entry.get("fingerprint") == fingerprint(stage, cfg, run))
+        except MissingTableError:
+            fresh = False
+        if not fresh:
+            out.append(name)
+            rewritten |= set(stage.writes)
+    return out
+
+
 def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[StageOutcome]:
     """Run the configured stages in order inside one Backends scope (servers stop at the end)."""
-    names = list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
+    names = job_stage_names(cfg)
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ConfigError(f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")

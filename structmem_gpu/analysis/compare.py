@@ -5,8 +5,11 @@
     df = compare_runs(discover_runs(Path("outputs/multirun/sample/2026-05-01_12-00-00")))
     write_comparison(df, Path("outputs/compare"))   # comparison.md, .csv, .json
 
-Reads each run's report/report.json (scores; DESIGN.md contract) and manifest.json (per-stage
-build_cost, including LLM batches). BUILD cost sums every stage that builds memory, i.e. all
+Reads each run's report/report.json (scores), manifest.json (per-stage build_cost, including
+LLM batches) and .hydra/overrides.yaml + config.yaml (what the run was launched with). Rows are
+labelled by the overrides that vary across the compared runs (e.g. `retrieve.entries_k` of a
+sweep, a column of its own in every output) plus the answer and judge models, and sorted
+numerically by them. BUILD cost sums every stage that builds memory, i.e. all
 stages except `load, retrieve, answer, judge, report`. Calls count every request the method
 makes, cache hits included: the cost of the method, not of this particular rerun (wall
 seconds, in contrast, are as measured and shrink when the cache answers). One row:
@@ -30,6 +33,7 @@ import polars as pl
 
 from structmem_gpu.artifacts import MANIFEST, atomic_write_text
 from structmem_gpu.errors import InputError
+from structmem_gpu.result_keys import launch_key, no_table_key
 
 log = logging.getLogger(__name__)
 
@@ -94,17 +98,79 @@ def _protocols(report: Mapping[str, Any]) -> str:
     return f"{p.get('answer', 'reasoned')}/{p.get('judge', 'reasoned')}"
 
 
+def run_overrides(run_dir: Path) -> dict[str, str]:
+    """The result-changing overrides a run was launched with (.hydra/overrides.yaml), key ->
+    value ({} for a run without that record, e.g. one run in-process)."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return {}
+    items = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(items, list):
+        raise InputError(path, "expected a list of overrides")
+    out = {}
+    for item in items:
+        key, _, value = str(item).partition("=")
+        key = key.lstrip("+")
+        if not (launch_key(key) or no_table_key(key)):
+            out[key] = value
+    return out
+
+
+def answer_model(run_dir: Path) -> str | None:
+    """The answer LLM's name as the run's .hydra/config.yaml gives it (served name, model or
+    backend), None when unrecorded."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return None
+    llm = OmegaConf.to_container(OmegaConf.load(path)).get("llm") or {}
+    for key in ("served_name", "model", "backend"):
+        value = llm.get(key) if isinstance(llm, dict) else None
+        if isinstance(value, str) and value and "${" not in value:
+            return value.rsplit("/", 1)[-1] if key == "model" else value
+    return None
+
+
+def _model_names(identities: Sequence[str]) -> str | None:
+    """"served|weights|revision" identities -> their first non-empty parts, comma-joined."""
+    names = [next((p for p in str(i).split("|") if p), str(i)).rsplit("/", 1)[-1] for i in identities]
+    return ", ".join(names) or None
+
+
+def _published_overall(report: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """(id, overall judge accuracy as a fraction) of the first published row that matched."""
+    from structmem_gpu.eval.published import load_published
+
+    ids = list(report.get("published") or [])
+    rows = {r.id: r for r in load_published()}
+    for rid in ids:
+        row = rows.get(rid)
+        if row is not None and "judge_accuracy" in row.overall:
+            return rid, row.overall["judge_accuracy"] / 100
+    return (ids[0] if ids else None), None
+
+
 def run_row(run_dir: Path) -> dict[str, Any]:
     """One comparison row from a run directory's report.json and manifest.json."""
     report, manifest = _load_json(run_dir / REPORT), _load_json(run_dir / MANIFEST)
     overall = report.get("overall") or {}
     ci = overall.get("judge_accuracy_ci95") or [None, None]
+    judge = report.get("judge")
+    published_id, published_acc = _published_overall(report)
     row: dict[str, Any] = {
         "method": report.get("method") or manifest.get("method"),
         "benchmark": report.get("benchmark") or manifest.get("benchmark"),
         "run_dir": str(run_dir),
         "config_hash": manifest.get("config_hash"),
-        "judge": report.get("judge"),
+        "answer_model": answer_model(run_dir),
+        "judge": judge,
+        "judge_models": _model_names((report.get("judge_models") or {}).get(judge or "", [])),
+        "published_id": published_id,
+        "published_acc": published_acc,
+        "_overrides": run_overrides(run_dir),
         "protocols": _protocols(report),
         "n": overall.get("n"),
         "unjudged": report.get("unjudged"),
@@ -129,7 +195,9 @@ def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
         "benchmark",
         "run_dir",
         "config_hash",
+        "answer_model",
         "judge",
+        "judge_models",
         "protocols",
         "protocols_differ",
         "n",
@@ -150,14 +218,50 @@ def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
     )
 
 
+def _number(value: Any) -> Any:
+    """An override's value as a number where it reads as one ("40" -> 40, "0.5" -> 0.5)."""
+    if isinstance(value, str):
+        for cast in (int, float):
+            try:
+                return cast(value)
+            except ValueError:
+                pass
+    return value
+
+
+def varied_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Override keys whose value differs between the rows (a key one run lacks counts)."""
+    keys = sorted({k for r in rows for k in r["_overrides"]})
+    return [k for k in keys if len({r["_overrides"].get(k) for r in rows}) > 1]
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    if value is None:
+        return (2, "")
+    return (0, value) if isinstance(value, (int, float)) else (1, str(value))
+
+
 def compare_runs(run_dirs: Iterable[Path], reference: str | None = "structmem") -> pl.DataFrame:
-    """One row per run (in the given order). `build_calls_vs_ref` = build calls / the build
+    """One row per run, with a column per override key that varies across them (named by
+    the dotted key, values as numbers where they read as numbers), sorted by those keys;
+    in the given order when none varies. `build_calls_vs_ref` = build calls / the build
     calls of the `reference` method's run on the same benchmark (null when there is none)."""
     rows = [run_row(Path(d)) for d in run_dirs]
     if not rows:
         raise InputError(
             "compare_runs", "no run directories given (none found under the folders named?)"
         )
+    varied = varied_keys(rows)
+    for r in rows:
+        overrides = r.pop("_overrides")
+        for k in varied:
+            r[k] = _number(overrides.get(k))
+    if varied:
+        rows.sort(key=lambda r: tuple(_sort_key(r[k]) for k in varied))
+    mixed = [k for k in varied if len({type(r[k]) for r in rows if r[k] is not None}) > 1]
+    for r in rows:  # a column polars can type: text where numbers and words mix
+        for k in mixed:
+            r[k] = None if r[k] is None else str(r[k])
     # A row whose reader/judge protocols differ from the most common pair is marked: its
     # scores are not comparable with the others' (README "Evaluation protocols").
     counts: dict[str, int] = {}
@@ -167,6 +271,8 @@ def compare_runs(run_dirs: Iterable[Path], reference: str | None = "structmem") 
     for r in rows:
         r["protocols_differ"] = r["protocols"] != common
     df = _frame(rows)
+    labels = [k for k in varied if k not in ("method", "benchmark")]  # those have their columns
+    df = df.select([*labels, *[c for c in df.columns if c not in labels]])
     ref = (
         df.filter(pl.col("method") == reference)
         .group_by("benchmark")
@@ -192,39 +298,75 @@ def _num(x: Any) -> str:
     return f"{x:,.1f}" if isinstance(x, float) and not float(x).is_integer() else f"{int(x):,}"
 
 
+def label_columns(df: pl.DataFrame) -> list[str]:
+    """The varied override keys of a compare_runs frame (its columns before `method`)."""
+    return df.columns[: df.columns.index("method")]
+
+
+def short_labels(keys: Sequence[str]) -> list[str]:
+    """`retrieve.entries_k` -> `entries_k` where the last part names one key only."""
+    tails = [k.rsplit(".", 1)[-1] for k in keys]
+    return [t if tails.count(t) == 1 else k for k, t in zip(keys, tails, strict=True)]
+
+
+def _cell(x: Any) -> str:
+    return "–" if x is None else str(x).replace("|", "\\|")
+
+
+def _models(r: Mapping[str, Any]) -> str:
+    judge = _cell(r.get("judge"))
+    return judge + (f" ({r['judge_models']})" if r.get("judge_models") else "")
+
+
 def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> str:
-    acc = [c for c in df.columns if c.startswith("acc_") and not c.startswith("acc_overall_ci")]
+    acc = [c for c in df.columns if c.startswith("acc_") and not c.startswith("acc_overall")]
     metrics = [c for c in METRICS if c in df.columns]
+    labels = label_columns(df)
     note = (
         "Scores in percent (judge accuracy per category, unjudged counted as wrong; n = scored "
-        "questions). Protocols = reader/judge protocol; a row marked (differs) used other "
-        "protocols than the rest and is not comparable with them. Build cost sums "
-        "every memory-building stage; calls include cache hits (the method's cost), wall "
-        "seconds are as measured."
+        "questions; overall with its 95% bootstrap CI). Rows are labelled by the overrides "
+        "that vary across the compared runs. Protocols = reader/judge protocol; a row marked "
+        "(differs) used other protocols than the rest and is not comparable with them. "
+        "Published = the overall judge accuracy of the first published row matching the run's "
+        "configuration. Build cost sums every memory-building stage; calls include cache hits "
+        "(the method's cost), wall seconds are as measured."
     )
     lines = ["# Method comparison", "", note, ""]
     head = [
+        *short_labels(labels),
         "method",
         "benchmark",
+        "answer model",
+        "judge",
         "protocols",
         "n",
+        "overall (95% CI)",
         *(c.removeprefix("acc_") for c in acc),
         *metrics,
+        "published",
     ]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in df.iter_rows(named=True):
         proto = str(r.get("protocols") or "–")
+        ci = (f" [{_pct(r['acc_overall_ci_low'])}, {_pct(r['acc_overall_ci_high'])}]"
+              if r.get("acc_overall_ci_low") is not None else "")
         cells = [
+            *(_cell(r[k]) for k in labels),
             str(r["method"]),
             str(r["benchmark"]),
+            _cell(r.get("answer_model")),
+            _models(r),
             f"**{proto} (differs)**" if r.get("protocols_differ") else proto,
             _num(r["n"]),
+            _pct(r["acc_overall"]) + ci,
             *(_pct(r[c]) for c in acc),
             *(_pct(r[c]) for c in metrics),
+            "–" if r.get("published_acc") is None else _pct(r["published_acc"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     ratio = f"calls vs {reference}" if reference else "calls vs ref"
     cost = [
+        *short_labels(labels),
         "method",
         "build calls",
         ratio,
@@ -238,6 +380,7 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
     for r in df.iter_rows(named=True):
         x = r.get("build_calls_vs_ref")
         cells = [
+            *(_cell(r[k]) for k in labels),
             str(r["method"]),
             _num(r["build_calls"]),
             "–" if x is None else f"×{x:.2f}",

@@ -52,6 +52,7 @@ from structmem_gpu.analysis.curves import (
     recall_at_k,
     turn_positions,
 )
+from structmem_gpu.analysis.compare import compare_runs, label_columns
 from structmem_gpu.analysis.inspect import (
     Run,
     headline_judge,
@@ -277,14 +278,10 @@ def plot_accuracy_vs(
         y = g["acc_overall"].to_numpy() * 100
         lo = g["acc_overall_ci_low"].fill_null(g["acc_overall"]).to_numpy() * 100
         hi = g["acc_overall_ci_high"].fill_null(g["acc_overall"]).to_numpy() * 100
-        ax.errorbar(
-            g[key].to_numpy(),
-            y,
-            yerr=[y - lo, hi - y],
-            marker="o",
-            capsize=3,
-            label=f"{method} (this sweep)",
-        )
+        x = g[key].to_numpy()
+        line = ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3,
+                           label=f"{method} (this sweep)")
+        ax.fill_between(x, lo, hi, alpha=0.15, color=line[0].get_color(), linewidth=0)  # 95% CI
     if published is None:
         published = _published_sweep(df, key)
     # A set: the paper's default (K = 15) is both its Table 1 row and a Fig. 3d point.
@@ -401,8 +398,13 @@ def write_sweep_plots(run_dirs: Iterable[Path], out_dir: Path) -> list[Path]:
         )
     out_dir = Path(out_dir)
     written: list[Path] = []
-    frame = sweep_frame([r.root for r in finished], tuple(SWEEP_PLOTS))
-    for key in SWEEP_PLOTS:
+    frame = compare_runs([r.root for r in finished])
+    extra = [k for k in SWEEP_PLOTS if k not in frame.columns]  # runs without .hydra/ records
+    if extra:
+        frame = frame.join(sweep_frame([r.root for r in finished], tuple(extra)).select(
+            "run_dir", *extra), on="run_dir", how="left")
+    numeric = [k for k in [*label_columns(frame), *extra] if frame[k].dtype.is_numeric()]
+    for key in dict.fromkeys(numeric):  # one figure per varied numeric key, e.g. entries_k
         if frame[key].drop_nulls().n_unique() > 1:  # a key the runs do not vary is no sweep
             _try(
                 f"accuracy_vs_{key}",

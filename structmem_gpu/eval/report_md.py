@@ -257,3 +257,42 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
     ):
         lines += section
     return "\n".join(lines).rstrip() + "\n"
+
+
+def closing_lines(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> list[str]:
+    """The headline table a job prints when it ends (like lm-evaluation-harness's): per
+    category and overall, judge accuracy with its 95% CI, F1, BLEU-1, n and unjudged, with
+    the overall figure of every matching published row below it."""
+    head = ["category", "n", "judge acc.", "95% CI", "unjudged", "F1", "BLEU-1"]
+    groups = [(f"{c} {g['name']}", g) for c, g in rep["by_category"].items()]
+    if "overall_without_adversarial" in rep:
+        groups.append(("overall without adversarial", rep["overall_without_adversarial"]))
+    groups.append(("overall", rep["overall"]))
+    rows = [[label, str(g["n"]), pct(g["judge_accuracy"]), _ci(g["judge_accuracy_ci95"]),
+             str(g.get("unjudged", 0)), pct(g["f1_locomo"]), pct(g["bleu1"])]
+            for label, g in groups]
+    out = [f"{rep['benchmark']} / {rep['method']}, judge {rep['judge']} (scores in percent)", ""]
+    out += _table(head, rows)
+    for row in published:
+        figures = ", ".join(f"{_METRIC_LABELS.get(m, m)} {v:.2f}" for m, v in row.overall.items())
+        out.append(f"published: {row.label} ({row.source}; judge {row.judge_model}): {figures}")
+    if not published:
+        why = rep.get("published_excluded")
+        out.append(f"published: none for this configuration{f' (harness run: {why})' if why else ''}")
+    return out
+
+
+def closing_table(report_json: Any) -> str | None:
+    """closing_lines for a report/report.json file (None when there is none)."""
+    import json
+    from pathlib import Path
+
+    from structmem_gpu.eval.published import load_published
+
+    path = Path(report_json)
+    if not path.is_file():
+        return None
+    rep = json.loads(path.read_text(encoding="utf-8"))
+    ids = set(rep.get("published") or [])
+    rows = [r for r in load_published() if r.id in ids]
+    return "\n".join(closing_lines(rep, rows)).rstrip() + "\n"

@@ -204,6 +204,7 @@ class HTTPBackend:
             disable=not self.progress,
             mininterval=1.0,
             dynamic_ncols=True,
+            leave=None,  # kept at the top level; cleared when nested (SEEM's "wave t/N" bar)
         )
         t0 = time.monotonic()
         out_tokens = 0

@@ -13,6 +13,7 @@ from structmem_gpu.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.methods.registry import METHODS, stage_registry
 from structmem_gpu.methods.structmem import consolidate, embed, extract
+from structmem_gpu.run_key import run_key
 from tests.unit.test_structmem_stages import FakeBackends, cfg_for, echo, run_stage
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -67,8 +68,10 @@ def test_experiment_sweeps_its_methods_and_nothing_else(name: str) -> None:
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     assert params == {"method": ",".join(EXPERIMENTS[name])}
     sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
-    assert sweep["subdir"] == "${hydra.job.override_dirname}"  # one subdir per method
-    assert "method" not in cfg.hydra.job.config.override_dirname.exclude_keys
+    assert sweep["subdir"] == "${run_key:sweep,${hydra.overrides.task}}"
+    # one subdir per method: the sweep key keeps `method`
+    subdirs = {run_key([f"experiment={name}", f"method={m}"], "sweep") for m in EXPERIMENTS[name]}
+    assert len(subdirs) == len(EXPERIMENTS[name])
     base = _plain()
     for method in EXPERIMENTS[name]:
         c = _plain(f"experiment={name}", f"method={method}")

@@ -120,7 +120,7 @@ def test_write_comparison_md_csv_json(runs: list[Path], tmp_path: Path) -> None:
     df = compare_runs(runs)
     paths = write_comparison(df, tmp_path / "out")
     md = paths["md"].read_text()
-    assert "| graph_memory | sample | reasoned/reasoned | 4 | 50.0 |" in md
+    assert "| graph_memory | sample | – | same_as_llm | reasoned/reasoned | 4 | 50.0 [10.0, 90.0] |" in md
     assert "×1.88" in md and "## Build cost" in md
     assert pl.read_csv(paths["csv"])["method"].to_list() == df["method"].to_list()
     assert [r["build_calls"] for r in json.loads(paths["json"].read_text())] == [3, 15, 8]
@@ -163,5 +163,66 @@ def test_rows_with_other_protocols_are_marked(tmp_path: Path) -> None:
     assert df["protocols"].to_list() == ["paper/paper", "paper/paper", "paper/reasoned"]
     assert df["protocols_differ"].to_list() == [False, False, True]
     md = write_comparison(df, tmp_path / "out")["md"].read_text()
-    assert "| graph_memory | sample | **paper/reasoned (differs)** |" in md
-    assert "| flat | sample | paper/paper |" in md
+    assert "| graph_memory | sample | – | same_as_llm | **paper/reasoned (differs)** |" in md
+    assert "| flat | sample | – | same_as_llm | paper/paper |" in md
+
+
+def _launched(run: Path, overrides: list[str], model: str = "Qwen/Qwen2.5-7B-Instruct") -> Path:
+    """Give a fake run the .hydra/ record jobs/run.py writes."""
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (run / ".hydra" / "config.yaml").write_text(f"llm:\n  model: {model}\n  served_name: null\n")
+    return run
+
+
+def test_a_sweep_is_labelled_by_its_varied_key_and_sorted_numerically(tmp_path: Path) -> None:
+    runs = []
+    for k in (100, 20, 10, 60, 40, 80):  # discovery order is by path: 10, 100, 20, ...
+        run = fake_run(tmp_path / f"retrieve.entries_k={k}", "structmem", {"extract": _cost(8)},
+                       acc=k / 200)
+        runs.append(_launched(run, ["experiment=entries_k_sweep", f"retrieve.entries_k={k}",
+                                    f"paths.cache_dir=/c{k}", "llm=vllm_qwen2_5_7b"]))
+    df = compare_runs(discover_runs(tmp_path))
+    assert df.columns[0] == "retrieve.entries_k"  # the varied key leads; constant ones do not show
+    assert "experiment" not in df.columns and "paths.cache_dir" not in df.columns
+    assert df["retrieve.entries_k"].to_list() == [10, 20, 40, 60, 80, 100]
+    assert df["acc_overall"].to_list() == [0.05, 0.1, 0.2, 0.3, 0.4, 0.5]
+    assert set(df["answer_model"]) == {"Qwen2.5-7B-Instruct"}
+    paths = write_comparison(df, tmp_path / "out")
+    md = paths["md"].read_text()
+    assert "| entries_k | method | benchmark | answer model | judge |" in md
+    rows = [l for l in md.splitlines() if l.startswith("| ") and "structmem |" in l]
+    assert [r.split(" | ")[0].strip("| ") for r in rows[:6]] == ["10", "20", "40", "60", "80", "100"]
+    assert "| 10 | structmem | sample | Qwen2.5-7B-Instruct | same_as_llm | reasoned/reasoned | 4 | 5.0 [10.0, 90.0] |" in md
+    assert pl.read_csv(paths["csv"])["retrieve.entries_k"].to_list() == [10, 20, 40, 60, 80, 100]
+    assert [r["retrieve.entries_k"] for r in json.loads(paths["json"].read_text())][:2] == [10, 20]
+
+
+def test_two_varied_keys_and_mixed_values(tmp_path: Path) -> None:
+    runs = [
+        _launched(fake_run(tmp_path / "a", "structmem", {"extract": _cost(8)}),
+                  ["consolidate.seed_k=5", "llm=vllm_qwen3_8b"], model="Qwen/Qwen3-8B"),
+        _launched(fake_run(tmp_path / "b", "structmem", {"extract": _cost(8)}),
+                  ["consolidate.seed_k=0", "llm=vllm_qwen2_5_7b"]),
+        _launched(fake_run(tmp_path / "c", "structmem", {"extract": _cost(8)}), ["llm=vllm_qwen2_5_7b"]),
+    ]
+    df = compare_runs(runs)
+    assert df.columns[:2] == ["consolidate.seed_k", "llm"]
+    assert df["consolidate.seed_k"].to_list() == [0, 5, None]  # a run without the key sorts last
+    assert df["answer_model"].to_list() == ["Qwen2.5-7B-Instruct", "Qwen3-8B", "Qwen2.5-7B-Instruct"]
+    md = write_comparison(df, tmp_path / "out")["md"].read_text()
+    assert "| seed_k | llm | method |" in md and "| – | vllm_qwen2_5_7b | structmem |" in md
+
+
+def test_the_published_row_that_matched_is_shown(tmp_path: Path) -> None:
+    from structmem_gpu.eval.published import load_published
+
+    row = next(r for r in load_published() if "judge_accuracy" in r.overall)
+    run = fake_run(tmp_path, "structmem", {"extract": _cost(8)})
+    rep = json.loads((run / "report" / "report.json").read_text())
+    (run / "report" / "report.json").write_text(json.dumps({**rep, "published": [row.id]}))
+    df = compare_runs([run])
+    assert df["published_id"].to_list() == [row.id]
+    assert df["published_acc"].to_list() == [pytest.approx(row.overall["judge_accuracy"] / 100)]
+    md = write_comparison(df, tmp_path / "out")["md"].read_text()
+    assert f"| {row.overall['judge_accuracy']:.1f} |" in md

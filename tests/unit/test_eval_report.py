@@ -334,3 +334,20 @@ def test_markdown_shows_published_figures_side_by_side_with_source() -> None:
     assert "categories [1, 2, 3, 4]" in md and "Protocols: reader `paper`, judge `paper`" in md
     none = render_markdown({**_report([1, 2, 3, 4]), "published_excluded": "llm=scripted"}, [])
     assert "## Published figures" in none and "harness run (llm=scripted)" in none
+
+
+def test_closing_table_has_headline_scores_and_the_published_row(tmp_path: Path) -> None:
+    from structmem_gpu.eval.report_md import closing_lines, closing_table
+
+    rows = matching_rows(_cfg())  # type: ignore[arg-type]
+    text = "\n".join(closing_lines(_report([1, 2, 3, 4]), rows))
+    assert "| category | n | judge acc. | 95% CI | unjudged | F1 | BLEU-1 |" in text
+    assert "| 1 multi-hop | 2 | 50.0 | [0.0, 100.0] | 0 | 10.0 | 30.0 |" in text
+    assert "| overall | 2 | 50.0 | [0.0, 100.0] | 0 | 10.0 | 30.0 |" in text
+    assert "published: " in text and "judge accuracy 76.82" in text
+    harness = "\n".join(closing_lines({**_report([1]), "published_excluded": "llm=scripted"}, []))
+    assert "published: none for this configuration (harness run: llm=scripted)" in harness
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**_report([1, 2, 3, 4]), "published": [r.id for r in rows]}))
+    assert "judge accuracy 76.82" in (closing_table(path) or "")
+    assert closing_table(tmp_path / "missing.json") is None

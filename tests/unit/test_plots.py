@@ -358,3 +358,17 @@ def test_accuracy_vs_seed_k_with_paper_line(scripted_sample_run: Path, tmp_path:
     assert_png(plots.plot_accuracy_vs(table, "consolidate.seed_k", tmp_path / "fig3d.png"))
     with pytest.raises(plots.NothingToPlot, match="no column 'retrieve.turns_k'"):
         plots.plot_accuracy_vs(table, "retrieve.turns_k", tmp_path / "x.png")
+
+
+def test_a_figure_per_varied_numeric_override(scripted_sample_run: Path, tmp_path: Path) -> None:
+    """Any numeric key a sweep varies (from .hydra/overrides.yaml) gets its accuracy figure."""
+    dirs = []
+    for k in (2, 8, 4):
+        d = tmp_path / f"seem.retrieve.passage_k={k}"
+        shutil.copytree(scripted_sample_run, d)
+        (d / ".hydra").mkdir(exist_ok=True)
+        (d / ".hydra" / "overrides.yaml").write_text(f"- seem.retrieve.passage_k={k}\n- debug=scripted\n")
+        dirs.append(d)
+    written = plots.write_sweep_plots(dirs, tmp_path / "out")
+    assert "accuracy_vs_passage_k.png" in [p.name for p in written]
+    assert_png(tmp_path / "out" / "accuracy_vs_passage_k.png")

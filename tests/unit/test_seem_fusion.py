@@ -183,3 +183,23 @@ def test_re_embedding_happens_once_per_step() -> None:
     Wavefront(st, s, f, lambda reqs, desc: llm.generate(reqs), encode).run()
     assert calls == [2, 2, 2, 2]  # one call per step with requests, both conversations' fused frames
 
+
+
+def test_each_wave_is_labelled_and_one_outer_bar_counts_them(capsys: pytest.CaptureFixture[str]) -> None:
+    s, f = settings()
+    enc = Encoder(CountingModel(), "fake-bow")
+    llm = ScriptedLLM(None)
+    descs: list[str] = []
+
+    def call(reqs, desc):  # type: ignore[no-untyped-def]
+        descs.append(desc)
+        return llm.generate(reqs, desc=desc)
+
+    wave = Wavefront(stores(LENGTHS, enc), s, f, call, enc.encode)
+    stats = wave.run()
+    assert stats.steps == max(LENGTHS.values())
+    assert descs and all(d.startswith("seem fusion") and " wave " in d for d in descs)
+    steps = [int(d.rsplit(" ", 1)[1].split("/")[0]) for d in descs]
+    assert steps == sorted(steps) and all(d.endswith(f"/{stats.steps}") for d in descs)
+    err = capsys.readouterr().err
+    assert f"{stats.steps}/{stats.steps}" in err and "wave" in err  # the outer bar, finished

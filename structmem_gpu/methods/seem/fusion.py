@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from tqdm.auto import tqdm
 
 from structmem_gpu import schemas as core_schemas
 from structmem_gpu.llm.types import LLMRequest, LLMResult
@@ -78,17 +79,24 @@ class Wavefront:
                  llm: LLMCall, encode: Encode) -> None:
         self.stores, self.s, self.f, self.llm, self.encode = list(stores), s, f, llm, encode
         self.stats = FusionStats()
+        self._wave = ""  # "wave t/N" of the step being sent, shown in its request bar
 
     def run(self) -> FusionStats:
         w = self.s.window
         self.stats.steps = max((math.ceil(len(st) / w) for st in self.stores), default=0)
-        for step in range(self.stats.steps):
+        # One outer bar over the waves (hundreds on LoCoMo); each wave's request bar sits
+        # under it and is cleared when the wave is done.
+        waves = tqdm(range(self.stats.steps), desc="seem fusion", unit="wave", mininterval=1.0,
+                     dynamic_ncols=True)
+        for step in waves:
+            self._wave = f"wave {step + 1}/{self.stats.steps}"
             before = self.stats.batches
             if w == 1:
                 self._pair_step(step)
             else:
                 self._window_step(step)
             self.stats.steps_with_requests += self.stats.batches > before
+        waves.close()
         return self.stats
 
     def _call(self, requests: list[LLMRequest], desc: str) -> list[LLMResult]:
@@ -96,7 +104,7 @@ class Wavefront:
             return []
         self.stats.batches += 1
         self.stats.requests += len(requests)
-        return self.llm(requests, desc)
+        return self.llm(requests, f"{desc} {self._wave}")
 
     def _reembed(self, touched: Sequence[tuple[ConversationStore, int]]) -> None:
         """New vectors for the frames fused in this step: one encoder call for all conversations."""

@@ -1,0 +1,45 @@
+"""Which configuration keys can change a result: the one list behind the config hash, the run
+directory's name and the "changed keys" log.
+
+Where a run lives, how it is launched and how fast its requests go never change what it
+computes, so none of these keys enters a fingerprint, the config hash or a run directory name:
+
+    launch_key("paths.output_dir")   -> True     launch_key("consolidate.seed_k") -> False
+    launch_key("judge.llm.base_url") -> True     (serving knobs of any llm config)
+"""
+
+from __future__ import annotations
+
+# Top-level nodes that say where and how a job runs (README "Running jobs").
+LAUNCH_TOP_KEYS = ("hydra", "paths", "stages", "force", "dry_run", "run_dir", "preempt")
+# Shards of one job compute parts of one result: one config hash, but their own directories.
+SHARD_KEYS = ("shard_index", "num_shards")
+# Serving knobs of an llm config (the job's, a judge's, a panel member's): same replies.
+SERVING_KEYS = ("base_url", "max_in_flight", "request_timeout_s", "startup_timeout_s",
+                "max_restarts")
+# What the config hash drops besides the top keys (dotted, under `llm`).
+EXCLUDED_KEYS = tuple(f"llm.{k}" for k in SERVING_KEYS)
+# Keys that change no table of a run directory but only what is kept beside them: caches
+# (replies and embeddings are the same either way) and report figures.
+NO_TABLE_KEYS = ("cache", "report.plots")
+
+
+def _head(key: str) -> str:
+    return key.lstrip("+~").split(".", 1)[0]
+
+
+def launch_key(key: str) -> bool:
+    """True for a dotted key (or override key, `+`/`~` prefixes allowed) that cannot change a
+    result: launch settings and serving knobs of any llm config."""
+    key = key.lstrip("+~")
+    if _head(key) in LAUNCH_TOP_KEYS:
+        return True
+    parts = key.split(".")
+    in_llm = parts[0] == "llm" or (parts[0] == "judge" and len(parts) > 2)
+    return in_llm and parts[-1] in SERVING_KEYS
+
+
+def no_table_key(key: str) -> bool:
+    """True for keys whose change leaves every table as it was (caches, report figures)."""
+    key = key.lstrip("+~")
+    return any(key == k or key.startswith(k + ".") for k in NO_TABLE_KEYS)
