@@ -30,7 +30,7 @@ from structmem_gpu.stage import Backends, Stage, StageContext, select_config
 log = logging.getLogger(__name__)
 
 # Never part of a fingerprint or of the config hash: where a run lives and how it is launched
-# does not change what it computes (DESIGN.md "Resume").
+# does not change what it computes (docs/design.md "Resume").
 EXCLUDED_TOP_KEYS = ("hydra", "paths", "stages", "force", "shard_index", "num_shards", "dry_run",
                      "run_dir", "preempt")
 EXCLUDED_KEYS = ("llm.base_url", "llm.max_in_flight", "llm.request_timeout_s",

@@ -5,11 +5,11 @@
     df = compare_runs(discover_runs(Path("outputs/multirun/sample/2026-05-01_12-00-00")))
     write_comparison(df, Path("outputs/compare"))   # comparison.md, .csv, .json
 
-Reads each run's report/report.json (scores; DESIGN.md contract) and manifest.json (per-stage
-build_cost, including LLM batches). BUILD cost sums every stage that builds memory, i.e. all
-stages except `load, retrieve, answer, judge, report`. Calls count every request the method
-makes, cache hits included: the cost of the method, not of this particular rerun (wall
-seconds, in contrast, are as measured and shrink when the cache answers). One row:
+Reads each run's report/report.json (scores; docs/design.md "Run directory contract") and
+manifest.json (per-stage build_cost, including LLM batches). BUILD cost sums every stage that
+builds memory, i.e. all stages except `load, retrieve, answer, judge, report`. Calls count every
+request the method makes, cache hits included: the cost of the method, not of this particular
+rerun (wall seconds, in contrast, are as measured and shrink when the cache answers). One row:
 
     {"method": "graph_memory", "benchmark": "sample", "n": 2, "acc_overall": 0.5,
      "acc_single_hop": 1.0, ..., "f1_locomo": 0.31, "evidence_recall": 0.5,
