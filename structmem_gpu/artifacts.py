@@ -1,6 +1,6 @@
 """The run directory: atomic Parquet tables, the manifest, resume bookkeeping.
 
-Layout (DESIGN.md "Run directory contract"; notebooks and jobs/report.py rely on it):
+Layout (docs/design.md "Run directory contract"; notebooks and jobs/report.py rely on it):
 
     <run_dir>/manifest.json            written last by each stage
     <run_dir>/tables/<name>.parquet    one file per table, replaced atomically

@@ -31,7 +31,8 @@ from structmem_gpu.stage import Backends, Stage, StageContext, select_config
 log = logging.getLogger(__name__)
 
 # Never part of a fingerprint or of the config hash: where a run lives and how it is launched
-# does not change what it computes (structmem_gpu/result_keys.py is the one list).
+# does not change what it computes (structmem_gpu/result_keys.py is the one list;
+# docs/design.md "Resume").
 EXCLUDED_TOP_KEYS = (*LAUNCH_TOP_KEYS, *SHARD_KEYS)
 
 

@@ -1,4 +1,4 @@
-"""One Polars schema constant per table of the run directory (DESIGN.md "Table columns").
+"""One Polars schema constant per table of the run directory (docs/design.md "Table columns").
 
 Every writer builds its frame from these constants (`empty(SCHEMA)` / `frame(rows, SCHEMA)`),
 so shards of one table always have identical dtypes and `pl.scan_parquet` over many run

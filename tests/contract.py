@@ -1,4 +1,4 @@
-"""Contracts from ../shared/DESIGN.md that several test modules check, written out literally
+"""Contracts from docs/design.md that several test modules check, written out literally
 (not imported from the package) so that a change in the code cannot move the goalposts."""
 
 # Keys of every group in report.json (`overall` and each `by_category` entry).
@@ -8,7 +8,7 @@ REPORT_GROUP_KEYS = frozenset(
         "n",
         "judge_accuracy",
         "judge_accuracy_ci95",
-        # issue 15 / benchmarks.md §2.3: judge_accuracy counts unjudged replies as wrong;
+        # docs/evaluation.md "Judge protocols": judge_accuracy counts unjudged replies as wrong;
         # the judged-only accuracy and the unjudged count stand beside it.
         "judge_accuracy_judged",
         "unjudged",

@@ -5,7 +5,7 @@
     df = compare_runs(discover_runs(Path("outputs/multirun/sample/2026-05-01_12-00-00")))
     write_comparison(df, Path("outputs/compare"))   # comparison.md, .csv, .json
 
-Reads each run's report/report.json (scores), manifest.json (per-stage build_cost, including
+Reads each run's report/report.json (scores; docs/design.md "Run directory contract"), manifest.json (per-stage build_cost, including
 LLM batches) and .hydra/overrides.yaml + config.yaml (what the run was launched with). Rows are
 labelled by the overrides that vary across the compared runs (e.g. `retrieve.entries_k` of a
 sweep, a column of its own in every output) plus the answer and judge models, and sorted

@@ -1,7 +1,7 @@
 """Read a finished run (or a sweep of runs) as polars frames, joined for reading by a person.
 
 Used by the notebooks (notebooks/*.ipynb) and by anyone poking at a run directory; it only
-reads the run directory contract (DESIGN.md) and never runs pipeline logic. This module holds
+reads the run directory contract (docs/design.md) and never runs pipeline logic. This module holds
 sweeps and re-exports the rest: runs, scores and the answers table live in analysis/run.py,
 the per-question and per-conversation views (question_view, item_catalogue, request_events,
 memory_of) in analysis/provenance.py; both import run.py and neither imports this module.

@@ -1,7 +1,7 @@
 """A finished run directory read as polars frames: `Run`, `load_run` and the answers table.
 
 The base of the notebook-side analysis (structmem_gpu.analysis): it reads the run directory
-contract (DESIGN.md) only and imports no pipeline stage. inspect.py and provenance.py both
+contract (docs/design.md) only and imports no pipeline stage. inspect.py and provenance.py both
 build on it (neither imports the other's internals any more).
 
     run = load_run("outputs/runs/sample/structmem")

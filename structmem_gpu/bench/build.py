@@ -15,8 +15,8 @@ fresh cache dir each):
 Reported: wall time of the build stages and of the LLM stages, requests/s and output tokens/s
 of each, their ratio (reference / batched) and the replies that differ (temperature 0 should
 give none; llama.cpp's prefix-cache reuse can still flip a token now and then).
-On llama.cpp the ratio is about 1 (it serialises requests; specs/stack.md §4.5): the gain
-needs a continuous-batching server (vLLM), which is what the GPU run measures.
+On llama.cpp the ratio is about 1 (it serialises requests; docs/design.md "Backend notes"): the
+gain needs a continuous-batching server (vLLM), which is what the GPU run measures.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ per session) and QA stages by questions answered (one request each):
 
 next to the paper's Table 1 build cost (1.501 M input, 0.436 M output tokens, 1,056 calls).
 The reference code counts one call per extraction *batch* while it sends two requests
-(structmem-reference.md §8), so its "calls" and our request counts are not the same unit.
+(docs/methods.md "StructMem: reference code"), so its "calls" and our request counts are not
+the same unit.
 A run with capped replies (debug=ci) under-reports completion tokens; say so when comparing.
 """
 
@@ -44,7 +45,7 @@ class Target:
 LOCOMO = Target(
     "LoCoMo (10 conversations, 5,882 turns, 1,540 questions in categories 1-4)", 10, 5882, 1540
 )
-# Paper Table 1, StructMem build on LoCoMo with gpt-4o-mini (specs/structmem.md "Defaults").
+# Paper Table 1, StructMem build on LoCoMo with gpt-4o-mini (README "Replicating the papers").
 PAPER_TABLE1: dict[str, float] = {
     "prompt_tokens": 1_501_000,
     "completion_tokens": 436_000,

@@ -78,7 +78,8 @@ def token_counter(llm_cfg: Any) -> TokenCounter:
     """The model's tokenizer when it is on disk (no download), else characters / 4."""
     model = llm_cfg.get("model") if llm_cfg is not None else None
     if not model or str(model).endswith(".gguf"):
-        # A GGUF's tokenizer loads through transformers in ~20 s (stack.md §8.3): not worth it.
+        # A GGUF's tokenizer loads through transformers in ~20 s: not worth it
+        # (docs/design.md "Backend notes").
         return TokenCounter("chars/4", _chars)
     try:
         from transformers import AutoTokenizer

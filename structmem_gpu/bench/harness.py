@@ -188,8 +188,8 @@ class ReferenceScheduleBackend:
         self, requests: Sequence[Any], *, desc: str = "", on_result: Any = None
     ) -> list[Any]:
         results: list[Any] = [None] * len(requests)
-        # The one deliberate per-request loop of the project (DESIGN.md principle 1): it measures
-        # what batching buys by doing what the reference code does.
+        # The one deliberate per-request loop of the project (docs/design.md "Principles", 1):
+        # it measures what batching buys by doing what the reference code does.
         for i in reference_order(requests):
             [res] = self.inner.generate([requests[i]], desc=desc)
             self.requests_sent += 1

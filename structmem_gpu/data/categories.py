@@ -1,7 +1,7 @@
 """Question categories: numeric ids stored in `questions.category`, names in `category_name`.
 
 Reports group by the numeric id and write `CATEGORY_NAMES` next to every score, so a reader
-never has to guess what "category 3" means (specs/benchmarks.md §1.6 rule).
+never has to guess what "category 3" means (docs/evaluation.md "LoCoMo categories").
 
     >>> category_name(4), longmemeval_category("knowledge-update")
     ('single-hop', (105, 'knowledge-update'))
@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Final
 
-# LoCoMo ids -> names. Evidence (specs/benchmarks.md §1.6): snap-research/LoCoMo
+# LoCoMo ids -> names. Evidence (docs/evaluation.md "LoCoMo categories"): snap-research/LoCoMo
 # task_eval/evaluation.py branch comments ([2,3,4] single-hop/temporal/open-domain, [1]
 # multi-hop split into sub-answers, [5] adversarial); gpt_utils.py adds the approximate-date
 # hint only to category 2 (246 of 321 cat-2 questions start with "When"); the paper's Table 5

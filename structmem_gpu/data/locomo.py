@@ -17,7 +17,8 @@ it becomes:
     questions: question_id="sample-1:q8" answer="Biscuit" adversarial_answer="Biscuit"
                category=5 category_name="adversarial" evidence=["D2:1"] is_abstention=True
 
-Irregularities of the released file and the rule applied to each (specs/benchmarks.md §1.5):
+Irregularities of the released file and the rule applied to each
+(docs/evaluation.md "LoCoMo loader rules"):
 category-5 items without `answer` (gold = answer if present else adversarial_answer), integer
 golds (str()'d), orphan `session_<n>_date_time` keys (sessions come from `session_<n>` keys,
 sorted numerically), malformed evidence ids (`normalise_evidence`), image turns
@@ -63,7 +64,8 @@ __all__ = ["LOCOMO_SHA256", "DATE_FORMAT", "display_text", "load_locomo", "norma
 
 log = logging.getLogger(__name__)
 
-# sha256 of the released snap-research/LoCoMo data/locomo10.json (specs/benchmarks.md §1.1).
+# sha256 of the released snap-research/LoCoMo data/locomo10.json
+# (docs/evaluation.md "LoCoMo file").
 LOCOMO_SHA256: Final = "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"
 DATE_FORMAT: Final = "%I:%M %p on %d %B, %Y"  # "1:56 pm on 8 May, 2023"
 

@@ -18,14 +18,14 @@ One instance (from the hand-written format example `longmemeval_synthetic_exampl
     questions: question_id="synthetic_0001" category=105 category_name="knowledge-update"
                evidence=["answer_synth01_1_1", "answer_synth01_2_1"] is_abstention=False
 
-Rules (specs/benchmarks.md §3.2):
+Rules (docs/evaluation.md "LongMemEval loader rules"):
 - Sessions keep list order; they are not re-sorted by date, because same-day sessions may be
   out of time order in the released files. session_index = list position + 1.
 - dia_id = `<session_id>_<n>`, n = 1-based position in the session counting all turns, the
   turn-level corpus id of LongMemEval's own retrieval code; speaker = role.
 - evidence = dia_ids of `has_answer: true` turns inside `answer_session_ids` sessions (turn
   level); evidence_raw = `answer_session_ids` as in the file (session level). `_abs` items keep
-  their evidence; evaluation excludes them from retrieval averages (§4.2).
+  their evidence; evaluation excludes them from retrieval averages.
 - session_hash hashes (turns, date) only, so a session shared by several haystacks with the
   same date shares its hash (and its memory).
 - A haystack that lists the same session id twice (13 histories of the real

@@ -11,7 +11,7 @@ Re-judging never re-answers: the stage reads answers.parquet only. For each judg
 - LoCoMo category 5: LoCoMo's "not mentioned" rule, no LLM call (judge_model "rule:locomo-cat5");
 - an empty prediction (the answer request failed): WRONG without a call ("rule:empty-answer").
 
-`judge.protocol` picks the prompts and the label rule (benchmarks.md §2.3, §3.4):
+`judge.protocol` picks the prompts and the label rule (docs/evaluation.md "Judge protocols"):
 
 - `paper` (default): LoCoMo prompts/judge_locomo_paper.py (one user message, label JSON, 1 iff
   exactly `CORRECT`); LongMemEval prompts/judge_longmemeval_paper.py (one user message, bare

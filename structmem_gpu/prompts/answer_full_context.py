@@ -1,9 +1,10 @@
 """Answer prompt over the raw history (full_context baseline): dated sessions, newest first.
 
-Own wording of LoCoMo's long-context reader (benchmarks.md §2.5): session headers carry the
-date-time, turns are `Speaker: text` (image turns as `<text> [image: <caption>]`), the answer is
-a short phrase. Sessions are listed newest first so that truncation to the context budget drops
-the oldest ones (the builder in methods/baselines/full_context.py decides what fits). Example:
+Own wording of LoCoMo's long-context reader (docs/evaluation.md "Reader conventions"): session
+headers carry the date-time, turns are `Speaker: text` (image turns as
+`<text> [image: <caption>]`), the answer is a short phrase. Sessions are listed newest first so
+that truncation to the context budget drops the oldest ones (the builder in
+methods/baselines/full_context.py decides what fits). Example:
 
     Conversation history (newest session first):
     Session 2 (7:05 pm on 17 March 2024):

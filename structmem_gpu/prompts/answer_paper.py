@@ -1,4 +1,5 @@
-"""Reader, protocol `paper`: the StructMem reference reader (structmem-reference.md §6).
+"""Reader, protocol `paper`: the StructMem reference reader
+(docs/methods.md "StructMem: reader").
 
 Own wording of the reference reader's instructions (Mem0's LoCoMo answer prompt plus a
 block of event summaries): read both speakers' memories and attend to their timestamps; look

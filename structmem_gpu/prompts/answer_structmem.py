@@ -1,6 +1,6 @@
 """Answer prompt over StructMem memory: dated entries grouped by speaker, dated syntheses.
 
-Own wording of the reader described in specs/structmem.md ("Stages retrieve, answer, judge")
+Own wording of the reader described in docs/methods.md "StructMem: reader"
 and paper A.7. The reply is free text (no schema): a short phrase, or "Not mentioned in the
 conversation", which LoCoMo's category-5 rule accepts. Rendered user message, one example:
 

@@ -1,8 +1,9 @@
-"""Factual extraction prompt (StructMem's first perspective, specs/structmem.md "Stage extract").
+"""Factual extraction prompt (StructMem's first perspective,
+docs/methods.md "StructMem: extraction").
 
 Two variants (`extract.prompt_variant`):
 - `default`: our own wording of every instruction of the reference factual prompt
-  (structmem-reference.md §3.4): every message in order, every specific detail, clearly
+  (the reference factual prompt): every message in order, every specific detail, clearly
   supported inferred insights as *extra* entries, relative times kept as said and anchored to
   the message date ("next month after 2024-01-07"), and a worked example of the same shape
   (two topics, ten messages, ten facts, one inferred, one relative time, one image).

@@ -1,7 +1,7 @@
 """Graph memory, sub-step 1: entity extraction from one window of turns (our wording).
 
-The graph paradigm of the StructMem paper (§4 "paradigm comparison"; structmem-reference.md
-§11) builds a knowledge graph with four cascading LLM operations per window; this is the
+The graph paradigm of the StructMem paper (§4 "paradigm comparison"; docs/methods.md "Paradigm
+baselines") builds a knowledge graph with four cascading LLM operations per window; this is the
 first. The user message is the extraction window exactly as StructMem's extractors see it
 (`structmem_gpu.prompts.render_window`). One reply:
 

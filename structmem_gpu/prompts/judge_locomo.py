@@ -1,10 +1,10 @@
 """LLM-as-judge for LoCoMo-format benchmarks: CORRECT / WRONG, Mem0-style semantics.
 
-Own wording of the protocol in benchmarks.md §2.3: generous on topic (a longer answer that
-addresses the same thing counts), generous on time (another date format, or a relative
-expression that denotes the same date or period, counts), binary label, temperature 0. The
-reply is constrained by a schema whose `reasoning` field comes before the `label` enum, so the
-model states its reason before committing. Example reply:
+Own wording of the protocol in docs/evaluation.md "Judge protocols": generous on topic (a longer
+answer that addresses the same thing counts), generous on time (another date format, or a
+relative expression that denotes the same date or period, counts), binary label, temperature 0.
+The reply is constrained by a schema whose `reasoning` field comes before the `label` enum, so
+the model states its reason before committing. Example reply:
 
     {"reasoning": "Both name the same city.", "label": "CORRECT"}
 """

@@ -1,12 +1,12 @@
 """LoCoMo judge, protocol `paper`: the Mem0-style judge behind the published numbers.
 
-Own wording of the semantics in benchmarks.md §2.3 (Mem0's `ACCURACY_PROMPT`, which the
-StructMem reference reuses unchanged): ONE user message, no system message; the question is
-framed as one conversation partner asking the other about their shared history; grading is
-generous on topic (a longer answer that addresses the same topic counts) and on time (another
-format, or a relative expression for the same date or period, counts); one illustrative
-question/gold pair; a one-sentence justification is asked for, then only the label as JSON
-under `label`. Scored 1 iff the label is exactly `CORRECT` (case-sensitive), so
+Own wording of the semantics in docs/evaluation.md "Judge protocols" (Mem0's `ACCURACY_PROMPT`,
+which the StructMem reference reuses unchanged): ONE user message, no system message; the
+question is framed as one conversation partner asking the other about their shared history;
+grading is generous on topic (a longer answer that addresses the same topic counts) and on time
+(another format, or a relative expression for the same date or period, counts); one illustrative
+question/gold pair; a one-sentence justification is asked for, then only the label as JSON under
+`label`. Scored 1 iff the label is exactly `CORRECT` (case-sensitive), so
 
     {"label": "CORRECT"} -> True    {"label": "correct"} -> False    no JSON -> None (unjudged)
 

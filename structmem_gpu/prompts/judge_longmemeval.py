@@ -1,4 +1,5 @@
-"""LLM-as-judge for LongMemEval: yes / no with a rule per question type (benchmarks.md §3.4).
+"""LLM-as-judge for LongMemEval: yes / no with a rule per question type
+(docs/evaluation.md "Judge protocols").
 
 Own wording of the rules of xiaowu0162/LongMemEval `src/evaluation/evaluate_qa.py`:
 

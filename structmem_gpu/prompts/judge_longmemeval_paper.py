@@ -1,9 +1,9 @@
 """LongMemEval judge, protocol `paper`: the call of `src/evaluation/evaluate_qa.py`.
 
-Own wording of the per-type rules in benchmarks.md §3.4: ONE user message per question, the
-rule chosen by question type (any `_abs` question takes the abstention rule), the question,
-the reference (labelled as a rubric for preferences, as an explanation for abstention) and
-the response, ending in a bare yes/no question. `max_tokens` 10 (MAX_TOKENS), temperature 0,
+Own wording of the per-type rules in docs/evaluation.md "Judge protocols": ONE user message per
+question, the rule chosen by question type (any `_abs` question takes the abstention rule), the
+question, the reference (labelled as a rubric for preferences, as an explanation for abstention)
+and the response, ending in a bare yes/no question. `max_tokens` 10 (MAX_TOKENS), temperature 0,
 no schema, and the official pass rule `'yes' in reply.lower()` (a substring test: "Yes." and
 "yes, it does" pass). An empty reply or a failed request is unjudged (label None), which the
 report counts as wrong, as the official script counts an unreadable reply as no.

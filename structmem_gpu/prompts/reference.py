@@ -2,7 +2,7 @@
 
 The reference prompt texts are NOT part of this repository. With `prompts.reference_dir` set,
 the extract and consolidate stages read them at run time from the user's checkout
-(structmem-reference.md §1: `src/lightmem/memory/prompts.py`, variables
+(docs/methods.md "StructMem: reference code": `src/lightmem/memory/prompts.py`, variables
 `LoCoMo_Event_Binding_factual`, `LoCoMo_Event_Binding_relational`,
 `LoCoMo_Cross_Event_Consolidation`). The file is parsed with `ast` (its string constants are
 read, nothing of it is executed).

@@ -1,8 +1,9 @@
-"""Relational extraction prompt (StructMem's second perspective, specs/structmem.md "Stage extract").
+"""Relational extraction prompt (StructMem's second perspective,
+docs/methods.md "StructMem: extraction").
 
 Two variants (`extract.prompt_variant`):
 - `default`: our own wording of every instruction of the reference relational prompt
-  (structmem-reference.md §3.5): relational and emotional dynamics (evaluative, supportive,
+  (the reference relational prompt): relational and emotional dynamics (evaluative, supportive,
   emotional, engagement, agreement, responsive behaviour), plain facts skipped unless shared in
   response, enough context, time when relevant, one merged statement per message, "both" for
   mutual agreement at the turn that completes it; with our worked example (thirteen messages,

@@ -1,4 +1,6 @@
-"""SEEM QA prompt (specs/seem.md §9; our wording): facts, episodic memories, excerpts, question.
+"""SEEM QA prompt (our wording): facts, episodic memories, excerpts, question.
+
+docs/methods.md "SEEM: QA context" describes the context.
 
 The reader gets the filtered facts K_top, the frames E_ret and the passages P_final in
 chronological order; the reply is free text, a short phrase or "Not mentioned in the

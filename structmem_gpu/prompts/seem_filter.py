@@ -1,4 +1,5 @@
-"""SEEM recognition filter (specs/seem.md §7 step 5; our wording of HippoRAG 2's filter).
+"""SEEM recognition filter, our wording of HippoRAG 2's filter (docs/methods.md
+"SEEM: retrieval" step 4).
 
 Shows the question and the top facts numbered 1..k; the reply picks the relevant ones by
 number (at most `seem.retrieve.filter_max`, possibly none). Picking numbers instead of

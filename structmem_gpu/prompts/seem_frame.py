@@ -1,4 +1,5 @@
-"""SEEM F_ext: one Episodic Event Frame per passage (specs/seem.md §4; our own wording).
+"""SEEM F_ext: one Episodic Event Frame per passage
+(docs/methods.md "SEEM: frames"; our own wording).
 
 The user message gives the session time and the passage(s); the reply is constrained by
 `reply_schema`. With `seem.passages_per_request > 1` (a CI-only deviation: the spec sends one
@@ -122,7 +123,8 @@ def session_line(session_time: datetime | None) -> str:
 
 
 def passage_lines(speaker: str, text: str, caption: str | None) -> list[str]:
-    """`[<speaker>]: <text>` and, for an image turn, an `[Image: <caption>]` line (seem.md §2)."""
+    """`[<speaker>]: <text>` and, for an image turn, an `[Image: <caption>]` line
+    (docs/methods.md "SEEM: passages")."""
     lines = [f"[{speaker}]: {text}"]
     if caption:
         lines.append(f"[Image: {caption}]")

@@ -1,4 +1,5 @@
-"""SEEM windowed fusion (`seem.fusion.window` = w > 1; the author's "Strategy C", seem.md §13).
+"""SEEM windowed fusion (`seem.fusion.window` = w > 1; the author's "Strategy C",
+docs/methods.md "SEEM: fusion").
 
 A deviation from the paper that cuts the sequential depth by w: the next w new frames of a
 conversation go into one request together with the earlier frames most similar to them; the

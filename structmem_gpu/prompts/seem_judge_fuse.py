@@ -1,4 +1,5 @@
-"""SEEM associative fusion, one request: F_judge then F_fuse (specs/seem.md §5; our wording).
+"""SEEM associative fusion, one request: F_judge then F_fuse
+(docs/methods.md "SEEM: fusion"; our wording).
 
 The default fusion request: an earlier frame (the new frame's most similar one) and the new
 frame, each with the messages behind it; the reply says whether both describe the same event

@@ -1,4 +1,5 @@
-"""SEEM graph memory layer: quadruple extraction from a passage (specs/seem.md §6.1; our wording).
+"""SEEM graph memory layer: quadruple extraction from a passage
+(docs/methods.md "SEEM: graph memory layer"; our wording).
 
 Same user message as F_ext (seem_frame.render_passages: session time, `[speaker]: text`,
 image line). Several numbered messages per request (`seem.passages_per_request` > 1, the CI

@@ -1,4 +1,5 @@
-"""SEEM retrieval step D1: quadruples of a question (specs/seem.md §7; our wording).
+"""SEEM retrieval step D1: quadruples of a question (our wording; docs/methods.md
+"SEEM: retrieval").
 
 Unknown slots are written "?"; the stage renders every quadruple like a fact text and scores
 facts by the best cosine over them and the raw question. One reply:

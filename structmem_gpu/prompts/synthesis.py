@@ -1,7 +1,8 @@
-"""Cross-event synthesis prompt (paper Eq. 6; specs/structmem.md "Stage consolidate" step 6).
+"""Cross-event synthesis prompt (paper Eq. 6;
+docs/methods.md "StructMem: consolidation" step 6).
 
 Two variants: `constrained` (default: every instruction of the reference synthesis prompt,
-structmem-reference.md §5.4, in our own words) and `unconstrained` (paper Fig. 20 / Table 7
+the reference synthesis prompt, in our own words) and `unconstrained` (paper Fig. 20 / Table 7
 ablation: the same text with its grounding lines deleted, nothing added; see `LINES`). The
 reply is **free text** (no JSON schema): a narrative is prose, and free text cannot fail to parse when a small model runs into
 `max_tokens` (a cut reply is kept; requests.parquet records finish_reason="length").
@@ -39,8 +40,9 @@ _ROLE = (
 )
 
 # The instructions, one line each, in order. Each carries one point of the reference synthesis
-# prompt (structmem-reference.md §5.4), in our own words. `True` marks a grounding line: the
-# `unconstrained` variant (paper Fig. 20) is this text with exactly those lines deleted.
+# prompt (docs/methods.md "StructMem: consolidation"), in our own words. `True` marks a
+# grounding line: the `unconstrained` variant (paper Fig. 20) is this text with exactly those
+# lines deleted.
 LINES: tuple[tuple[str, bool], ...] = (
     (
         "The user message gives the period's time range and people, the entries of the period "

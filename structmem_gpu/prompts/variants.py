@@ -1,6 +1,6 @@
 """Prompt variants of the extraction perspectives (`extract.prompt_variant`).
 
-`default` follows the reference prompts (specs/structmem-reference.md §3.4-§3.5) in our own
+`default` follows the reference prompts (docs/methods.md "StructMem: extraction") in our own
 words; `grounded` is our stricter wording (computed absolute dates, no inference, relational
 causes and co-participation), opt-in.
 """

@@ -1,4 +1,6 @@
-"""Reader protocol `paper` (structmem-reference.md §6): prompt, layouts, abstention, reply split."""
+"""Reader protocol `paper`: prompt, layouts, abstention, reply split.
+
+docs/methods.md "StructMem: reader" describes the reader."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Lexical metrics against hand-computed values (benchmarks.md §2.1, §2.2 and the §2.4 table)."""
+"""Lexical metrics against hand-computed values (docs/evaluation.md "Lexical metrics")."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from structmem_gpu.eval.metrics import (
     token_f1_locomo,
 )
 
-# (category, gold, prediction, LoCoMo F1, Mem0 F1, Mem0 BLEU-1): benchmarks.md §2.4, row by row.
+# (category, gold, prediction, LoCoMo F1, Mem0 F1, Mem0 BLEU-1): the LoCoMo and Mem0 scorers
+# on the same pairs, row by row.
 WORKED_TABLE = [
     (4, "mental health", "Mental health awareness.", 0.8, 0.8, 0.5),
     (4, "running", "She was running races", 0.4, 0.4, 0.25),

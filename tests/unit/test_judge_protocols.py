@@ -1,4 +1,6 @@
-"""Judge protocols (benchmarks.md §2.3, §3.4): messages and label rules on real reply shapes."""
+"""Judge protocols: messages and label rules on real reply shapes.
+
+docs/evaluation.md "Judge protocols" describes both protocols."""
 
 from __future__ import annotations
 

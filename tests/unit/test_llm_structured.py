@@ -45,7 +45,7 @@ def test_response_format_vllm_is_openai_json_schema() -> None:
 
 
 def test_response_format_llamacpp_is_json_object_with_schema() -> None:
-    # json_schema gives HTTP 500 on llama-cpp-python 0.3.36 (stack.md §4.4).
+    # json_schema gives HTTP 500 on llama-cpp-python 0.3.36 (docs/design.md "Backend notes").
     assert response_format(SCHEMA, "llamacpp") == {"type": "json_object", "schema": SCHEMA}
 
 

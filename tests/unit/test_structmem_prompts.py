@@ -43,7 +43,7 @@ def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-# structmem-reference.md §3.4, one entry per instruction group: (group, phrases that must all
+# The reference factual prompt, one entry per instruction group: (group, phrases that must all
 # be in the default factual prompt). Dropping any instruction fails exactly one case.
 FACTUAL_GROUPS = {
     "role: extract all facts about the speakers": ["extract personal information", "every fact"],

@@ -1,4 +1,6 @@
-"""Entity node merging, synonymy edges and near-duplicate facts (specs/seem.md §6.2-6.5), numpy only.
+"""Entity node merging, synonymy edges and near-duplicate facts, numpy only.
+
+docs/methods.md "SEEM: graph memory layer" describes the rules.
 
 All functions work on one conversation's unit vectors. Node merging assigns each entity to
 the most similar canonical name with cosine >= `node_merge_threshold` (canonical names are

@@ -1,4 +1,5 @@
-"""Stage `frames`: F_ext, one Episodic Event Frame (EEF_0) per passage (specs/seem.md §4).
+"""Stage `frames`: F_ext, one Episodic Event Frame (EEF_0) per passage
+(docs/methods.md "SEEM: frames").
 
     python jobs/run.py method=seem stages=[load,frames]
 
@@ -68,7 +69,8 @@ def reply_items(result: LLMResult, n: int) -> list[Any]:
 
 
 def fallback(p: Passage, s: FrameSettings) -> FrameContent:
-    """seem.md §4 "If extraction still fails": the text's first characters, no events."""
+    """A failed extraction's frame: the text's first characters, no events (docs/methods.md
+    "SEEM: frames")."""
     return FrameContent((p.display or p.speaker)[: s.fallback_chars], ())
 
 

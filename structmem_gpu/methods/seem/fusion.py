@@ -1,4 +1,5 @@
-"""Stage `fusion`: associative fusion of the EEF_0 frames as a wavefront (specs/seem.md §5, §13).
+"""Stage `fusion`: associative fusion of the EEF_0 frames as a wavefront
+(docs/methods.md "SEEM: fusion", "SEEM: schedule").
 
     python jobs/run.py method=seem stages=[fusion] seem.fusion.window=1
 

@@ -1,4 +1,5 @@
-"""Fusion requests and replies (specs/seem.md §5): per-frame pairs and windowed groups.
+"""Fusion requests and replies: per-frame pairs and windowed groups (docs/methods.md
+"SEEM: fusion").
 
 Three request kinds, all stage "fusion":
 

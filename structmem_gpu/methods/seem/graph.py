@@ -1,4 +1,6 @@
-"""Stage `graph`: the graph memory layer (specs/seem.md §6) and the igraph PPR it is searched with.
+"""Stage `graph`: the graph memory layer and the igraph PPR it is searched with.
+
+docs/methods.md "SEEM: graph memory layer" describes the layer.
 
     python jobs/run.py method=seem stages=[graph] seem.graph.node_merge_threshold=null
 
@@ -47,7 +49,7 @@ from structmem_gpu.stage import Stage, StageContext
 log = logging.getLogger(__name__)
 
 
-# ---- igraph (the reference PPR, seem.md §7 step 7) -------------------------------------------
+# ---- igraph (the reference PPR, docs/methods.md "SEEM: retrieval" step 6) ---------------------
 
 
 def igraph_graph(node_ids: Sequence[str], edges: Sequence[tuple[str, str, float]]) -> Any:

@@ -1,4 +1,6 @@
-"""Vertices and weighted edges of one conversation's graph (specs/seem.md §6.4-6.5), no igraph.
+"""Vertices and weighted edges of one conversation's graph, no igraph.
+
+docs/methods.md "SEEM: graph memory layer" describes the rules.
 
 Entity vertices `e:<canonical>` and passage vertices `p:<pid>` (every passage, with or
 without facts). Edges, as HippoRAG 2 builds them:

@@ -1,6 +1,6 @@
 """Episodic Event Frames in memory: role tuples, cleaning, action splitting, rendering.
 
-specs/seem.md §3 ("Role tuple", "Frame rendering") and §4 ("Post-processing"). The rendering
+docs/methods.md "SEEM: frames" (role tuples, rendering, post-processing). The rendering
 is both what a frame's embedding is computed from and what the QA context shows:
 
     >>> ev = Event(("Lena",), ("Lena signed up for the Riverside Half Marathon",), "2024-05-18",

@@ -1,4 +1,5 @@
-"""SEEM passages: one passage per dialogue turn (specs/seem.md §2), with provenance ids.
+"""SEEM passages: one passage per dialogue turn, with provenance ids (docs/methods.md
+"SEEM: passages").
 
     >>> p = passages_from_turns(turns).row(0, named=True)
     {"pid": "sample-1:D1:1", "conv_id": "sample-1", "position": 0, "session_index": 1,

@@ -1,4 +1,5 @@
-"""Quadruple extraction and fact normalisation for the graph memory layer (specs/seem.md §6.1-6.3).
+"""Quadruple extraction and fact normalisation for the graph memory layer
+(docs/methods.md "SEEM: graph memory layer").
 
 One request per passage (or per `seem.passages_per_request` passages of one session), all
 conversations in one batch (stage `graph`). Subjects, relations and objects are normalised
@@ -90,7 +91,7 @@ def clean_quad(item: Any) -> Quad | None:
 
 
 def fact_text(s: str, r: str, o: str, tau: str | None) -> str:
-    """What a fact's vector is computed from (seem.md §6.3)."""
+    """What a fact's vector is computed from (docs/methods.md "SEEM: graph memory layer")."""
     return f"{s} {r} {o}" + (f" (time: {tau})" if tau else "")
 
 

@@ -1,4 +1,5 @@
-"""Pure ranking steps of SEEM retrieval (specs/seem.md §7 steps 3-9 and §8), numpy only.
+"""Pure ranking steps of SEEM retrieval (docs/methods.md "SEEM: retrieval" steps 3-7 and
+"SEEM: reverse provenance expansion"), numpy only.
 
 Fact scores (best cosine over the query vectors, min-max over the conversation's facts), the
 reset vector of HippoRAG 2 (averaged entity seeds divided by their passage counts, top-k

@@ -1,4 +1,5 @@
-"""Stage `retrieve` for SEEM: query quadruples, fact scores, recognition filter, PPR, RPE (seem.md §7-8).
+"""Stage `retrieve` for SEEM: query quadruples, fact scores, recognition filter, PPR, RPE
+(docs/methods.md "SEEM: retrieval", "SEEM: reverse provenance expansion").
 
     python jobs/run.py method=seem stages=[retrieve,answer,judge,report] seem.ablation.ppr=false
 
@@ -118,7 +119,8 @@ def filter_choice(result: LLMResult, n: int, limit: int) -> list[int] | None:
 def select(mem: ConvMemory, qvecs: np.ndarray, facts: list[tuple[int, float]], rs: RetrieveSettings,
            passage_query: np.ndarray | None = None, question: str | None = None,
            ) -> tuple[list[str], str, dict[str, float]]:
-    """P_ret with its source and the passage scores that ranked it (seem.md §7 steps 6-8).
+    """P_ret with its source and the passage scores that ranked it (docs/methods.md
+    "SEEM: retrieval" steps 5-7).
 
     `seem.ablation.ppr=false` is the paper's "w/o relational propagation" (SEEM §5.3): direct
     lexical retrieval, BM25 of the question over the conversation's passages (`lexical.py`)."""
@@ -143,7 +145,8 @@ def select(mem: ConvMemory, qvecs: np.ndarray, facts: list[tuple[int, float]], r
 
 def expand(mem: ConvMemory, p_ret: list[str], scores: dict[str, float], rs: RetrieveSettings
            ) -> tuple[list[str], list[str]]:
-    """(E_ret, RPE passages); RPE when `rpe` is on and `eef` too, or `rpe_without_eef` (seem.md §10)."""
+    """(E_ret, RPE passages); RPE when `rpe` is on and `eef` too, or `rpe_without_eef`
+    (docs/methods.md "SEEM: ablations")."""
     provenance = {f: info.provenance for f, info in mem.frames.items()}
     budget = rs.budget if rs.ablation.expands else len(p_ret)
     return rpe(p_ret, mem.frame_of, provenance, scores, budget, mem.position)

@@ -1,4 +1,5 @@
-"""Polars schema constants of SEEM's own tables (specs/seem.md §3), one per table.
+"""Polars schema constants of SEEM's own tables (docs/methods.md "SEEM: frames",
+"SEEM: graph memory layer"), one per table.
 
 `RunDir.write_table` conforms only the tables of `structmem_gpu.schemas.TABLES`; SEEM's
 stages build their frames with `frame(rows, SCHEMA)` from here, so every run writes identical
@@ -27,7 +28,7 @@ _BOOL = pl.Boolean()
 _TIME = pl.Datetime("us")
 _STRLIST = pl.List(pl.String())
 
-# One role tuple of a frame (seem.md §3 "Role tuple").
+# One role tuple of a frame (docs/methods.md "SEEM: frames").
 EVENT = pl.Struct({
     "participants": _STRLIST,
     "action": _STRLIST,

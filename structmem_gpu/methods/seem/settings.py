@@ -46,7 +46,7 @@ def passages_per_request(cfg: DictConfig) -> int:
 @dataclass(frozen=True)
 class FrameSettings:
     bounds: FrameBounds
-    max_actions: int  # events with more actions are split (seem.md §4)
+    max_actions: int  # events with more actions are split (docs/methods.md "SEEM: frames")
     fallback_chars: int
     max_tokens: int
     temperature: float
@@ -116,7 +116,7 @@ class GraphSettings:
 
 @dataclass(frozen=True)
 class Ablation:
-    """Paper Table 3 switches (seem.md §10); all true = the full model."""
+    """Paper Table 3 switches (docs/methods.md "SEEM: ablations"); all true = the full model."""
 
     fact_context: bool  # false: K_top still seeds PPR but is left out of the context
     ppr: bool  # false: P_ret = BM25 top-k passages (paper §5.3: direct lexical retrieval)
@@ -171,5 +171,6 @@ class RetrieveSettings:
 
     @property
     def budget(self) -> int:
-        """|P_final| cap: rpe_factor x |P_ret| (seem.md §8)."""
+        """|P_final| cap: rpe_factor x |P_ret| (docs/methods.md "SEEM: reverse provenance
+        expansion")."""
         return self.rpe_factor * self.p_ret_k

@@ -1,8 +1,8 @@
 """One conversation's frame store during fusion: frames, their vectors, Phi, merges.
 
-specs/seem.md §5. Frames are kept in insertion order (ties in the top-1 search go to the
-earlier frame, so the result does not depend on how conversations are scheduled). A frame is
-founded by one passage and named after it, `frame:<pid>`; a passage belongs to exactly one
+docs/methods.md "SEEM: fusion". Frames are kept in insertion order (ties in the top-1 search go
+to the earlier frame, so the result does not depend on how conversations are scheduled). A frame
+is founded by one passage and named after it, `frame:<pid>`; a passage belongs to exactly one
 frame at every moment. Example:
 
     store = ConversationStore.create("sample-1", passages, eef0, vectors)

@@ -1,4 +1,5 @@
-"""Stage `consolidate`: cross-event consolidation (paper §3.2; specs/structmem.md "Stage consolidate").
+"""Stage `consolidate`: cross-event consolidation (paper §3.2;
+docs/methods.md "StructMem: consolidation").
 
     python jobs/run.py benchmark=sample method=structmem stages=[consolidate] consolidate.seed_k=10
 

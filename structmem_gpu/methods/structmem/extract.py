@@ -1,4 +1,5 @@
-"""Stage `extract`: dual-perspective extraction (paper §3.1; specs/structmem.md "Stage extract").
+"""Stage `extract`: dual-perspective extraction (paper §3.1;
+docs/methods.md "StructMem: extraction").
 
     python jobs/run.py benchmark=sample method=structmem stages=[load,extract]
 

@@ -1,7 +1,8 @@
 """Token-budget packing of extraction windows (`extract.window_tokens`).
 
 The reference code sends one extraction request pair per batch of about 512 tokens of
-LLMLingua-2-compressed text (rate 0.6, i.e. about 850 raw tokens; structmem-reference.md §3.1).
+LLMLingua-2-compressed text (rate 0.6, i.e. about 850 raw tokens; docs/methods.md
+"StructMem: extraction").
 We pack consecutive turns of ONE session up to a token budget instead (never across sessions):
 
     >>> pack_lengths([300, 300, 300, 100], budget=850)

@@ -1,4 +1,5 @@
-"""Stage `retrieve`: dual-circuit retrieval (paper A.3; specs/structmem.md "Stages retrieve ...").
+"""Stage `retrieve`: dual-circuit retrieval (paper A.3;
+docs/methods.md "StructMem: reader").
 
     python jobs/run.py benchmark=sample method=structmem stages=[retrieve] retrieve.entries_k=30
 

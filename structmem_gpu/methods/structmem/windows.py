@@ -1,6 +1,6 @@
 """Consolidation windows, seed pools, seed selection and event reconstruction (pure functions).
 
-specs/structmem.md "Stage consolidate" steps 1, 4 and 5, without any LLM or encoder, so the
+docs/methods.md "StructMem: consolidation" steps 1, 4 and 5, without any LLM or encoder, so the
 rules can be tested directly and the LoCoMo window count checked at turn level:
 
     turns = load_benchmark("locomo", path, None, None)[0]
@@ -104,7 +104,7 @@ def seed_pool(window: Window, n: int, scope: str, exclude_buffer: bool = True) -
     """Boolean mask over the n sorted positions that may seed `window`.
 
     The buffer is excluded unless `exclude_buffer=False` (what the reference code effectively
-    does: its buffer filter is broken, structmem-reference.md §10.1)."""
+    does: its buffer filter is broken, docs/methods.md "StructMem: reference code")."""
     if scope not in SEED_SCOPES:
         raise ConfigError(f"consolidate.seed_scope={scope!r}; expected one of {list(SEED_SCOPES)}")
     mask = np.zeros(n, dtype=bool)
@@ -152,7 +152,7 @@ def reconstruct_events(
     """Every position sharing an event_id with a seed (the seeds included), deduplicated, in
     time order (Eq. 4-5). Event siblings inside the buffer are skipped; a seed that is itself
     in the buffer (only with `seed_exclude_buffer=false`) is kept, as the reference code does
-    (structmem-reference.md §5.3)."""
+    (docs/methods.md "StructMem: reference code")."""
     by_event = event_index(event_ids) if by_event is None else by_event
     found = {p for s in seeds for p in by_event[event_ids[s]]}
     kept = {p for p in found if not window.start <= p < window.end}
