@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
         # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
         with hold_run_dir(run_dir), guard:
             save_job_config(cfg, run_dir)
-            run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
+            run_stages(cfg, run_dir, stage_registry(cfg))
     except preempt.Preempted as err:
         # Servers are stopped by now (run_stages' scope closed); let submitit requeue, if it
         # installed the handler we replaced, else exit with the code a requeue wrapper expects.
