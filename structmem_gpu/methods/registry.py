@@ -3,7 +3,8 @@
 A method is its YAML (conf/method/<name>.yaml): `method.stages` is the run order and
 `method.implementations` maps every stage the method can run to an import path
 "module:ATTR" of a `Stage`. A stage in `implementations` but not in `stages` runs only when
-listed in `stages=[...]` (the fidelity audits). Modules are imported when a stage is looked up,
+listed in `stages=[...]` (the fidelity audits); a null drops a stage inherited from another
+method YAML. Modules are imported when a stage is looked up,
 so a method's stages load only when used. Adding a method = adding a YAML file.
 """
 
@@ -58,7 +59,8 @@ def stage_registry(cfg: DictConfig) -> Mapping[str, Stage]:
     refs = OmegaConf.select(cfg, "method.implementations", default=None)
     if not refs:
         raise ConfigError(f"{where}: method.implementations is missing (stage name -> module:ATTR)")
-    registry = _LazyStages({str(k): str(v) for k, v in refs.items()}, where)
+    # A null removes a stage the method inherits (flat: StructMem's stages, no consolidate).
+    registry = _LazyStages({str(k): str(v) for k, v in refs.items() if v is not None}, where)
     missing = [str(s) for s in (OmegaConf.select(cfg, "method.stages", default=None) or [])
                if str(s) not in registry]
     if missing:
