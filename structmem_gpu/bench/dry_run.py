@@ -289,7 +289,9 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
     registry = stage_registry(cfg)  # the method's stages, as the run would resolve them
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ConfigError(f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")
+        raise ConfigError(
+            f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
+        )
     turns, questions = load_turns_questions(cfg)
     counter = token_counter(OmegaConf.select(cfg, "llm", default=None))
     rows: list[StageEstimate] = []

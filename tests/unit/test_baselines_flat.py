@@ -78,7 +78,8 @@ def test_flat_reader_shows_dated_entries_and_no_syntheses(run: RunDir) -> None:
     assert ret.group_by("question_id").len()["len"].max() <= int(cfg.retrieve.entries_k)
     tables = {n: run.read_table(n) for n in ("retrievals", "entries")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
-    paper = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))  # default protocol
+    build = context_builder(cfg.answer.prompt)
+    paper = build(AnswerInputs(cfg, questions, tables))  # default protocol
     assert set(paper) == set(questions["question_id"])
     for p in paper.values():
         text = p.messages[-1].content

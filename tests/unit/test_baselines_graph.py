@@ -395,7 +395,8 @@ def test_graph_reader_shows_entries_and_relations(run: RunDir) -> None:
     tables = {n: run.read_table(n) for n in ("retrievals", "entries", "turns")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
     with_rel = set(tables["retrievals"].filter(pl.col("circuit") == "relations")["question_id"])
-    paper = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))  # default protocol
+    build = context_builder(cfg.answer.prompt)
+    paper = build(AnswerInputs(cfg, questions, tables))  # default protocol
     for qid, p in paper.items():
         text = p.messages[-1].content
         assert p.prompt_version == "answer_paper/1" and "Memories of " in text
@@ -425,5 +426,6 @@ def test_registry_and_config() -> None:
     ]
     assert all(s in stages for s in cfg.method.stages)
     assert stages["graph"] is graph_memory.STAGE and stages["retrieve"] is graph_retrieve.STAGE
-    assert list(cfg.extract.perspectives) == ["fact"] and context_builder(cfg.answer.prompt) is graph_retrieve.build_prompts
+    assert list(cfg.extract.perspectives) == ["fact"]
+    assert context_builder(cfg.answer.prompt) is graph_retrieve.build_prompts
     assert cfg.graph_memory.turns_per_request == 8  # one wavefront step per 8 turns (mem0: per message)

@@ -113,7 +113,8 @@ def test_method_yaml_names_its_file_and_resolvable_stages(method: str) -> None:
     assert cfg.method.name == method, "method.name must be the file name (run dir, error lines)"
     registry = stage_registry(cfg)
     for name in registry:  # every stage it can run, the ones only `stages=[...]` lists too
-        assert registry[name].name == name, f"{method}: '{name}' maps to stage {registry[name].name!r}"
+        got = registry[name].name
+        assert got == name, f"{method}: '{name}' maps to stage {got!r}"
     assert set(cfg.method.stages) <= set(registry)
 
 
@@ -151,5 +152,6 @@ def test_a_stage_that_cannot_be_imported_is_one_config_error(tmp_path: Path) -> 
     assert "\n" not in msg and "conf/method/flat.yaml" in msg and "stage 'extract'" in msg
     assert not (tmp_path / "run" / "tables").exists()  # nothing ran
     cfg = _compose(["method=flat", *PROFILE, "method.stages=[load,extract,summarise]"])
-    with pytest.raises(ConfigError, match=r"conf/method/flat.yaml: method.stages names \['summarise'\]"):
+    names = r"conf/method/flat.yaml: method.stages names \['summarise'\]"
+    with pytest.raises(ConfigError, match=names):
         stage_registry(cfg)

@@ -1,4 +1,5 @@
-"""structmem_gpu.eval.plots (and analysis.sweep_plots): the report stage's PNGs, the curves behind them, empty inputs.
+"""structmem_gpu.eval.plots and analysis.sweep_plots: the report stage's PNGs, a sweep's, the
+curves behind them, empty inputs.
 
 python -m pytest tests/unit -q -k plots
 """

@@ -179,7 +179,8 @@ def test_builder_refuses_retrievals_of_another_method(tmp_path: Path, sample_pat
     questions = new_run(tmp_path / "r", sample_path).read_table("questions")
     ret = pl.DataFrame({"question_id": ["x"], "circuit": ["entries"], "item_id": ["e"], "rank": [0]})
     with pytest.raises(MissingTableError, match="SEEM's retrieve stage"):
-        context_builder(seem_cfg().answer.prompt)(AnswerInputs(seem_cfg(), questions, {"retrievals": ret}))
+        cfg = seem_cfg()
+        context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, {"retrievals": ret}))
 
 
 def test_context_truncation_drops_rpe_passages_first_never_frames() -> None:

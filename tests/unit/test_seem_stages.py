@@ -78,7 +78,8 @@ def test_registry_and_config_name_the_stages() -> None:
     stages = stage_registry(cfg)
     assert list(cfg.method.stages) == ["load", "frames", "fusion", "graph", "retrieve", "answer", "judge", "report"]
     assert all(name in stages for name in cfg.method.stages)
-    assert stages["answer"] is stage_registry(seem_cfg("method=structmem"))["answer"]  # the shared stage, reused
+    structmem = stage_registry(seem_cfg("method=structmem"))
+    assert stages["answer"] is structmem["answer"]  # the shared stage, reused
     for variant in ("seem_no_fact_context", "seem_no_ppr", "seem_no_rpe", "seem_no_eef"):
         vcfg = seem_cfg(f"method={variant}")
         switch = variant.removeprefix("seem_no_")

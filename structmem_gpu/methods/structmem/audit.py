@@ -17,7 +17,12 @@ import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.artifacts import RunDir, atomic_write_text
-from structmem_gpu.eval.audit import CONSOLIDATION_TABLE, EXTRACTION_TABLE, audit_markdown, audit_summary
+from structmem_gpu.eval.audit import (
+    CONSOLIDATION_TABLE,
+    EXTRACTION_TABLE,
+    audit_markdown,
+    audit_summary,
+)
 
 __all__ = [
     "CONSOLIDATION_COLUMNS",
