@@ -13,7 +13,7 @@
 A folder that is not itself a run directory (a multirun sweep dir) stands for the run
 directories below it. Expected errors (a missing shard, shards of different configs) print
 one line naming the shard and exit with code 2. Thin wrapper over structmem_gpu.merge,
-structmem_gpu.analysis.compare and structmem_gpu.analysis.agreement.
+structmem_gpu.analysis.compare and structmem_gpu.eval.agreement.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     df = compare_runs(runs, reference=args.reference)
     paths = write_comparison(df, args.out, reference=args.reference)
     print(paths["md"].read_text(encoding="utf-8"))
-    from structmem_gpu.analysis.plots import write_sweep_plots
+    from structmem_gpu.analysis.sweep_plots import write_sweep_plots
 
     for path in write_sweep_plots(runs, args.out):
         print(f"figure: {path}")
@@ -80,7 +80,7 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     import polars as pl
 
     from structmem_gpu.artifacts import RunDir
-    from structmem_gpu.analysis.agreement import (
+    from structmem_gpu.eval.agreement import (
         agreement_markdown,
         judge_agreement,
         write_agreement,

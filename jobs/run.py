@@ -97,7 +97,7 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object) -> list[str]:
     from structmem_gpu.run_changes import log_changes
     from structmem_gpu.runlock import hold_run_dir
 
-    registry = stage_registry(str(cfg.method.name))
+    registry = stage_registry(cfg)
     # The lock first, then Hydra's record of the job: a second job on this directory must
     # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
     with hold_run_dir(run_dir), guard:  # type: ignore[attr-defined]

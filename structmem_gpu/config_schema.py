@@ -162,7 +162,7 @@ RULES: list[tuple[str, Rule]] = [
     ("benchmark.max_sessions", Int(ge=1, null=True)),
     ("benchmark.categories", List(Int(ge=1), null=True)),
     # method
-    ("method.name", STR), ("method.stages", List(STR)),
+    ("method.name", STR), ("method.stages", List(STR)), ("method.implementations.*", STR_OR_NULL),
     ("prompts.reference_dir", STR_OR_NULL),
     ("extract.turns_per_request", SIZE), ("extract.context_turns", COUNT),
     ("extract.window_tokens", Int(ge=1, null=True, note="null = fixed turn windows")),

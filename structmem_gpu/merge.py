@@ -349,7 +349,7 @@ def regenerate_report(cfg: DictConfig, out_dir: Path) -> Path | None:
         cfg.stages = [REPORT_STAGE]
         cfg.force = True
         cfg.shard_index, cfg.num_shards = 0, 1
-    run_stages(cfg, out_dir, stage_registry(str(cfg.method.name)))
+    run_stages(cfg, out_dir, stage_registry(cfg))
     return run.report_dir / "report.json"
 
 

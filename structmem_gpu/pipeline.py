@@ -137,6 +137,8 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ConfigError(f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")
+    # Imported now: a stage that cannot be imported stops the job before any stage runs.
+    stages = [registry[name] for name in names]
     run = RunDir(run_dir)
     header = run_header(cfg)
     outcomes = []
@@ -145,9 +147,9 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
     with hold_run_dir(run.root):
         _refuse_after_incomplete(run, names)
         with Backends(cfg, run) as backends:
-            for name in names:
+            for name, stage in zip(names, stages):
                 preempt.check(name)
-                outcomes.append(_run_one(registry[name], cfg, run, backends, header))
+                outcomes.append(_run_one(stage, cfg, run, backends, header))
     return outcomes
 
 

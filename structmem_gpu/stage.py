@@ -85,7 +85,10 @@ class Backends:
         if role not in self._llms:
             from structmem_gpu.llm.factory import open_llm
 
-            if llm_cfg is None:
+            # debug=scripted: every llm of the config (judges, panel members) is the job's
+            # scripted one, so a harness run of any experiment starts no server; the judgments
+            # record the scripted model that replied.
+            if llm_cfg is None or self.cfg.get("debug_profile") == "scripted":
                 llm_cfg = OmegaConf.to_container(self.cfg.llm, resolve=True)  # type: ignore[assignment]
             cm = open_llm(llm_cfg, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
             self._llms[role] = self._stack.enter_context(cm)

@@ -3,12 +3,13 @@
     from structmem_gpu.analysis.inspect import load_run, answers_table, question_view
 
 Modules: run (Run, answers table), provenance (per-question / per-conversation views),
-inspect (sweeps; re-exports the two), compare (one row per run), agreement (judge kappas),
-curves (frames behind the figures), plots (PNG figures; the only matplotlib import).
+inspect (sweeps; re-exports the two), compare (one row per run), sweep_plots (figures of a
+sweep). One run's figures, the curves behind them and judge agreement are the report's, in
+structmem_gpu.eval (plots, curves, agreement).
 
-Rule: nothing here imports a pipeline stage (structmem_gpu.eval.answer / judge / report /
-audit_*, structmem_gpu.methods), so the analysis can never change what a run computes; it
-reads the run directory contract and the shared, stage-free helpers (eval.published,
-eval.recall, eval.bootstrap). The old paths structmem_gpu.eval.<module> are aliases of
-these modules, kept for existing notebooks and scripts.
+Rule: nothing in a pipeline stage imports this package, and it imports no method
+(structmem_gpu.methods) and no stage runner, so the analysis can never change what a run
+computes; it reads the run directory contract and eval's stage-free helpers (eval.published,
+eval.recall, eval.bootstrap, eval.curves, eval.plots, eval.agreement). tests/unit/test_layers.py
+checks it.
 """

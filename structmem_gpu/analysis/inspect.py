@@ -5,7 +5,6 @@ reads the run directory contract (docs/design.md) and never runs pipeline logic.
 sweeps and re-exports the rest: runs, scores and the answers table live in analysis/run.py,
 the per-question and per-conversation views (question_view, item_catalogue, request_events,
 memory_of) in analysis/provenance.py; both import run.py and neither imports this module.
-`structmem_gpu.analysis.inspect` is an alias of this module (older notebooks keep working).
 
     from structmem_gpu.analysis.inspect import answers_table, load_run, memory_of, question_view
     run = load_run("outputs/runs/sample/structmem")

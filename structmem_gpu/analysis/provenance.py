@@ -24,6 +24,7 @@ import polars.selectors as cs
 
 from structmem_gpu.analysis.run import Run, answers_table
 from structmem_gpu.errors import InputError
+from structmem_gpu.eval import curves
 
 
 # ---- memory items ---------------------------------------------------------------------------
@@ -178,63 +179,10 @@ def _retrieved(run: Run, question_id: str, conv_id: str, wanted: set[str]) -> pl
 
 
 # ---- which turns each LLM request covered --------------------------------------------------
-# Columns naming the event(s) a row comes from (entries, graph_memory's graph tables, SEEM's
-# frames and facts: SEEM passage ids are event ids).
-_EVENT_COLS = ("event_id", "event_ids", "pid", "provenance")
-_LINK_SCHEMA = {"request_id": pl.String, "event_id": pl.String}
-
-
 def request_events(run: Run) -> pl.DataFrame:
-    """(request_id, event_id) pairs: the turns each memory-building request covered.
-
-    Read from every table whose rows record a request and events: entries (request_id ->
-    event_id), graph / SEEM tables, and syntheses (request_id -> buffer entries' events). Rows
-    that merge several requests (request_ids of length > 1) are skipped: which request saw
-    which event is lost there.
-    """
-    parts = [pl.DataFrame(schema=_LINK_SCHEMA)]
-    for name in run.available():
-        schema = run.scan(name).collect_schema()
-        parts.extend(_history_links(run, name, schema))
-        req = next((c for c in ("request_id", "request_ids") if c in schema), None)
-        ev = next((c for c in _EVENT_COLS if c in schema), None)
-        if req is None or ev is None:
-            continue
-        lf = run.scan(name).select(pl.col(req).alias("request_id"), pl.col(ev).alias("event_id"))
-        if isinstance(schema[req], pl.List):
-            lf = lf.filter(pl.col("request_id").list.len() == 1).with_columns(
-                pl.col("request_id").list.first()
-            )
-        if isinstance(schema[ev], pl.List):
-            lf = lf.explode("event_id")
-        parts.append(lf.collect().cast(_LINK_SCHEMA))  # type: ignore[arg-type]
-    syn, ent = run.optional("syntheses"), run.optional("entries")
-    if syn is not None and ent is not None:
-        parts.append(
-            syn.select("request_id", pl.col("buffer_entry_ids").alias("entry_id"))
-            .explode("entry_id")
-            .join(ent.select("entry_id", "event_id"), on="entry_id")
-            .select("request_id", "event_id")
-        )
-    return pl.concat(parts).drop_nulls().unique(maintain_order=True)
-
-
-def _history_links(run: Run, name: str, schema: pl.Schema) -> list[pl.DataFrame]:
-    """Links from a `history` list of steps that each name a request and its passages (SEEM's
-    frame fusion: one request per step, judging the step's `pids` against the frame)."""
-    hist = schema.get("history")
-    if not (isinstance(hist, pl.List) and isinstance(hist.inner, pl.Struct)):
-        return []
-    fields = {f.name for f in hist.inner.fields}
-    if not {"request_id", "pids"} <= fields:
-        return []
-    steps = (
-        run.scan(name)
-        .select(pl.col("history").explode().struct.field("request_id", "pids"))
-        .explode("pids")
-        .select("request_id", pl.col("pids").alias("event_id"))
-    )
-    return [steps.collect().cast(_LINK_SCHEMA)]  # type: ignore[arg-type]
+    """(request_id, event_id) pairs: the turns each memory-building request covered
+    (eval/curves.py's request_events, which the report's figures use too)."""
+    return curves.request_events(run.dir)
 
 
 # ---- one conversation's memory --------------------------------------------------------------

@@ -45,6 +45,8 @@ ANSWER_PAPER_COMPLETION = 200
 JUDGE_COMPLETION = 40  # one sentence of reasoning + label (judge.protocol=reasoned)
 JUDGE_PAPER_COMPLETION = 8  # {"label": "CORRECT"} (judge.protocol=paper)
 CHARS_PER_TOKEN = 4
+# The reader the answer estimate renders (other readers are estimated with its template).
+STRUCTMEM_READER = "structmem_gpu.methods.structmem.context:build_prompts"
 BUILD_STAGES = ("extract", "consolidate")
 # StructMem paper, LoCoMo build of the 10 conversations (gpt-4o-mini): calls, input, output.
 PAPER_BUILD = {"requests": 1056, "prompt_tokens": 1_501_000, "completion_tokens": 436_000}
@@ -241,7 +243,7 @@ def estimate_answer(
         )
     note = (
         ""
-        if str(OmegaConf.select(cfg, "answer.prompt", default="structmem")) == "structmem"
+        if str(OmegaConf.select(cfg, "answer.prompt", default="")) == STRUCTMEM_READER
         else " (StructMem template as a stand-in for answer.prompt)"
     )
     comp = min(int(cfg.answer.max_tokens), ANSWER_PAPER_COMPLETION if paper else ANSWER_COMPLETION)
@@ -281,7 +283,16 @@ def estimate_judge(
 
 def estimate(cfg: DictConfig) -> dict[str, Any]:
     """Requests and tokens per stage of the configured method (no server, nothing written)."""
+    from structmem_gpu.errors import ConfigError
+    from structmem_gpu.methods.registry import stage_registry
+
     names = list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
+    registry = stage_registry(cfg)  # the method's stages, as the run would resolve them
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ConfigError(
+            f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
+        )
     turns, questions = load_turns_questions(cfg)
     counter = token_counter(OmegaConf.select(cfg, "llm", default=None))
     rows: list[StageEstimate] = []

@@ -114,7 +114,7 @@ def run_pipeline(
     OmegaConf.update(cfg, "force", True)
     t0 = time.perf_counter()
     run_stages(
-        cfg, run_dir, registry if registry is not None else stage_registry(str(cfg.method.name))
+        cfg, run_dir, registry if registry is not None else stage_registry(cfg)
     )
     return time.perf_counter() - t0
 

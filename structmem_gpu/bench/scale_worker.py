@@ -104,7 +104,7 @@ def measure(conf_dir: Path, run_dir: Path, overrides: list[str], encoder: str) -
 
     cfg = compose(conf_dir, overrides)
     records: dict[str, dict[str, Any]] = {}
-    registry = instrumented(stage_registry(str(cfg.method.name)), records)
+    registry = instrumented(stage_registry(cfg), records)
     ctx = hashing_encoder() if encoder == "hashing" else contextlib.nullcontext()
     with ctx:
         wall = run_pipeline(cfg, run_dir, registry)

@@ -363,8 +363,8 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
         atomic_write_text(
             out / "longmemeval_hypotheses.jsonl", hypotheses_jsonl(questions, answers)
         )
-    if OmegaConf.select(cfg, "report.plots", default=True):  # report/*.png (analysis/plots.py)
-        from structmem_gpu.analysis.plots import write_run_plots
+    if OmegaConf.select(cfg, "report.plots", default=True):  # report/*.png (eval/plots.py)
+        from structmem_gpu.eval.plots import write_run_plots
 
         write_run_plots(ctx.run.root, cfg)
     ctx.notes.update(

@@ -1,1 +1,2 @@
-"""Memory methods: each is a list of stages (methods/registry.py) over shared plumbing."""
+"""Memory methods: each is a list of stages over shared plumbing (conf/method/*.yaml, resolved
+by methods/registry.py)."""

@@ -1,7 +1,11 @@
-"""Which stage implementation each method uses, by stage name.
+"""A job's stages, resolved from its method config (`method.implementations`).
 
-Methods differ only in these functions, never in the plumbing (DESIGN principle 2). Entries
-are "module:attribute" strings imported on demand, so a method's stages load only when used.
+A method is its YAML (conf/method/<name>.yaml): `method.stages` is the run order and
+`method.implementations` maps every stage the method can run to an import path
+"module:ATTR" of a `Stage`. A stage in `implementations` but not in `stages` runs only when
+listed in `stages=[...]` (the fidelity audits); a null drops a stage inherited from another
+method YAML. Modules are imported when a stage is looked up,
+so a method's stages load only when used. Adding a method = adding a YAML file.
 """
 
 from __future__ import annotations
@@ -9,92 +13,38 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
+from omegaconf import DictConfig, OmegaConf
+
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.stage import Stage
 
-_LOAD = "structmem_gpu.methods.load:STAGE"
-_ANSWER = "structmem_gpu.eval.answer:STAGE"
-_JUDGE = "structmem_gpu.eval.judge:STAGE"
-_REPORT = "structmem_gpu.eval.report:STAGE"
-_STRUCTMEM = {
-    "load": _LOAD,
-    "extract": "structmem_gpu.methods.structmem.extract:STAGE",
-    "embed": "structmem_gpu.methods.structmem.embed:STAGE",
-    "consolidate": "structmem_gpu.methods.structmem.consolidate:STAGE",
-    "retrieve": "structmem_gpu.methods.structmem.retrieve:STAGE",
-    "answer": _ANSWER,
-    "judge": _JUDGE,
-    "report": _REPORT,
-    # Fidelity audits (paper A.6): run only when listed in stages=[...], never in method.stages.
-    "audit_extraction": "structmem_gpu.eval.audit_extraction:STAGE",
-    "audit_consolidation": "structmem_gpu.eval.audit_consolidation:STAGE",
-}
 
-_SEEM = {
-    "load": _LOAD,
-    "frames": "structmem_gpu.methods.seem.frames:STAGE",
-    "fusion": "structmem_gpu.methods.seem.fusion:STAGE",
-    "graph": "structmem_gpu.methods.seem.graph:STAGE",
-    "retrieve": "structmem_gpu.methods.seem.retrieve:STAGE",
-    "answer": _ANSWER,  # answer.prompt: seem picks SEEM's context builder
-    "judge": _JUDGE,
-    "report": _REPORT,
-}
-
-_BASELINES = "structmem_gpu.methods.baselines"
-# Flat memory: StructMem's own build stages (factual perspective only, no consolidate).
-_FLAT = {k: v for k, v in _STRUCTMEM.items() if k != "consolidate"}
-_GRAPH_MEMORY = {
-    "load": _LOAD,
-    "extract": _STRUCTMEM["extract"],
-    "embed": _STRUCTMEM["embed"],
-    "graph": f"{_BASELINES}.graph_memory:STAGE",
-    "retrieve": f"{_BASELINES}.graph_retrieve:STAGE",
-    "answer": _ANSWER,
-    "judge": _JUDGE,
-    "report": _REPORT,
-}
-_TURN_RAG = {
-    "load": _LOAD,
-    "embed": f"{_BASELINES}.turn_rag:EMBED_STAGE",
-    "retrieve": f"{_BASELINES}.turn_rag:RETRIEVE_STAGE",
-    "answer": _ANSWER,
-    "judge": _JUDGE,
-    "report": _REPORT,
-}
-
-METHODS: dict[str, dict[str, str]] = {
-    "structmem": _STRUCTMEM,
-    "structmem_no_cross_event": _STRUCTMEM,
-    "full_context": {"load": _LOAD, "answer": _ANSWER, "judge": _JUDGE, "report": _REPORT},
-    "flat": _FLAT,
-    "graph_memory": _GRAPH_MEMORY,
-    "turn_rag": _TURN_RAG,
-    "seem": _SEEM,
-    # Paper Table 3 ablations (conf/method/seem_no_*.yaml): same stages, one switch off.
-    "seem_no_fact_context": _SEEM,
-    "seem_no_ppr": _SEEM,
-    "seem_no_rpe": _SEEM,
-    "seem_no_eef": _SEEM,
-}
-
-
-def _resolve(ref: str) -> Stage:
-    module, _, attr = ref.partition(":")
-    stage = getattr(importlib.import_module(module), attr)
-    if not isinstance(stage, Stage):
-        raise TypeError(f"{ref} is not a Stage")
-    return stage
+def _method_file(cfg: DictConfig) -> str:
+    # conf/method/<file>.yaml sets method.name to its file name (tests/unit/test_every_command.py).
+    return f"conf/method/{OmegaConf.select(cfg, 'method.name', default='?')}.yaml"
 
 
 class _LazyStages(Mapping[str, Stage]):
     """Stage name -> Stage, importing a stage's module only when that stage is used."""
 
-    def __init__(self, refs: Mapping[str, str]) -> None:
+    def __init__(self, refs: Mapping[str, str], where: str) -> None:
         self._refs = dict(refs)
+        self._where = where
 
     def __getitem__(self, name: str) -> Stage:
-        return _resolve(self._refs[name])
+        ref = self._refs[name]
+        module, sep, attr = ref.partition(":")
+        try:
+            if not sep:
+                raise ValueError("expected 'module:ATTR'")
+            stage = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(
+                f"{self._where}: stage '{name}' = {ref!r} cannot be imported ({exc})"
+            ) from exc
+        if not isinstance(stage, Stage):
+            raise ConfigError(f"{self._where}: stage '{name}' = {ref!r} is not a Stage")
+        return stage
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._refs)
@@ -103,7 +53,18 @@ class _LazyStages(Mapping[str, Stage]):
         return len(self._refs)
 
 
-def stage_registry(method: str) -> Mapping[str, Stage]:
-    if method not in METHODS:
-        raise ConfigError(f"unknown method '{method}'; known: {sorted(METHODS)}")
-    return _LazyStages(METHODS[method])
+def stage_registry(cfg: DictConfig) -> Mapping[str, Stage]:
+    """Stage name -> Stage for the job's method (`method.implementations`), imported lazily."""
+    where = _method_file(cfg)
+    refs = OmegaConf.select(cfg, "method.implementations", default=None)
+    if not refs:
+        raise ConfigError(f"{where}: method.implementations is missing (stage name -> module:ATTR)")
+    # A null removes a stage the method inherits (flat: StructMem's stages, no consolidate).
+    registry = _LazyStages({str(k): str(v) for k, v in refs.items() if v is not None}, where)
+    missing = [str(s) for s in (OmegaConf.select(cfg, "method.stages", default=None) or [])
+               if str(s) not in registry]
+    if missing:
+        raise ConfigError(
+            f"{where}: method.stages names {missing}, which method.implementations does not map"
+        )
+    return registry

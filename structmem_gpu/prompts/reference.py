@@ -22,17 +22,28 @@ import ast
 import functools
 import re
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
-from structmem_gpu.llm.types import LLMRequest, Message, Sampling, request_id
+from structmem_gpu.llm.types import Message
 from structmem_gpu.prompts import list_reply_schema
 
-if TYPE_CHECKING:
-    from structmem_gpu.methods.structmem.extract import ExtractionWindow, ExtractSettings
+
+
+class ReferenceTurn(Protocol):
+    """What the reference's line format shows of a turn (extract.TurnView provides it)."""
+
+    @property
+    def session_time(self) -> datetime: ...
+
+    @property
+    def speaker(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
     from structmem_gpu.prompts.synthesis import Record
 
 PROMPTS_FILE = "src/lightmem/memory/prompts.py"
@@ -104,10 +115,10 @@ def reference_text(text: str) -> str:
     return _IMAGE.sub(lambda m: f"(image description: {m.group(1)})", text)
 
 
-def render_reference_window(window: ExtractionWindow) -> str:
+def render_reference_window(turns: Sequence[ReferenceTurn]) -> str:
     """The reference's extraction input: a topic marker, then one line per turn."""
     lines = ["--- Topic 1 ---"]
-    for i, t in enumerate(window.turns):
+    for i, t in enumerate(turns):
         when = t.session_time + timedelta(seconds=i)
         stamp = f"{when.isoformat(timespec='milliseconds')}, {when:%a}"
         lines.append(f"[{stamp}] {i}.{t.speaker}: {reference_text(t.text)}")
@@ -126,26 +137,6 @@ def reply_schema(n_turns: int, kind: str, max_items: int | None) -> dict[str, An
         "additionalProperties": False,
     }
     return list_reply_schema("data", item, max_items)
-
-
-def reference_extraction_request(
-    window: ExtractionWindow, kind: str, s: ExtractSettings
-) -> LLMRequest:
-    assert s.reference_dir is not None
-    system = reference_prompt(s.reference_dir, kind)
-    user = render_reference_window(window)
-    schema = reply_schema(len(window.turns), kind, s.max_items)
-    ver = version(s.reference_dir, kind)
-    rid = request_id("extract", window.conv_id, window.turns[0].event_id, kind, ver, user, schema)
-    return LLMRequest(
-        request_id=rid,
-        stage="extract",
-        conv_id=window.conv_id,
-        messages=(Message("system", system), Message("user", user)),
-        prompt_version=ver,
-        schema=schema,
-        sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
-    )
 
 
 def _record_line(r: Record) -> str:

@@ -1,4 +1,4 @@
-"""Judge agreement (structmem_gpu/analysis/agreement.py) on hand-computed examples."""
+"""Judge agreement (structmem_gpu/eval/agreement.py) on hand-computed examples."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from jobs.report import main as report_main
 from structmem_gpu.artifacts import RunDir
-from structmem_gpu.analysis.agreement import cohen_kappa, fleiss_kappa, judge_agreement
+from structmem_gpu.eval.agreement import cohen_kappa, fleiss_kappa, judge_agreement
 from structmem_gpu.schemas import JUDGMENTS, conform
 
 

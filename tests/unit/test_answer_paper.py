@@ -11,14 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from structmem_gpu.errors import ConfigError
-from structmem_gpu.eval.answer import (
-    AnswerInputs,
-    answer_protocol,
-    answer_rows,
-    context_builder,
-    make_requests,
-)
+from structmem_gpu.eval.answer import AnswerInputs, answer_protocol, answer_rows, make_requests
 from structmem_gpu.llm.types import LLMResult, Sampling
+from structmem_gpu.methods.structmem.context import build_prompts
 from structmem_gpu.prompts import answer_paper as A
 from structmem_gpu.prompts.answer_structmem import NOT_MENTIONED
 
@@ -74,7 +69,7 @@ def _tables(qids: list[str]) -> dict[str, pl.DataFrame]:
 def _prompts(cats: list[int], **answer: object):
     cfg = OmegaConf.create({"answer": {"protocol": "paper", **answer}})
     q = _questions(cats)
-    return context_builder("structmem")(AnswerInputs(cfg, q, _tables(q["question_id"].to_list())))
+    return build_prompts(AnswerInputs(cfg, q, _tables(q["question_id"].to_list())))
 
 
 def test_paper_reader_is_one_system_message_with_the_reference_instructions() -> None:
@@ -123,7 +118,7 @@ def test_rank_layout_keeps_every_entry_in_rank_order() -> None:
 def test_reasoned_protocol_keeps_the_earlier_reader() -> None:
     cfg = OmegaConf.create({"answer": {"protocol": "reasoned"}})
     q = _questions([4])
-    p = context_builder("structmem")(AnswerInputs(cfg, q, _tables(["c:q0"])))["c:q0"]
+    p = build_prompts(AnswerInputs(cfg, q, _tables(["c:q0"])))["c:q0"]
     assert not p.reasoned_reply and [m.role for m in p.messages] == ["system", "user"]
     assert NOT_MENTIONED in p.messages[0].content
     assert answer_protocol(OmegaConf.create({})) == "paper"

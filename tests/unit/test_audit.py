@@ -1,4 +1,5 @@
-"""Fidelity audits (eval/audit*.py) on the bundled sample with scripted judges (no server).
+"""Fidelity audits (methods/structmem/audit*.py; summaries in eval/audit.py) on the bundled
+sample with scripted judges (no server).
 
 python -m pytest tests/unit -q -k audit
 """
@@ -16,11 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
-from structmem_gpu.eval import audit, audit_consolidation, audit_extraction
-from structmem_gpu.analysis.agreement import cohen_kappa, fleiss_kappa
+from structmem_gpu.eval import audit
+from structmem_gpu.eval.agreement import cohen_kappa, fleiss_kappa
 from structmem_gpu.llm.scripted import Responder, ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest
-from structmem_gpu.methods.structmem import consolidate
+from structmem_gpu.methods.structmem import audit_consolidation, audit_extraction, consolidate
+from structmem_gpu.methods.structmem.audit import AuditSettings
 from tests.unit.test_structmem_stages import FakeBackends, build_memory, cfg_for, echo, run_stage
 
 MALFORMED = '{"reason": "cut off mid-sente'
@@ -118,7 +120,7 @@ def test_extraction_audit_unjudged_is_recorded_and_excluded(run: RunDir) -> None
 
 def test_extraction_audit_request_shows_window_source_and_bounded_reason(run: RunDir) -> None:
     cfg = with_audit(cfg_for(), sample_size=3, max_tokens=40, reason_max_chars=500)
-    s = audit.AuditSettings.from_cfg(cfg)
+    s = AuditSettings.from_cfg(cfg)
     assert s.reason_chars() == int((40 - 24) * 1.5)  # lowered to what fits in max_tokens
     entries = audit_extraction.sample_entries(run.read_table("entries"), 3, 0)
     windows = audit_extraction.plan_from_settings(

@@ -56,12 +56,12 @@ def test_flat_requests_are_structmems_factual_requests(run: RunDir, tmp_path: Pa
 
 def test_flat_config_has_no_consolidation() -> None:
     cfg = cfg_for("method=flat")
-    stages = stage_registry("flat")
+    stages = stage_registry(cfg)
     assert "consolidate" not in cfg.method.stages and "consolidate" not in stages
     assert all(s in stages for s in cfg.method.stages)
     assert list(cfg.extract.perspectives) == ["fact"] and cfg.retrieve.syntheses_k == 0
     assert stages["extract"] is extract.STAGE and stages["retrieve"] is retrieve.STAGE
-    assert cfg.answer.prompt == flat.PROMPT_NAME
+    assert context_builder(cfg.answer.prompt) is flat.build_prompts
     # Every other extraction knob is StructMem's (same windows, same caps).
     sm = cfg_for("method=structmem")
     assert {k: v for k, v in cfg.extract.items() if k != "perspectives"} == {
@@ -78,7 +78,8 @@ def test_flat_reader_shows_dated_entries_and_no_syntheses(run: RunDir) -> None:
     assert ret.group_by("question_id").len()["len"].max() <= int(cfg.retrieve.entries_k)
     tables = {n: run.read_table(n) for n in ("retrievals", "entries")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
-    paper = context_builder("flat")(AnswerInputs(cfg, questions, tables))  # default protocol
+    build = context_builder(cfg.answer.prompt)
+    paper = build(AnswerInputs(cfg, questions, tables))  # default protocol
     assert set(paper) == set(questions["question_id"])
     for p in paper.values():
         text = p.messages[-1].content
@@ -87,7 +88,7 @@ def test_flat_reader_shows_dated_entries_and_no_syntheses(run: RunDir) -> None:
         assert "Event summaries:" not in text  # flat memory has no syntheses
         assert text.rstrip().splitlines()[-1].startswith("Question: ")
     OmegaConf.update(cfg, "answer.protocol", "reasoned")
-    prompts = context_builder("flat")(AnswerInputs(cfg, questions, tables))
+    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
     assert set(prompts) == set(questions["question_id"])
     for p in prompts.values():
         user = p.messages[-1].content

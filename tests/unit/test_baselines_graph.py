@@ -395,14 +395,15 @@ def test_graph_reader_shows_entries_and_relations(run: RunDir) -> None:
     tables = {n: run.read_table(n) for n in ("retrievals", "entries", "turns")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
     with_rel = set(tables["retrievals"].filter(pl.col("circuit") == "relations")["question_id"])
-    paper = context_builder("graph")(AnswerInputs(cfg, questions, tables))  # default protocol
+    build = context_builder(cfg.answer.prompt)
+    paper = build(AnswerInputs(cfg, questions, tables))  # default protocol
     for qid, p in paper.items():
         text = p.messages[-1].content
         assert p.prompt_version == "answer_paper/1" and "Memories of " in text
         assert ("Relations between entities:\n- [" in text) == (qid in with_rel)
         assert "source -> relation -> target" in text  # the relation rule joins the reader
     OmegaConf.update(cfg, "answer.protocol", "reasoned")
-    prompts = context_builder("graph")(AnswerInputs(cfg, questions, tables))
+    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
     for qid, p in prompts.items():
         user = p.messages[-1].content
         assert user.startswith("Memories of ") and p.prompt_version == "answer_graph/1"
@@ -412,7 +413,7 @@ def test_graph_reader_shows_entries_and_relations(run: RunDir) -> None:
 
 def test_registry_and_config() -> None:
     cfg = graph_cfg()
-    stages = stage_registry("graph_memory")
+    stages = stage_registry(graph_cfg())
     assert list(cfg.method.stages) == [
         "load",
         "extract",
@@ -425,5 +426,6 @@ def test_registry_and_config() -> None:
     ]
     assert all(s in stages for s in cfg.method.stages)
     assert stages["graph"] is graph_memory.STAGE and stages["retrieve"] is graph_retrieve.STAGE
-    assert list(cfg.extract.perspectives) == ["fact"] and cfg.answer.prompt == "graph"
+    assert list(cfg.extract.perspectives) == ["fact"]
+    assert context_builder(cfg.answer.prompt) is graph_retrieve.build_prompts
     assert cfg.graph_memory.turns_per_request == 8  # one wavefront step per 8 turns (mem0: per message)

@@ -37,7 +37,7 @@ def test_no_llm_call_before_answer(run: RunDir) -> None:
     backends, ctxs = build(run)
     assert backends.scripted.calls == 0
     assert all(c.batches == 0 and not c.request_frames for c in ctxs)
-    stages = stage_registry("turn_rag")
+    stages = stage_registry(cfg_for("method=turn_rag"))
     cfg = cfg_for("method=turn_rag")
     assert list(cfg.method.stages) == ["load", "embed", "retrieve", "answer", "judge", "report"]
     assert all(s in stages for s in cfg.method.stages)
@@ -74,7 +74,7 @@ def test_reader_lists_turns_in_conversation_order(run: RunDir) -> None:
     cfg = cfg_for("method=turn_rag")
     tables = {n: run.read_table(n) for n in ("retrievals", "turns")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
-    prompts = context_builder("turn_rag")(AnswerInputs(cfg, questions, tables))
+    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
     for p in prompts.values():
         lines = p.messages[-1].content.splitlines()
         assert (

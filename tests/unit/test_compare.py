@@ -1,4 +1,4 @@
-"""eval/compare.py: one row per run from report.json + manifest.json; md/csv/json output."""
+"""analysis/compare.py: one row per run from report.json + manifest.json; md/csv/json output."""
 
 from __future__ import annotations
 

@@ -26,9 +26,7 @@ from structmem_gpu.prompts import answer_structmem as P
 D1, D2 = datetime(2023, 5, 8, 13, 56), datetime(2023, 6, 1, 9, 5)
 
 
-def test_registry_builtin_registered_and_dotted() -> None:
-    assert context_builder("structmem").__name__ == "build_structmem_prompts"
-    assert context_builder("full_context") is build_prompts
+def test_builders_are_import_paths_or_registered_names() -> None:
     assert (
         context_builder("structmem_gpu.methods.baselines.full_context:build_prompts")
         is build_prompts

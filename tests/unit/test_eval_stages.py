@@ -29,7 +29,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 def _run(overrides: list[str], run_dir: Path) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["debug=scripted", *overrides])
-    run_stages(cfg, run_dir, stage_registry(str(cfg.method.name)))
+    run_stages(cfg, run_dir, stage_registry(cfg))
 
 
 @pytest.fixture

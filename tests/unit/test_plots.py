@@ -1,4 +1,5 @@
-"""structmem_gpu.analysis.plots: the report stage's PNGs, the curves behind them, empty inputs.
+"""structmem_gpu.eval.plots and analysis.sweep_plots: the report stage's PNGs, a sweep's, the
+curves behind them, empty inputs.
 
 python -m pytest tests/unit -q -k plots
 """
@@ -13,8 +14,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from structmem_gpu.analysis import sweep_plots
 from structmem_gpu.errors import StructMemError
-from structmem_gpu.analysis import plots
+from structmem_gpu.eval import plots
 from structmem_gpu.analysis.inspect import load_run, request_events, sweep_frame
 from structmem_gpu.eval.published import load_published
 from structmem_gpu.schemas import (
@@ -338,7 +340,7 @@ def _sweep(tmp_path: Path, run_dir: Path, values: tuple[int, ...]) -> list[Path]
 
 def test_write_sweep_plots(scripted_sample_run: Path, tmp_path: Path) -> None:
     dirs = _sweep(tmp_path, scripted_sample_run, (0, 5, 15))
-    written = plots.write_sweep_plots(dirs, tmp_path / "out")
+    written = sweep_plots.write_sweep_plots(dirs, tmp_path / "out")
     # entries_k is the same in every run: no Fig. 3c panel for a key the sweep does not vary.
     assert sorted(p.name for p in written) == [
         "accuracy_vs_seed_k.png",
@@ -347,7 +349,7 @@ def test_write_sweep_plots(scripted_sample_run: Path, tmp_path: Path) -> None:
     for path in written:
         assert_png(path)
     with pytest.raises(plots.NothingToPlot, match="no finished run"):
-        plots.write_sweep_plots([], tmp_path / "none")
+        sweep_plots.write_sweep_plots([], tmp_path / "none")
 
 
 def test_accuracy_vs_seed_k_with_paper_line(scripted_sample_run: Path, tmp_path: Path) -> None:
@@ -369,6 +371,6 @@ def test_a_figure_per_varied_numeric_override(scripted_sample_run: Path, tmp_pat
         (d / ".hydra").mkdir(exist_ok=True)
         (d / ".hydra" / "overrides.yaml").write_text(f"- seem.retrieve.passage_k={k}\n- debug=scripted\n")
         dirs.append(d)
-    written = plots.write_sweep_plots(dirs, tmp_path / "out")
+    written = sweep_plots.write_sweep_plots(dirs, tmp_path / "out")
     assert "accuracy_vs_passage_k.png" in [p.name for p in written]
     assert_png(tmp_path / "out" / "accuracy_vs_passage_k.png")

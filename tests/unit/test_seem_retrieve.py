@@ -94,7 +94,7 @@ def ablation_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[p
         ret = base.read_table("retrievals")
         questions = base.read_table("questions").filter(pl.col("category").is_in([1, 2, 3, 4]))
         tables = {"retrievals": ret, "turns": base.read_table("turns")}
-        prompts = context_builder("seem")(AnswerInputs(cfg, questions, tables))
+        prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
         out[name] = (ret, {q: p.messages[-1].content for q, p in prompts.items()})
     return out
 
@@ -169,8 +169,8 @@ def test_eef_switch_hides_frames_and_turns_off_rpe(ablation_runs: dict) -> None:
 
 
 def test_answer_stage_resolves_the_seem_builder(tmp_path: Path, sample_path: Path) -> None:
-    assert stage_registry("seem")["answer"].name == "answer"
-    assert context_builder("seem") is seem_context.build_prompts
+    assert stage_registry(seem_cfg())["answer"].name == "answer"
+    assert context_builder(seem_cfg().answer.prompt) is seem_context.build_prompts
 
 
 def test_builder_refuses_retrievals_of_another_method(tmp_path: Path, sample_path: Path) -> None:
@@ -179,7 +179,8 @@ def test_builder_refuses_retrievals_of_another_method(tmp_path: Path, sample_pat
     questions = new_run(tmp_path / "r", sample_path).read_table("questions")
     ret = pl.DataFrame({"question_id": ["x"], "circuit": ["entries"], "item_id": ["e"], "rank": [0]})
     with pytest.raises(MissingTableError, match="SEEM's retrieve stage"):
-        context_builder("seem")(AnswerInputs(seem_cfg(), questions, {"retrievals": ret}))
+        cfg = seem_cfg()
+        context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, {"retrievals": ret}))
 
 
 def test_context_truncation_drops_rpe_passages_first_never_frames() -> None:

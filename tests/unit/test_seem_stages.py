@@ -75,10 +75,11 @@ def run(tmp_path: Path, sample_path: Path) -> RunDir:
 
 def test_registry_and_config_name_the_stages() -> None:
     cfg = seem_cfg()
-    stages = stage_registry("seem")
+    stages = stage_registry(cfg)
     assert list(cfg.method.stages) == ["load", "frames", "fusion", "graph", "retrieve", "answer", "judge", "report"]
     assert all(name in stages for name in cfg.method.stages)
-    assert stages["answer"] is stage_registry("structmem")["answer"]  # the shared stage, reused
+    structmem = stage_registry(seem_cfg("method=structmem"))
+    assert stages["answer"] is structmem["answer"]  # the shared stage, reused
     for variant in ("seem_no_fact_context", "seem_no_ppr", "seem_no_rpe", "seem_no_eef"):
         vcfg = seem_cfg(f"method={variant}")
         switch = variant.removeprefix("seem_no_")
@@ -133,7 +134,7 @@ def test_full_stage_chain_answers_every_question(run: RunDir) -> None:
     cfg, backends = seem_cfg(), FakeBackends()
     build_memory(run, cfg, backends)
     ctx = run_stage(run, cfg, backends, retrieve.STAGE)
-    answer_stage = stage_registry("seem")["answer"]
+    answer_stage = stage_registry(seem_cfg())["answer"]
     run_stage(run, cfg, backends, answer_stage)
     questions = run.read_table("questions").filter(pl.col("category").is_in([1, 2, 3, 4]))
     answers = run.read_table("answers")
@@ -153,7 +154,7 @@ def test_answer_prompt_holds_facts_frames_and_chronological_passages(run: RunDir
     cfg, backends = seem_cfg(), FakeBackends({"answer": capture})
     build_memory(run, cfg, backends)
     run_stage(run, cfg, backends, retrieve.STAGE)
-    run_stage(run, cfg, backends, stage_registry("seem")["answer"])
+    run_stage(run, cfg, backends, stage_registry(seem_cfg())["answer"])
     user = seen[0].messages[-1].content
     assert seen[0].prompt_version == "seem_answer/1"
     heads = [user.index(h) for h in ("Relevant facts", "Episodic memories:", "Conversation excerpts", "Question:")]

@@ -14,8 +14,8 @@ without syntheses (`answer.prompt: flat`, prompts/answer_flat.py). Rendered user
     - [16 March 2024] Tomas adopted a beagle puppy named Biscuit.
     Question: What is the name of the dog Tomas adopted?
 
-The shared answer stage finds this builder by name (`answer.prompt: flat`, see
-structmem_gpu/eval/answer.py).
+The shared answer stage imports this builder from `answer.prompt`
+(conf/method/flat.yaml).
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ import polars as pl
 
 # The StructMem reader's entry rendering (order, de-duplication) is reused on purpose: the
 # flat, graph and StructMem contexts must differ only in what memory they hold.
-from structmem_gpu.eval.answer import (
-    AnswerInputs,
-    AnswerPrompt,
-    answer_protocol,
-    entry_lines,
-    paper_prompts,
-)
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol
+from structmem_gpu.methods.structmem.context import entry_lines, paper_prompts
 from structmem_gpu.prompts import answer_flat as P
 from structmem_gpu.prompts.answer_structmem import MemoryLine
 

@@ -16,8 +16,8 @@ answer stage's fingerprint covers them. One relation row:
      "relation_first": 2024-03-17 19:05, "relation_last": 2024-03-17 19:05,
      "event_ids": ["sample-1:D2:1"]}
 
-The shared answer stage finds this builder by name (`answer.prompt: graph`, see
-structmem_gpu/eval/answer.py).
+The shared answer stage imports this builder from `answer.prompt`
+(conf/method/graph_memory.yaml).
 """
 
 from __future__ import annotations
@@ -33,16 +33,11 @@ import numpy as np
 import polars as pl
 
 from structmem_gpu import schemas
-from structmem_gpu.eval.answer import (
-    AnswerInputs,
-    AnswerPrompt,
-    answer_protocol,
-    entry_lines,
-    paper_prompts,
-)
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K
 from structmem_gpu.methods.baselines.graph_state import ACTIVE, normalize
+from structmem_gpu.methods.structmem.context import entry_lines, paper_prompts
 from structmem_gpu.methods.structmem.embed import EMBED_KEYS, embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.retrieve import search_rows
 from structmem_gpu.prompts import answer_graph as P

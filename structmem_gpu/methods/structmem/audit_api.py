@@ -1,5 +1,5 @@
-"""The part of StructMem that the fidelity audits (eval/audit_extraction.py,
-eval/audit_consolidation.py) may use: a small, stable interface, so that the audit stages
+"""The part of StructMem that the fidelity audits (audit_extraction.py,
+audit_consolidation.py) may use: a small, stable interface, so that the audit stages
 depend on these names only and not on the build stages' internals.
 
     from structmem_gpu.methods.structmem.audit_api import plan_windows, plan_conversation

@@ -218,9 +218,7 @@ def plan_from_settings(
 
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
     if s.reference_dir is not None:
-        from structmem_gpu.prompts.reference import reference_extraction_request
-
-        return reference_extraction_request(window, kind, s)
+        return reference_request(window, kind, s)
     prompt = extraction_prompt(kind)
     user = render_window(
         window.session_time,
@@ -245,6 +243,27 @@ def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LL
             Message("user", user),
         ),
         prompt_version=version,
+        schema=schema,
+        sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
+    )
+
+
+def reference_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
+    """The request in the reference format (prompts.reference_dir: its prompt and line format)."""
+    from structmem_gpu.prompts import reference as R
+
+    assert s.reference_dir is not None
+    system = R.reference_prompt(s.reference_dir, kind)
+    user = R.render_reference_window(window.turns)
+    schema = R.reply_schema(len(window.turns), kind, s.max_items)
+    ver = R.version(s.reference_dir, kind)
+    rid = request_id("extract", window.conv_id, window.turns[0].event_id, kind, ver, user, schema)
+    return LLMRequest(
+        request_id=rid,
+        stage="extract",
+        conv_id=window.conv_id,
+        messages=(Message("system", system), Message("user", user)),
+        prompt_version=ver,
         schema=schema,
         sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
     )

@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from structmem_gpu import schemas
-from structmem_gpu.eval.audit import (
+from structmem_gpu.methods.structmem.audit import (
     CONSOLIDATION_COLUMNS,
     CONSOLIDATION_TABLE,
     AuditSettings,

@@ -31,7 +31,7 @@ import polars as pl
 from omegaconf import OmegaConf
 
 from structmem_gpu import schemas
-from structmem_gpu.eval.audit import (
+from structmem_gpu.methods.structmem.audit import (
     EXTRACTION_COLUMNS,
     EXTRACTION_TABLE,
     AuditSettings,

@@ -1,0 +1,160 @@
+"""What both StructMem fidelity audits share: the `audit:` settings (conf/audit/default.yaml),
+the audit tables' columns, the judge-panel fingerprint and report/audit.{json,md}.
+
+The stages are audit_extraction.py (paper Table 6) and audit_consolidation.py (Table 7); the
+rates and the report section they write come from eval/audit.py, which the report stage reads
+too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.artifacts import RunDir, atomic_write_text
+from structmem_gpu.eval.audit import (
+    CONSOLIDATION_TABLE,
+    EXTRACTION_TABLE,
+    audit_markdown,
+    audit_summary,
+)
+
+__all__ = [
+    "CONSOLIDATION_COLUMNS",
+    "CONSOLIDATION_TABLE",
+    "EXTRACTION_COLUMNS",
+    "EXTRACTION_TABLE",
+    "AuditSettings",
+    "judge_panel_identity",
+    "write_audit_report",
+]
+
+log = logging.getLogger(__name__)
+
+# JSON overhead of {"reason": "...", "label": "UNSUPPORTED"} in tokens and characters per token
+# (SmolLM2 is ~1.5 chars/token on dates and digits; see eval/judge.py): the reason's maxLength
+# never exceeds what fits in max_tokens, so a capped reply is still valid JSON.
+_JSON_OVERHEAD_TOKENS = 24
+_CHARS_PER_TOKEN = 1.5
+# Per-link JSON overhead ({"link": "", "verdict": "spurious"},) in tokens.
+_LINK_OVERHEAD_TOKENS = 14
+
+_STR, _BOOL, _I32 = pl.String(), pl.Boolean(), pl.Int32()
+
+EXTRACTION_COLUMNS: dict[str, pl.DataType] = {
+    "audit_id": _STR,  # hash(entry_id, judge_name): one row per (entry, judge)
+    "conv_id": _STR,
+    "entry_id": _STR,
+    "event_id": _STR,
+    "kind": _STR,  # fact | relation
+    "entry_text": _STR,
+    "judge_name": _STR,
+    "judge_model": _STR,
+    "prompt_version": _STR,
+    "label": _STR,  # "supported" | "unsupported" | null (unjudged)
+    "supported": _BOOL,  # null = unjudged
+    "reason": _STR,
+    "reply_raw": _STR,
+    "request_id": _STR,
+    "finish_reason": _STR,
+}
+
+CONSOLIDATION_COLUMNS: dict[str, pl.DataType] = {
+    "audit_id": _STR,  # hash(synth_id, judge_name): one row per (window, judge)
+    "conv_id": _STR,
+    "window_index": _I32,
+    "synth_id": _STR,
+    "prompt_variant": _STR,  # the synthesis under test's variant (constrained | unconstrained)
+    "seed_k": _I32,  # the synthesis under test's K (summary A always has K = 0)
+    "judge_name": _STR,
+    "judge_model": _STR,
+    "prompt_version": _STR,
+    "judged": _BOOL,  # null = unjudged (no readable link list)
+    "links": pl.List(_STR),
+    "verdicts": pl.List(_STR),
+    "n_links": _I32,  # null when unjudged
+    "n_spurious": _I32,  # null when unjudged
+    "summary_a": _STR,
+    "summary_b": _STR,
+    "reply_raw": _STR,
+    "request_id": _STR,
+    "finish_reason": _STR,
+}
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """The `audit:` block; the fallbacks mirror conf/audit/default.yaml for configs without it."""
+
+    seed: int = 0
+    temperature: float = 0.0
+    extraction_sample_size: int | None = None
+    extraction_max_tokens: int = 96
+    reason_max_chars: int = 160
+    consolidation_max_tokens: int = 384
+    link_max_chars: int = 120
+    max_links: int = 8
+    bootstrap_resamples: int = 1000
+    bootstrap_seed: int = 0
+
+    @classmethod
+    def from_cfg(cls, cfg: DictConfig) -> AuditSettings:
+        def get(key: str, default: Any) -> Any:
+            value = OmegaConf.select(cfg, key, default=None)
+            return default if value is None else value
+
+        size = OmegaConf.select(cfg, "audit.extraction.sample_size", default=None)
+        s = cls(
+            seed=int(get("audit.seed", cls.seed)),
+            temperature=float(get("audit.temperature", cls.temperature)),
+            extraction_sample_size=None if size is None else int(size),
+            extraction_max_tokens=int(
+                get("audit.extraction.max_tokens", cls.extraction_max_tokens)
+            ),
+            reason_max_chars=int(get("audit.extraction.reason_max_chars", cls.reason_max_chars)),
+            consolidation_max_tokens=int(
+                get("audit.consolidation.max_tokens", cls.consolidation_max_tokens)
+            ),
+            link_max_chars=int(get("audit.consolidation.link_max_chars", cls.link_max_chars)),
+            max_links=int(get("audit.consolidation.max_links", cls.max_links)),
+            bootstrap_resamples=int(get("report.bootstrap_resamples", cls.bootstrap_resamples)),
+            bootstrap_seed=int(get("report.bootstrap_seed", cls.bootstrap_seed)),
+        )
+        if s.extraction_sample_size is not None and s.extraction_sample_size < 0:
+            raise ValueError(f"audit.extraction.sample_size={size} must be >= 0 or null")
+        return s
+
+    def reason_chars(self) -> int:
+        """Configured reason bound, lowered to what fits in the extraction audit's max_tokens."""
+        fits = int((self.extraction_max_tokens - _JSON_OVERHEAD_TOKENS) * _CHARS_PER_TOKEN)
+        return max(16, min(self.reason_max_chars, fits))
+
+    def link_chars(self) -> int:
+        """Configured link bound, lowered so `max_links` links fit in max_tokens."""
+        per_link = self.consolidation_max_tokens / max(1, self.max_links) - _LINK_OVERHEAD_TOKENS
+        return max(16, min(self.link_max_chars, int(per_link * _CHARS_PER_TOKEN)))
+
+
+def write_audit_report(run: RunDir, cfg: DictConfig, **frames: pl.DataFrame) -> dict[str, Any]:
+    """report/audit.json + report/audit.md, with this stage's fresh frame in place of its table."""
+    s = AuditSettings.from_cfg(cfg)
+    summary = audit_summary(
+        run.root, resamples=s.bootstrap_resamples, seed=s.bootstrap_seed, **frames
+    )
+    atomic_write_text(run.report_dir / "audit.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(run.report_dir / "audit.md", audit_markdown(summary))
+    log.info("audit: wrote %s", run.report_dir / "audit.md")
+    return summary
+
+
+def judge_panel_identity(cfg: DictConfig) -> dict[str, Any]:
+    """Fingerprint material: the judge panel (names, models, no connection settings)."""
+    from structmem_gpu.eval.judge import judge_identity
+
+    ident = judge_identity(cfg)
+    return {"panel": ident["panel"], "answer_llm": ident["answer_llm"]}

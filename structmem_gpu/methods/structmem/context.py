@@ -1,0 +1,159 @@
+"""StructMem's reader context for the shared answer stage (conf/method/structmem.yaml sets
+`answer.prompt` to this module's `build_prompts`).
+
+Protocol `paper` (default): retrieved entries by speaker (answer.entry_layout /
+answer.speaker_groups, rank order) plus the retrieved syntheses as plain lines
+(prompts/answer_paper.py); `reasoned`: chronological entries under dates and dated syntheses
+(prompts/answer_structmem.py). `paper_prompts` and `entry_lines` are shared with the flat and
+graph-memory readers, which show StructMem's entries too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+from omegaconf import OmegaConf
+
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol, wants_abstention
+
+log = logging.getLogger(__name__)
+
+PROMPT_NAME = "structmem"
+
+
+def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
+    """Entries grouped by speaker and syntheses per question, in the configured protocol."""
+    retrievals = inputs.require("retrievals", PROMPT_NAME)
+    entries = inputs.require("entries", PROMPT_NAME)
+    syntheses = inputs.table("syntheses")
+    qids = set(inputs.questions["question_id"].to_list())
+    retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))
+    if answer_protocol(inputs.cfg) == "paper":
+        texts = synthesis_texts(retrievals, syntheses)
+        return paper_prompts(inputs, retrievals, entries, lambda q: [texts.get(q, [])], None)
+    from structmem_gpu.prompts import answer_structmem as P
+
+    lines = entry_lines(retrievals, entries, P.MemoryLine)
+    synths = _synthesis_lines(retrievals, syntheses, P.SynthesisLine)
+    out: dict[str, AnswerPrompt] = {}
+    for qid, question, now in inputs.questions.select(
+        "question_id", "question", "question_time"
+    ).iter_rows():
+        msgs = P.build_messages(question, lines.get(qid, []), synths.get(qid, []), now)
+        out[qid] = AnswerPrompt(msgs, P.VERSION)
+    return out
+
+
+def paper_prompts(
+    inputs: AnswerInputs,
+    retrievals: pl.DataFrame,
+    entries: pl.DataFrame,
+    extra: Callable[[str], list[Any]],
+    memory_note: str | None,
+) -> dict[str, AnswerPrompt]:
+    """Reader `paper` prompts: the entry block (answer.entry_layout) plus `extra(qid)` — a
+    list of already-rendered blocks, or lists of synthesis texts — per question."""
+    from structmem_gpu.prompts import answer_paper as A
+
+    layout = str(OmegaConf.select(inputs.cfg, "answer.entry_layout", default="speakers"))
+    groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=A.MAX_GROUPS))
+    if layout not in A.LAYOUTS:
+        raise ConfigError(f"answer.entry_layout={layout!r}; expected one of {list(A.LAYOUTS)}")
+    if groups < 1:
+        raise ConfigError(f"answer.speaker_groups={groups} must be >= 1")
+    ranked = ranked_entries(retrievals, entries, A.PaperEntry)
+    abstain = wants_abstention(inputs.questions)
+    out: dict[str, AnswerPrompt] = {}
+    for qid, question, now in inputs.questions.select(
+        "question_id", "question", "question_time"
+    ).iter_rows():
+        blocks = [A.render_entries(ranked.get(qid, []), layout, groups)]
+        for b in extra(qid):
+            blocks.append(A.render_summaries(b) if isinstance(b, list) else str(b))
+        msgs = A.build_messages(question, blocks, now, abstain, memory_note)
+        out[qid] = AnswerPrompt(msgs, A.VERSION, reasoned_reply=True)
+    return out
+
+
+def _retrieved(
+    retrievals: pl.DataFrame, circuit: str, table: pl.DataFrame, id_col: str, cols: list[str]
+) -> tuple[pl.DataFrame, int]:
+    """(the retrievals of one circuit joined to their rows' `cols`, the number retrieved)."""
+    hits = retrievals.filter(pl.col("circuit") == circuit)
+    joined = hits.join(
+        table.select(id_col, *cols), left_on="item_id", right_on=id_col, how="inner"
+    )
+    return joined, hits.height
+
+
+def _per_question(joined: pl.DataFrame, cols: list[str], make: Callable[..., Any]
+                  ) -> dict[str, list[Any]]:
+    """Rows grouped by question, in the frame's order: make(*row[cols]) each."""
+    out: dict[str, list[Any]] = {}
+    for qid, *values in joined.select("question_id", *cols).iter_rows():
+        out.setdefault(qid, []).append(make(*values))
+    return out
+
+
+def _entry(make: Callable[..., Any]) -> Callable[..., Any]:
+    return lambda speaker, t, text: make(speaker=speaker, time=t, text=text)
+
+
+ENTRY_COLS = ["speaker", "event_time", "text"]
+
+
+def ranked_entries(
+    retrievals: pl.DataFrame, entries: pl.DataFrame, make: Callable[..., Any]
+) -> dict[str, list[Any]]:
+    """Retrieved entries per question in RANK order (the reference reader's order)."""
+    joined, _ = _retrieved(retrievals, "entries", entries, "entry_id", ENTRY_COLS)
+    joined = joined.sort(["question_id", "rank"], nulls_last=True)
+    return _per_question(joined, ENTRY_COLS, _entry(make))
+
+
+def synthesis_texts(
+    retrievals: pl.DataFrame, syntheses: pl.DataFrame | None
+) -> dict[str, list[str]]:
+    """Retrieved synthesis texts per question, in rank order, without time ranges."""
+    if syntheses is None:
+        return {}
+    joined, _ = _retrieved(retrievals, "syntheses", syntheses, "synth_id", ["text"])
+    joined = joined.sort(["question_id", "rank"], nulls_last=True)
+    return _per_question(joined, ["text"], lambda text: text)
+
+
+def entry_lines(
+    retrievals: pl.DataFrame, entries: pl.DataFrame, make: Callable[..., Any]
+) -> dict[str, list[Any]]:
+    # Chronological order (not rank order): the reader resolves relative dates and "most
+    # recent wins" more easily when memories read as a timeline.
+    joined, n_hits = _retrieved(retrievals, "entries", entries, "entry_id",
+                                [*ENTRY_COLS, "session_index", "turn_index"])
+    if joined.height < n_hits:
+        log.warning(
+            "answer: %d retrieved entry ids are not in entries.parquet", n_hits - joined.height
+        )
+    joined = joined.sort(
+        ["question_id", "event_time", "session_index", "turn_index", "rank"], nulls_last=True
+    )
+    # Identical (speaker, date, text) lines say nothing new: the two perspectives sometimes
+    # word a statement the same way; show it once.
+    joined = joined.unique(
+        subset=["question_id", *ENTRY_COLS], keep="first", maintain_order=True
+    )
+    return _per_question(joined, ENTRY_COLS, _entry(make))
+
+
+def _synthesis_lines(
+    retrievals: pl.DataFrame, syntheses: pl.DataFrame | None, make: Callable[..., Any]
+) -> dict[str, list[Any]]:
+    if syntheses is None:
+        return {}
+    cols = ["window_start", "window_end", "text"]
+    joined, _ = _retrieved(retrievals, "syntheses", syntheses, "synth_id", cols)
+    joined = joined.sort(["question_id", "window_start", "rank"], nulls_last=True)
+    return _per_question(joined, cols, lambda a, b, text: make(start=a, end=b, text=text))

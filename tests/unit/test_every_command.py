@@ -1,0 +1,157 @@
+"""Every advertised command runs: each conf/method/*.yaml and each point of each
+conf/experiment/*.yaml sweep, on the bundled sample with the scripted LLM and the bundled
+encoder (`debug=scripted embedder=minilm`, offline), end to end to report/report.json.
+
+    python -m pytest tests/unit/test_every_command.py -q
+
+The files are globbed, so a new method or experiment is covered without editing this test; a
+method YAML whose stages do not import fails here. Sweep points are the cartesian product of
+the experiment's `hydra.sweeper.params` (what `python jobs/run.py -m experiment=NAME` runs).
+Experiments on LoCoMo run on the sample instead (same format, a few turns); LongMemEval ones on
+the tests' tiny LongMemEval file. Points whose configs are identical (e.g. `method=structmem`
+and the structmem point of experiment=baselines) run once. One cache directory serves the whole
+module, and the encoder is loaded once, so embeddings are computed once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.config_schema import check_config
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.methods.registry import stage_registry
+from structmem_gpu.pipeline import config_hash, run_stages
+from tests.fixtures.data import tiny_longmemeval
+from tests.fixtures.pipeline import CONF_DIR
+
+METHODS = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+PROFILE = ["debug=scripted", "embedder=minilm"]
+
+
+def _compose(overrides: list[str], hydra_cfg: bool = False) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_cfg)
+
+
+def sweep_points(experiment: str) -> list[list[str]]:
+    """The overrides of each job `-m experiment=NAME` launches (one empty point: no sweep)."""
+    cfg = _compose([f"experiment={experiment}"], hydra_cfg=True)
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    parser = OverridesParser.create()
+    axes = []
+    for key, value in params.items():
+        override = parser.parse_override(f"{key}={value}")
+        axes.append([f"{key}={v}" for v in override.sweep_string_iterator()])
+    return [list(p) for p in itertools.product(*axes)]
+
+
+def benchmark_overrides(cfg: DictConfig, data_dir: Path) -> list[str]:
+    """The sample in place of LoCoMo; the tiny LongMemEval file in place of the real one."""
+    if str(cfg.benchmark.name) == "longmemeval":
+        path = data_dir / "tiny_longmemeval.json"
+        if not path.exists():
+            path.write_text(json.dumps(tiny_longmemeval()))
+        return [f"benchmark.path={path}"]
+    return ["benchmark=sample"]
+
+
+def commands() -> Iterator[tuple[str, list[str]]]:
+    """(label, overrides): the methods with their figures, then every sweep point (figures
+    off: test_plots covers them, and they would take most of a scripted run's time)."""
+    for method in METHODS:
+        yield f"method={method}", [f"method={method}"]
+    for experiment in EXPERIMENTS:
+        for point in sweep_points(experiment):
+            label = " ".join([f"experiment={experiment}", *point])
+            yield label, [f"experiment={experiment}", *point, "report.plots=false"]
+
+
+COMMANDS = list(commands())
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One cache directory and one loaded encoder per model for the whole module."""
+    from structmem_gpu.embed import encoder as encoder_module
+
+    real_open = encoder_module.open_encoder
+    loaded: dict[str, Any] = {}
+
+    def open_once(cfg: Any, *, cache_dir: Path | None) -> Any:
+        key = json.dumps([dict(cfg), str(cache_dir)], sort_keys=True, default=str)
+        if key not in loaded:
+            loaded[key] = real_open(cfg, cache_dir=cache_dir)
+        return loaded[key]
+
+    import torch
+
+    threads = torch.get_num_threads()
+    # One thread: SEEM's fusion encodes a few frames per wavefront step, and on a busy machine
+    # torch's threads fight over the cores (a small encode is ~4x faster on one thread).
+    torch.set_num_threads(1)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(encoder_module, "open_encoder", open_once)
+    yield {"cache": tmp_path_factory.mktemp("cache"), "data": tmp_path_factory.mktemp("data"),
+           "runs": tmp_path_factory.mktemp("runs"), "done": {}}
+    mp.undo()
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_yaml_names_its_file_and_resolvable_stages(method: str) -> None:
+    cfg = _compose([f"method={method}", *PROFILE])
+    assert cfg.method.name == method, "method.name must be the file name (run dir, error lines)"
+    registry = stage_registry(cfg)
+    for name in registry:  # every stage it can run, the ones only `stages=[...]` lists too
+        got = registry[name].name
+        assert got == name, f"{method}: '{name}' maps to stage {got!r}"
+    assert set(cfg.method.stages) <= set(registry)
+
+
+@pytest.mark.parametrize(("label", "overrides"), COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict[str, Any]) -> None:
+    base = _compose([*overrides, *PROFILE])
+    cfg = _compose([*overrides, *PROFILE, *benchmark_overrides(base, shared["data"]),
+                    f"paths.cache_dir={shared['cache']}"])
+    check_config(cfg)  # what jobs/run.py checks before any stage runs
+    key = config_hash(cfg)
+    if key in shared["done"]:  # the same job as an earlier command: it ran there
+        run_dir = shared["done"][key]
+    else:
+        run_dir = shared["runs"] / f"run{len(shared['done'])}"
+        run_stages(cfg, run_dir, stage_registry(cfg))
+        shared["done"][key] = run_dir
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert report["method"] == str(cfg.method.name), label
+    assert (run_dir / "report" / "report.md").is_file()
+
+
+def test_every_experiment_has_a_point_and_the_ablation_sweep_all_six() -> None:
+    points = {e: sweep_points(e) for e in EXPERIMENTS}
+    assert all(points.values())
+    assert [p[0] for p in points["seem_ablations"]][-1] == "method=seem_no_eef_rpe"
+    assert len(points["seem_ablations"]) == 6
+
+
+def test_a_stage_that_cannot_be_imported_is_one_config_error(tmp_path: Path) -> None:
+    cfg = _compose(["method=flat", *PROFILE,
+                    "method.implementations.extract=structmem_gpu.methods.nope:STAGE"])
+    with pytest.raises(ConfigError) as err:
+        run_stages(cfg, tmp_path / "run", stage_registry(cfg))
+    msg = str(err.value)
+    assert "\n" not in msg and "conf/method/flat.yaml" in msg and "stage 'extract'" in msg
+    assert not (tmp_path / "run" / "tables").exists()  # nothing ran
+    cfg = _compose(["method=flat", *PROFILE, "method.stages=[load,extract,summarise]"])
+    names = r"conf/method/flat.yaml: method.stages names \['summarise'\]"
+    with pytest.raises(ConfigError, match=names):
+        stage_registry(cfg)
