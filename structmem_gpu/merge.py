@@ -336,7 +336,7 @@ def check_report_config(cfg: DictConfig, shards: Sequence[Shard]) -> None:
 
 def regenerate_report(cfg: DictConfig, out_dir: Path) -> Path | None:
     """Run the report stage on the merged directory (needs questions, answers, judgments)."""
-    from structmem_gpu.methods.registry import stage_registry
+    from structmem_gpu.methods.job import job_stages
     from structmem_gpu.pipeline import run_stages
 
     run = RunDir(out_dir)
@@ -349,7 +349,7 @@ def regenerate_report(cfg: DictConfig, out_dir: Path) -> Path | None:
         cfg.stages = [REPORT_STAGE]
         cfg.force = True
         cfg.shard_index, cfg.num_shards = 0, 1
-    run_stages(cfg, out_dir, stage_registry(str(cfg.method.name)))
+    run_stages(cfg, out_dir, job_stages(cfg))
     return run.report_dir / "report.json"
 
 

@@ -107,14 +107,14 @@ def run_pipeline(
     cfg: DictConfig, run_dir: Path, registry: Mapping[str, Any] | None = None
 ) -> float:
     """Run the configured stages into `run_dir` (forced: a bench always measures); wall seconds."""
-    from structmem_gpu.methods.registry import stage_registry
+    from structmem_gpu.methods.job import job_stages
     from structmem_gpu.pipeline import run_stages
 
     cfg = cfg.copy()
     OmegaConf.update(cfg, "force", True)
     t0 = time.perf_counter()
     run_stages(
-        cfg, run_dir, registry if registry is not None else stage_registry(str(cfg.method.name))
+        cfg, run_dir, registry if registry is not None else job_stages(cfg)
     )
     return time.perf_counter() - t0
 

@@ -100,11 +100,11 @@ def measure(conf_dir: Path, run_dir: Path, overrides: list[str], encoder: str) -
     import contextlib
 
     from structmem_gpu.bench.harness import compose, hashing_encoder, manifest_stages, run_pipeline
-    from structmem_gpu.methods.registry import stage_registry
+    from structmem_gpu.methods.job import job_stages
 
     cfg = compose(conf_dir, overrides)
     records: dict[str, dict[str, Any]] = {}
-    registry = instrumented(stage_registry(str(cfg.method.name)), records)
+    registry = instrumented(job_stages(cfg), records)
     ctx = hashing_encoder() if encoder == "hashing" else contextlib.nullcontext()
     with ctx:
         wall = run_pipeline(cfg, run_dir, registry)

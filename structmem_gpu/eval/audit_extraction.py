@@ -43,13 +43,12 @@ from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.audit_api import (
-    LLM_KEYS,
     ExtractionWindow,
     ExtractSettings,
     plan_from_settings,
 )
 from structmem_gpu.prompts import audit_extraction as prompt
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +156,7 @@ def judge_items(ctx: StageContext, items: Sequence[AuditItem], s: AuditSettings)
 
 
 def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s = AuditSettings.from_cfg(ctx.cfg)
+    s: AuditSettings = ctx.settings
     entries, turns = ctx.read("entries"), ctx.read("turns")
     sample = sample_entries(entries, s.extraction_sample_size, s.seed)
     # The extract stage's own windows for this config (token-packed or fixed), so the judge
@@ -198,7 +197,9 @@ STAGE = Stage(
     run=run_audit_extraction,
     reads=("entries", "turns"),
     writes=(EXTRACTION_TABLE,),
-    config_keys=("audit", "extract.turns_per_request", "extract.context_turns",
-                 "extract.window_tokens", *LLM_KEYS),
+    # The extract stage's windows (its node is checked with that stage's settings).
+    settings=AuditSettings,
+    depends=("extract.turns_per_request", "extract.context_turns", "extract.window_tokens",
+             *LLM_IDENTITY),
     extra_fingerprint=judge_panel_identity,
 )

@@ -76,6 +76,7 @@ METHODS: dict[str, dict[str, str]] = {
     "seem_no_ppr": _SEEM,
     "seem_no_rpe": _SEEM,
     "seem_no_eef": _SEEM,
+    "seem_no_eef_rpe": _SEEM,
 }
 
 
