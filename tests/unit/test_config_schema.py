@@ -3,6 +3,7 @@ typed settings; every bad value is one ConfigError line naming the key, before a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -63,6 +64,31 @@ def test_every_packaged_config_is_valid_and_every_key_has_a_rule(choice: str) ->
     uncovered = config_schema.uncovered(cfg, _all_stages())
     assert not uncovered, f"{choice}: keys without a typed settings field: {uncovered}"
     assert problems(cfg) == [], choice
+
+
+@pytest.mark.parametrize("method", sorted(f.stem for f in (CONF_DIR / "method").glob("*.yaml")))
+def test_every_dependency_of_a_stage_is_a_typed_key_of_its_job(method: str) -> None:
+    """What a stage depends on outside its node is checked by the job's models too."""
+    cfg = OmegaConf.to_container(compose_cfg([f"method={method}"]), resolve=True)
+    stages = _job_stages(cfg)
+    models = [config_schema.JobSettings, *(s.settings for s in stages if s.settings)]
+    for stage in stages:
+        for key in stage.depends:
+            assert any(_declares(m, key) for m in models), (stage.name, key)
+
+
+def _declares(model, key: str, nested: bool = False) -> bool:
+    """Whether `key` (dotted, from the config root) is a field of `model` at its node."""
+    if model.node and not nested:
+        if not key.startswith(model.node + "."):
+            return key == model.node
+        key = key[len(model.node) + 1:]
+    head, _, rest = key.partition(".")
+    field = next((f for f in dataclasses.fields(model) if f.name == head), None)
+    if field is None or field.metadata.get("external"):
+        return False
+    inner = field.metadata.get("model")
+    return not rest or (inner is not None and _declares(inner, rest, nested=True))
 
 
 BAD = [
