@@ -66,6 +66,15 @@ def test_every_packaged_config_is_valid_and_every_key_has_a_rule(choice: str) ->
     assert problems(cfg) == [], choice
 
 
+def test_a_key_without_a_typed_field_is_found() -> None:
+    cfg = OmegaConf.to_container(compose_cfg(["judge=panel_example"]), resolve=True)
+    cfg["extract"]["new_knob"] = 1
+    cfg["llm"]["budgets"]["new_budget"] = 2
+    cfg["judge"]["panel"][1]["llm"]["new_engine_arg"] = 3
+    assert config_schema.uncovered(cfg, _all_stages()) == [
+        "extract.new_knob", "llm.budgets.new_budget", "judge.panel.1.llm.new_engine_arg"]
+
+
 @pytest.mark.parametrize("method", sorted(f.stem for f in (CONF_DIR / "method").glob("*.yaml")))
 def test_every_dependency_of_a_stage_is_a_typed_key_of_its_job(method: str) -> None:
     """What a stage depends on outside its node is checked by the job's models too."""
