@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from structmem_gpu.artifacts import RunDir, atomic_write_text
 from structmem_gpu.analysis.agreement import judge_agreement

@@ -16,7 +16,6 @@ from omegaconf import OmegaConf
 from structmem_gpu import config_schema
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.methods.job import job_stages
-from structmem_gpu.methods.registry import stage_registry
 from tests.fixtures.pipeline import CONF_DIR, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
