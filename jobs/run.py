@@ -85,19 +85,20 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object) -> list[str]:
     """Check the config, then run the stages (or print the dry-run estimate). The names of the
     stages the job went through (none for a dry run)."""
     from structmem_gpu.config_schema import check_config
+    from structmem_gpu.methods.registry import stage_registry
 
-    check_config(cfg)  # types and ranges of every knob, before anything runs
+    registry = stage_registry(cfg)
+    # Types and ranges of every knob the job's stages (and every job) read, before anything runs.
+    check_config(cfg, registry.values())
     if cfg.get("dry_run"):  # estimate requests and tokens per stage; no server, no files
         from structmem_gpu.bench.dry_run import estimate, format_estimate
 
         print(format_estimate(estimate(cfg)))
         return []
-    from structmem_gpu.methods.registry import stage_registry
     from structmem_gpu.pipeline import job_stage_names, run_stages, stages_to_run
     from structmem_gpu.run_changes import log_changes
     from structmem_gpu.runlock import hold_run_dir
 
-    registry = stage_registry(cfg)
     # The lock first, then Hydra's record of the job: a second job on this directory must
     # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
     with hold_run_dir(run_dir), guard:  # type: ignore[attr-defined]

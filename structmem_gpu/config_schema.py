@@ -3,293 +3,264 @@
     python jobs/run.py consolidate.seed_k=abc
     error: config consolidate.seed_k='abc': expected an integer >= 0 (0 = off)   # exit 2
 
+The schema is the typed settings (structmem_gpu/settings.py): the nodes every job has are
+modelled here (`JobSettings`: root keys, benchmark, method, the llm config, embedder, index),
+and each stage's own node by the settings class beside the stage (`Stage.settings`). A job is
+checked against `JobSettings` and the settings of every stage its method has (stages run only
+when listed, such as the audits, included). A node that none of them reads (the `audit`
+block under method=seem, `seem:` keys a debug profile sets for a method that has no SEEM
+stage) cannot change the job's results and is not checked; tests/unit/test_config_schema.py
+fails when a key of any packaged config has no typed field in any model.
+
 Why not Hydra structured configs: method configs are `@package _global_` and each method adds
 its own top-level groups (`extract`, `seem`, `graph_memory` ...), experiments and debug
-profiles override across them, and judges embed whole llm configs; one dataclass tree would
-have to know every combination, and Hydra reports a type error with a traceback-like block and
-exit code 1. So the schema is a list of (dotted-key pattern, rule) pairs, first match wins,
-`*` matching any run of characters (dots included). Every leaf of every file in conf/ must match
-a rule (tests/unit/test_config_schema.py composes every group option), so a new knob without a
-rule fails CI; at run time a key without a rule is left alone.
-
-Ranges follow one convention: counts and k's are >= 0 where 0 switches the thing off, windows
-and budgets are >= 1 (or > 0 for seconds), rates and thresholds are in [0, 1].
+profiles override across them, and judges embed whole llm configs; Hydra would also report a
+type error with a traceback-like block and exit code 1 instead of one line and exit 2.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import logging
-from collections.abc import Iterator, Mapping, Sequence
+import copy
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from structmem_gpu.errors import ConfigError
+from structmem_gpu.settings import (
+    BOOL, COUNT, DICT, SIZE, STR, STR_OR_NULL, TOKENS, Enum, Float, Int, List, Settings,
+    covered, error_line, knob, leaves, problems as model_problems, sub, to_plain, without_unhashed,
+)
 
-log = logging.getLogger(__name__)
+
+
+class HasSettings(Protocol):
+    """What validation needs of a stage (structmem_gpu.stage.Stage, a layer above this one)."""
+
+    settings: type[Settings] | None
 
 
 @dataclass(frozen=True)
-class Rule:
-    """One value's type and range. `kind`: int | float | bool | str | list | dict | any."""
+class LLMBudgets(Settings):
+    """llm.budgets: a profile's reply and context budgets, read by the stage nodes through
+    ${llm.budgets.*} interpolations (conf/method/structmem.yaml); absent = the node's default."""
 
-    kind: str
-    ge: float | None = None
-    le: float | None = None
-    gt: float | None = None
-    choices: tuple[Any, ...] | None = None
-    null: bool = False
-    item: "Rule | None" = None  # lists: every item's rule
-    note: str = ""
-
-    def problem(self, value: Any) -> str | None:
-        """None when `value` is allowed, else what is allowed (for the error line)."""
-        if value is None:
-            return None if self.null else f"a value is required: {self.describe()}"
-        ok = _type_ok(self.kind, value)
-        if ok and self.choices is not None and value not in self.choices:
-            ok = False
-        if ok and self.kind in ("int", "float"):
-            ok = ((self.ge is None or value >= self.ge) and (self.le is None or value <= self.le)
-                  and (self.gt is None or value > self.gt))
-        if ok and self.kind == "list" and self.item is not None:
-            bad = [v for v in value if self.item.problem(v) is not None]
-            ok = not bad
-        return None if ok else f"expected {self.describe()}"
-
-    def describe(self) -> str:
-        if self.choices is not None:
-            text = "one of " + ", ".join(repr(c) for c in self.choices)
-        elif self.kind == "list":
-            text = "a list" + (f" of {self.item.describe()}" if self.item else "")
-        else:
-            text = {"int": "an integer", "float": "a number", "bool": "true or false",
-                    "str": "a string", "dict": "a mapping", "any": "any value"}[self.kind]
-            bounds = [f">= {_num(self.ge)}" if self.ge is not None else "",
-                      f"> {_num(self.gt)}" if self.gt is not None else "",
-                      f"<= {_num(self.le)}" if self.le is not None else ""]
-            text += " " + " and ".join(b for b in bounds if b) if any(bounds) else ""
-        if self.null:
-            text += " or null"
-        return text.strip() + (f" ({self.note})" if self.note else "")
+    extract_max_tokens: int | None = knob(TOKENS, None)
+    extract_max_items: int | None = knob(Int(ge=1, null=True), None)
+    extract_max_item_chars: int | None = knob(SIZE, None)
+    synthesis_max_tokens: int | None = knob(TOKENS, None)
+    answer_max_tokens: int | None = knob(TOKENS, None)
+    reader_entries_k: int | None = knob(Int(ge=0), None)
+    reader_syntheses_k: int | None = knob(Int(ge=0), None)
+    worked_example: bool | None = knob(BOOL, None)
 
 
-def _num(x: float | None) -> str:
-    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+# Where and how a server is reached or restarted: never part of a fingerprint or the config hash.
+_LAUNCH = {"hashed": False}
 
 
-def _type_ok(kind: str, value: Any) -> bool:
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "list":
-        return isinstance(value, (list, tuple))
-    if kind == "dict":
-        return isinstance(value, Mapping)
-    return True
+@dataclass(frozen=True)
+class LLMSettings(Settings):
+    """One llm config (conf/llm/*.yaml): the job's `llm`, `judge.llm`, `judge.*_llm` and each
+    judge panel member's `llm`. Keys a backend does not use are absent (None here)."""
+
+    node: ClassVar[str] = "llm"
+
+    backend: str = knob(Enum("llamacpp", "vllm_server", "vllm_offline", "external", "scripted"))
+    model: str | None = knob(STR_OR_NULL, None)
+    served_name: str | None = knob(STR_OR_NULL, None)
+    revision: str | None = knob(STR_OR_NULL, None)
+    base_url: str | None = knob(STR_OR_NULL, None, **_LAUNCH)
+    api_key_env: str | None = knob(STR_OR_NULL, None)
+    api_flavor: str | None = knob(Enum("vllm", "llamacpp", null=True), None)
+    max_in_flight: int | None = knob(SIZE, None, **_LAUNCH)
+    request_timeout_s: float | None = knob(Float(gt=0), None, **_LAUNCH)
+    max_retries: int | None = knob(COUNT, None)
+    retry_backoff_s: float | None = knob(Float(ge=0), None)
+    startup_timeout_s: float | None = knob(Float(gt=0), None, **_LAUNCH)
+    max_restarts: int | None = knob(Int(ge=0, note="0 = never replace a dead server"), None, **_LAUNCH)
+    repair_attempts: int | None = knob(COUNT, None)
+    seed: int | None = knob(Int(ge=0, null=True), None)
+    progress: bool | None = knob(BOOL, None)
+    n_ctx: int | None = knob(Int(ge=256), None)
+    n_threads: int | None = knob(SIZE, None)
+    tensor_parallel_size: int | None = knob(SIZE, None)
+    data_parallel_size: int | None = knob(SIZE, None)
+    max_model_len: int | None = knob(Int(ge=256, null=True), None)
+    gpu_memory_utilization: float | None = knob(Float(gt=0, le=1), None)
+    max_num_seqs: int | None = knob(Int(ge=1, null=True), None)
+    extra_args: tuple[str, ...] | None = knob(List(STR), None)
+    extra_body: dict[str, Any] | None = knob(DICT, None)
+    chat_template_kwargs: dict[str, Any] | None = knob(DICT, None)
+    budgets: LLMBudgets | None = sub(LLMBudgets, null=True, default=None)
+    server_python: str | None = knob(STR_OR_NULL, None)
+    vllm_entrypoint: str | None = knob(Enum("serve", "module"), None)
+    convert_from_gguf: str | None = knob(STR_OR_NULL, None)
+    server_env: dict[str, Any] | None = knob(DICT, None)
+    engine_kwargs: dict[str, Any] | None = knob(DICT, None)
 
 
-def Int(ge: float | None = None, le: float | None = None, *, null: bool = False, note: str = "") -> Rule:
-    return Rule("int", ge=ge, le=le, null=null, note=note)
+@dataclass(frozen=True)
+class BenchmarkSettings(Settings):
+    node: ClassVar[str] = "benchmark"
+
+    name: str = knob(Enum("locomo", "longmemeval", "sample"))
+    path: str | None = knob(STR_OR_NULL, None)
+    conversations: tuple[Any, ...] | None = knob(List(null=True), None)
+    max_sessions: int | None = knob(Int(ge=1, null=True), None)
+    categories: tuple[int, ...] | None = knob(List(Int(ge=1), null=True), None)
 
 
-def Float(ge: float | None = None, le: float | None = None, *, gt: float | None = None,
-          null: bool = False, note: str = "") -> Rule:
-    return Rule("float", ge=ge, le=le, gt=gt, null=null, note=note)
+@dataclass(frozen=True)
+class MethodImplementations(Settings):
+    """method.implementations: stage name -> "module:ATTR" of a Stage, or null to drop a stage
+    inherited from another method YAML (structmem_gpu/methods/registry.py)."""
+
+    open_keys: ClassVar[Mapping[str, Any]] = {"*": STR_OR_NULL}
 
 
-def Enum(*choices: Any, null: bool = False) -> Rule:
-    kind = "bool" if all(isinstance(c, bool) for c in choices) else "any"
-    return Rule(kind, choices=tuple(choices), null=null)
+@dataclass(frozen=True)
+class MethodSettings(Settings):
+    node: ClassVar[str] = "method"
+
+    name: str = knob(STR)
+    stages: tuple[str, ...] = knob(List(STR))
+    implementations: MethodImplementations = sub(MethodImplementations)
 
 
-def List(item: Rule | None = None, *, null: bool = False) -> Rule:
-    return Rule("list", item=item, null=null)
+@dataclass(frozen=True)
+class EmbedderInstructions(Settings):
+    """Instruction per use (embedder.instructions); part of the embedding cache key."""
+
+    entry: str | None = knob(STR_OR_NULL, None)
+    query: str | None = knob(STR_OR_NULL, None)
+    fact: str | None = knob(STR_OR_NULL, None)
+    passage: str | None = knob(STR_OR_NULL, None)
 
 
-BOOL = Rule("bool")
-STR = Rule("str")
-STR_OR_NULL = Rule("str", null=True)
-ANY = Rule("any", null=True)
-DICT = Rule("dict", null=True)
-COUNT = Int(ge=0, note="0 = off")  # k's and optional counts
-SIZE = Int(ge=1)  # budgets, windows, batch sizes
-TOKENS = Int(ge=1, note="reply budget in tokens")
-RATE = Float(ge=0, le=1)
-TEMPERATURE = Float(ge=0, le=2)
+@dataclass(frozen=True)
+class EmbedderSettings(Settings):
+    node: ClassVar[str] = "embedder"
 
-# Keys of one llm config (conf/llm/*.yaml); also applied to judge llms (judge.llm, panel members).
-LLM_RULES: list[tuple[str, Rule]] = [
-    ("backend", Enum("llamacpp", "vllm_server", "vllm_offline", "external", "scripted")),
-    ("model", STR_OR_NULL), ("served_name", STR_OR_NULL), ("revision", STR_OR_NULL),
-    ("base_url", STR_OR_NULL), ("api_key_env", STR_OR_NULL),
-    ("api_flavor", Enum("vllm", "llamacpp", null=True)),
-    ("max_in_flight", SIZE), ("request_timeout_s", Float(gt=0)), ("max_retries", COUNT),
-    ("retry_backoff_s", Float(ge=0)), ("startup_timeout_s", Float(gt=0)),
-    ("max_restarts", Int(ge=0, note="0 = never replace a dead server")),
-    ("repair_attempts", COUNT), ("seed", Int(ge=0, null=True)), ("progress", BOOL),
-    ("n_ctx", Int(ge=256)), ("n_threads", SIZE), ("tensor_parallel_size", SIZE),
-    ("data_parallel_size", SIZE), ("max_model_len", Int(ge=256, null=True)),
-    ("gpu_memory_utilization", Float(gt=0, le=1)), ("max_num_seqs", Int(ge=1, null=True)),
-    ("extra_args", List(STR)), ("extra_body", DICT), ("extra_body.*", ANY),
-    ("chat_template_kwargs", DICT), ("chat_template_kwargs.*", ANY),
-    # budgets of the profile (read by extract/consolidate/retrieve/answer via ${llm.budgets.*})
-    ("budgets", DICT), ("budgets.*_max_tokens", TOKENS),
-    ("budgets.extract_max_items", Int(ge=1, null=True)), ("budgets.worked_example", BOOL),
-    ("budgets.extract_max_item_chars", SIZE), ("budgets.reader_*_k", Int(ge=0)),
-    ("server_python", STR_OR_NULL), ("vllm_entrypoint", Enum("serve", "module")),
-    ("convert_from_gguf", STR_OR_NULL), ("server_env", DICT), ("server_env.*", ANY),
-    ("engine_kwargs", DICT), ("engine_kwargs.*", ANY),
-]
-
-RULES: list[tuple[str, Rule]] = [
-    # root
-    ("stages", List(STR, null=True)), ("force", BOOL), ("dry_run", BOOL),
-    ("shard_index", Int(ge=0)), ("num_shards", SIZE),
-    ("cache.llm", BOOL), ("cache.embeddings", BOOL),
-    ("preempt.grace_s", Float(ge=0)), ("preempt.exit_code", Int(ge=1, le=255)),
-    ("report.bootstrap_resamples", COUNT), ("report.bootstrap_seed", Int(ge=0)),
-    ("report.max_parse_failure_rate", RATE), ("report.plots", BOOL),
-    ("paths.*", STR),
-    # benchmark
-    ("benchmark.name", Enum("locomo", "longmemeval", "sample")),
-    ("benchmark.path", STR_OR_NULL), ("benchmark.conversations", List(null=True)),
-    ("benchmark.max_sessions", Int(ge=1, null=True)),
-    ("benchmark.categories", List(Int(ge=1), null=True)),
-    # method
-    ("method.name", STR), ("method.stages", List(STR)), ("method.implementations.*", STR_OR_NULL),
-    ("prompts.reference_dir", STR_OR_NULL),
-    ("extract.turns_per_request", SIZE), ("extract.context_turns", COUNT),
-    ("extract.window_tokens", Int(ge=1, null=True, note="null = fixed turn windows")),
-    ("extract.prompt_variant", Enum("default", "grounded")), ("extract.worked_example", BOOL),
-    ("extract.perspectives", List(Enum("fact", "relation"))),
-    ("extract.max_items", Int(ge=1, null=True)), ("extract.max_item_chars", SIZE),
-    ("consolidate.enabled", BOOL), ("consolidate.window_seconds", Float(gt=0)),
-    ("consolidate.seed_k", COUNT), ("consolidate.seed_exclude_buffer", BOOL), ("consolidate.seed_scope", Enum("historical", "global")),
-    ("consolidate.query_mode", Enum("concat", "mean")),
-    ("consolidate.prompt_variant", Enum("constrained", "unconstrained")),
-    ("retrieve.*_k", COUNT),
-    ("answer.prompt", STR), ("answer.context_tokens", SIZE),
-    ("answer.protocol", Enum("paper", "reasoned")), ("judge.protocol", Enum("paper", "reasoned")),
-    ("answer.entry_layout", Enum("speakers", "rank")), ("answer.speaker_groups", SIZE),
-    ("debug_profile", Enum("ci", "scripted", null=True)),
-    ("graph_memory.entity_types", List(STR)), ("graph_memory.turns_per_request", SIZE),
-    ("graph_memory.*threshold", RATE), ("graph_memory.*_k", COUNT),
-    ("graph_memory.max_*", SIZE),
-    ("seem.ablation.*", BOOL), ("seem.passages_per_request", SIZE),
-    ("seem.fusion.window", SIZE), ("seem.fusion.skip_judge_below", Float(ge=0, le=1, null=True)),
-    ("seem.fusion.strict_two_call", BOOL), ("seem.graph.edge_doubling", BOOL),
-    ("seem.graph.fact_dedup_threshold", Float(ge=0, le=1, null=True)),
-    ("seem.graph.synonymy_k", SIZE), ("seem.graph.synonymy_max_per_entity", SIZE),
-    ("seem.graph.synonymy_min_alnum", COUNT), ("seem.*threshold", RATE),
-    ("seem.retrieve.damping", Float(gt=0, le=1)),
-    ("seem.retrieve.fact_filter", BOOL), ("seem.retrieve.passage_weight", Float(ge=0)),
-    ("seem.retrieve.rpe_factor", Float(ge=0)), ("seem.retrieve.*_k", COUNT),
-    ("seem.retrieve.filter_max", SIZE),
-    ("seem.*chars", SIZE), ("seem.*max_*", SIZE),
-    # embedder / index
-    ("embedder.model", STR_OR_NULL), ("embedder.device", STR), ("embedder.fp16", BOOL),
-    ("embedder.batch_size", SIZE), ("embedder.trust_remote_code", BOOL),
-    ("embedder.instructions", DICT), ("embedder.instructions.*", STR_OR_NULL), ("embedder.long_texts", Enum("chunk", "truncate")), ("embedder.max_seq_length", Int(ge=1, null=True)),
-    ("index.use_gpu", Enum("auto", True, False)), ("index.gpu_max_k", SIZE),
-    # judge (its llm configs are checked with LLM_RULES, see _llm_prefixes)
-    ("judge.name", STR), ("judge.llm", DICT), ("judge.panel", List(DICT, null=True)),
-    ("judge.*_llm", DICT),
-    # audits
-    ("audit.seed", Int(ge=0)), ("audit.extraction.sample_size", Int(ge=1, null=True)),
-    ("audit.*chars", SIZE), ("audit.*.max_links", SIZE),
-    # generic knobs shared by many stages (after the specific ones above)
-    ("*.max_tokens", TOKENS), ("*.max_tokens.*", TOKENS), ("*.temperature", TEMPERATURE),
-    ("*_chars", SIZE),
-]
+    model: str | None = knob(STR_OR_NULL)
+    device: str = knob(STR)
+    fp16: bool = knob(BOOL)
+    batch_size: int = knob(SIZE)
+    trust_remote_code: bool = knob(BOOL)
+    long_texts: str = knob(Enum("chunk", "truncate"))
+    instructions: EmbedderInstructions | None = sub(EmbedderInstructions, null=True, default=None)
+    max_seq_length: int | None = knob(Int(ge=1, null=True), None)
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, Mapping) and node:
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, node
+@dataclass(frozen=True)
+class IndexSettings(Settings):
+    node: ClassVar[str] = "index"
+
+    use_gpu: Any = knob(Enum("auto", True, False))
+    gpu_max_k: int = knob(SIZE)
 
 
-def _llm_prefixes(cfg: Mapping[str, Any]) -> list[str]:
-    """Dotted paths of every llm config in the tree (the job's, judges', panel members')."""
-    out = ["llm"]
-    judge = cfg.get("judge") or {}
-    if isinstance(judge, Mapping):
-        out += [f"judge.{k}" for k, v in judge.items()
-                if (k == "llm" or k.endswith("_llm")) and isinstance(v, Mapping)]
-        for i, member in enumerate(judge.get("panel") or []):
-            if isinstance(member, Mapping) and isinstance(member.get("llm"), Mapping):
-                out.append(f"judge.panel.{i}.llm")
+@dataclass(frozen=True)
+class CacheSettings(Settings):
+    llm: bool = knob(BOOL)
+    embeddings: bool = knob(BOOL)
+
+
+@dataclass(frozen=True)
+class PreemptSettings(Settings):
+    grace_s: float = knob(Float(ge=0))
+    exit_code: int = knob(Int(ge=1, le=255))
+
+
+@dataclass(frozen=True)
+class PromptsSettings(Settings):
+    reference_dir: str | None = knob(STR_OR_NULL, None)
+
+
+@dataclass(frozen=True)
+class PathsSettings(Settings):
+    open_keys: ClassVar[Mapping[str, Any]] = {"*": STR}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSettings(Settings):
+    """The nodes of every job's config that no stage owns (conf/config.yaml and its groups).
+    hashed=False: where a run lives and how it is launched never changes what it computes."""
+
+    stages: tuple[str, ...] | None = knob(List(STR, null=True), None, hashed=False)
+    force: bool = knob(BOOL, False, hashed=False)
+    dry_run: bool = knob(BOOL, False, hashed=False)
+    # Shards of one job share the config hash; the load stage depends on them (its tables differ).
+    shard_index: int = knob(Int(ge=0), 0, hashed=False)
+    num_shards: int = knob(SIZE, 1, hashed=False)
+    debug_profile: str | None = knob(Enum("ci", "scripted", null=True), None)
+    prompts: PromptsSettings | None = sub(PromptsSettings, null=True, default=None)
+    cache: CacheSettings | None = sub(CacheSettings, null=True, default=None)
+    preempt: PreemptSettings | None = sub(PreemptSettings, null=True, default=None, hashed=False)
+    paths: PathsSettings | None = sub(PathsSettings, null=True, default=None, hashed=False)
+    run_dir: str | None = knob(STR_OR_NULL, None, hashed=False)
+    benchmark: BenchmarkSettings = sub(BenchmarkSettings)
+    method: MethodSettings = sub(MethodSettings)
+    llm: LLMSettings = sub(LLMSettings)
+    embedder: EmbedderSettings = sub(EmbedderSettings)
+    index: IndexSettings = sub(IndexSettings)
+
+    def check(self) -> list[str]:
+        if not 0 <= self.shard_index < self.num_shards:
+            return [f"shard_index={self.shard_index!r}: expected 0 <= shard_index < num_shards "
+                    f"({self.num_shards})"]
+        return []
+
+
+SKIPPED_TOP_KEYS = ("hydra",)  # Hydra's own node: its launcher/sweeper, never a knob of ours
+
+
+def _models(stages: Iterable[HasSettings]) -> list[type[Settings]]:
+    out: list[type[Settings]] = [JobSettings]
+    for stage in stages:
+        if stage.settings is not None and stage.settings not in out:
+            out.append(stage.settings)
     return out
 
 
-def rule_for(key: str, llm_prefixes: Sequence[str] = ("llm",)) -> Rule | None:
-    for prefix in llm_prefixes:
-        if key.startswith(prefix + "."):
-            sub = key[len(prefix) + 1:]
-            return next((r for p, r in LLM_RULES if fnmatch.fnmatchcase(sub, p)), None)
-    return next((r for p, r in RULES if fnmatch.fnmatchcase(key, p)), None)
+def _node(data: Mapping[str, Any], model: type[Settings]) -> Any:
+    node: Any = data
+    for part in model.node.split(".") if model.node else ():
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
 
 
-def flatten(cfg: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """(dotted key, value) of every checked leaf; panel members' llm dicts are walked too."""
-    out: list[tuple[str, Any]] = []
-    for key, value in _leaves(cfg):
-        if key == "hydra" or key.startswith("hydra."):
-            continue
-        out.append((key, value))
-    judge = cfg.get("judge") or {}
-    panel = judge.get("panel") if isinstance(judge, Mapping) else None
-    for i, member in enumerate(panel or []):
-        if isinstance(member, Mapping):
-            out += [(f"judge.panel.{i}.{k}", v) for k, v in _leaves(member)
-                    if k.startswith("llm.")]
-            if not isinstance(member.get("name"), str):
-                out.append((f"judge.panel.{i}.name", member.get("name")))
-    return out
+def problems(data: Mapping[str, Any], stages: Iterable[HasSettings] = ()) -> list[str]:
+    """Every violation as one line `key=value: expected ...` (empty when the config is fine):
+    the job's nodes, then each stage's node (a key read by two stages is reported once)."""
+    data = {k: v for k, v in data.items() if k not in SKIPPED_TOP_KEYS}
+    found: list[str] = []
+    for model in _models(stages):
+        node = _node(data, model)
+        if node is None and model.node:
+            node = {}  # an absent node: each required field is named as missing
+        for line in model_problems(model, node, model.node, data):
+            if line not in found:
+                found.append(line)
+    return found
 
 
-def problems(cfg: Mapping[str, Any]) -> list[str]:
-    """Every violation as one line `key=value: expected ...` (empty when the config is fine)."""
-    prefixes = _llm_prefixes(cfg)
-    out = []
-    for key, value in flatten(cfg):
-        if key.startswith("judge.panel.") and key.endswith(".name"):
-            out.append(f"{key}={value!r}: expected a string (each panel member needs a name)")
-            continue
-        rule = rule_for(key, prefixes)
-        if rule is None:
-            log.debug("config key %s has no schema rule; not checked", key)
-            continue
-        why = rule.problem(value)
-        if why:
-            out.append(f"{key}={value!r}: {why}")
-    shard, n = cfg.get("shard_index"), cfg.get("num_shards")
-    if isinstance(shard, int) and isinstance(n, int) and n >= 1 and not 0 <= shard < n:
-        out.append(f"shard_index={shard!r}: expected 0 <= shard_index < num_shards ({n})")
-    return out
+def uncovered(data: Mapping[str, Any], stages: Iterable[HasSettings]) -> list[str]:
+    """Leaves of `data` that no typed field of these stages' settings (or JobSettings) declares."""
+    data = {k: v for k, v in data.items() if k not in SKIPPED_TOP_KEYS}
+    seen: set[str] = set()
+    for model in _models(stages):
+        seen |= covered(model, _node(data, model), model.node, data)
+    return [k for k in leaves(data) if k not in seen]
 
 
-def check_config(cfg: Any) -> None:
+def check_config(cfg: Any, stages: Iterable[HasSettings] = ()) -> None:
     """Raise ConfigError naming the first bad key (and how many more) before any stage runs."""
-    if hasattr(cfg, "_metadata"):
-        from omegaconf import OmegaConf
-
-        try:
-            data = OmegaConf.to_container(cfg, resolve=True)
-        except Exception as e:  # an interpolation that cannot resolve (missing env var ...)
-            raise ConfigError(f"config: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    else:
-        data = cfg
-    assert isinstance(data, Mapping)
-    found = problems(data)
+    found = problems(to_plain(cfg), list(stages))
     if found:
-        more = f" (and {len(found) - 1} more: {'; '.join(found[1:4])})" if len(found) > 1 else ""
-        raise ConfigError(f"config {found[0]}{more}")
+        raise ConfigError(error_line(found))
+
+
+def hashed_view(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` without JobSettings' hashed=False fields and Hydra's node (the config hash)."""
+    out = without_unhashed(JobSettings, copy.deepcopy(dict(data)))
+    return {k: v for k, v in out.items() if k not in SKIPPED_TOP_KEYS}

@@ -4,7 +4,7 @@
     python jobs/run.py stages=[judge,report] judge=other ...      # re-judge an existing run
 
 A stage is skipped when its manifest entry is `done` with the same fingerprint (stage version,
-the config keys it declares, the hashes of its input tables) and its output tables are intact.
+its settings and dependencies, the hashes of its input tables) and its output tables are intact.
 `force=true` recomputes every listed stage; the LLM and embedding caches still apply.
 """
 
@@ -18,35 +18,40 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from structmem_gpu.artifacts import RunDir, git_commit, now_iso, package_versions
 from structmem_gpu import preempt
+from structmem_gpu.config_schema import hashed_view
 from structmem_gpu.errors import ConfigError, MissingTableError, StageIncompleteError
 from structmem_gpu.hashing import file_sha256, stable_hash
-from structmem_gpu.result_keys import EXCLUDED_KEYS, LAUNCH_TOP_KEYS, SHARD_KEYS
 from structmem_gpu.runlock import hold_run_dir
+from structmem_gpu.settings import externals, fingerprint_dict, to_plain
 from structmem_gpu.stage import Backends, Stage, StageContext, select_config
 
 log = logging.getLogger(__name__)
 
-# Never part of a fingerprint or of the config hash: where a run lives and how it is launched
-# does not change what it computes (structmem_gpu/result_keys.py is the one list;
-# docs/design.md "Resume").
-EXCLUDED_TOP_KEYS = (*LAUNCH_TOP_KEYS, *SHARD_KEYS)
-
 
 def config_hash(cfg: DictConfig) -> str:
-    """Hash of everything that changes results (shards of one job must share it)."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(data, dict)
-    for key in EXCLUDED_TOP_KEYS:
-        data.pop(key, None)
-    for dotted in EXCLUDED_KEYS:
-        head, _, tail = dotted.partition(".")
-        if isinstance(data.get(head), dict):
-            data[head].pop(tail, None)
-    return stable_hash(data)
+    """Hash of everything that changes results (shards of one job must share it): the config
+    minus JobSettings' hashed=False fields (paths, stages, force, shards, dry_run, preempt,
+    the llm's connection settings) and Hydra's own node."""
+    return stable_hash(hashed_view(to_plain(cfg)))
+
+
+def stage_config(stage: Stage, cfg: DictConfig) -> dict[str, Any]:
+    """What a stage's output depends on in the config, as the manifest records it: its
+    settings' hashed fields under their node ("" = at the top), the fields it reads from
+    outside the node under their own dotted keys, then its `depends` keys."""
+    out: dict[str, Any] = {}
+    if stage.settings is not None:
+        values = fingerprint_dict(stage.settings.from_cfg(cfg))
+        ext = externals(stage.settings)
+        outside = {ext[name]: values.pop(name) for name in list(values) if name in ext}
+        out.update({stage.settings.node: values} if stage.settings.node else values)
+        out.update(outside)
+    out.update(select_config(cfg, stage.depends))
+    return out
 
 
 def fingerprint(stage: Stage, cfg: DictConfig, run: RunDir) -> str:
@@ -62,7 +67,7 @@ def fingerprint(stage: Stage, cfg: DictConfig, run: RunDir) -> str:
     for name in stage.optional_reads:
         if run.has_table(name):
             inputs[name] = file_sha256(run.table_path(name))
-    values = select_config(cfg, [k for k in stage.config_keys if k not in EXCLUDED_KEYS])
+    values = stage_config(stage, cfg)
     extra = stage.extra_fingerprint(cfg) if stage.extra_fingerprint else None
     return stable_hash(stage.name, stage.version, values, inputs, extra)
 
@@ -183,7 +188,7 @@ def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, hea
     cost["overhead_share"] = round(max(wall - busy, 0.0) / wall, 4) if wall > 0 else 0.0
     run.record_stage(stage.name, {
         "status": "done", "fingerprint": fp, "version": stage.version, "started": started,
-        "finished": now_iso(), "config": select_config(cfg, stage.config_keys),
+        "finished": now_iso(), "config": stage_config(stage, cfg),
         "outputs": run.output_info(list(stage.writes)), "build_cost": cost, "notes": ctx.notes,
     }, header)
     log.info("stage %-12s done in %.1fs (%d LLM calls, %d cached)", stage.name, wall, cost["calls"], cost["cache_hits"])
@@ -202,7 +207,7 @@ def _record_incomplete(stage: Stage, cfg: DictConfig, run: RunDir, ctx: StageCon
     endpoints = sorted(ctx.unanswered_endpoints)
     run.record_stage(stage.name, {
         "status": "incomplete", "fingerprint": fp, "version": stage.version, "started": started,
-        "finished": now_iso(), "config": select_config(cfg, stage.config_keys),
+        "finished": now_iso(), "config": stage_config(stage, cfg),
         "unanswered": len(ids), "requests": log_rows.height, "unanswered_request_ids": ids[:100],
         "errors": errors, "endpoints": endpoints, "notes": ctx.notes,
     }, header)

@@ -1,5 +1,6 @@
-"""Which configuration keys can change a result: the one list behind the config hash, the run
-directory's name and the "changed keys" log.
+"""Which configuration keys can change a result, for the run directory's name and the "changed
+keys" log: the typed fields marked hashed=False (config_schema.JobSettings, LLMSettings), which
+the config hash and every stage fingerprint leave out too.
 
 Where a run lives, how it is launched and how fast its requests go never change what it
 computes, so none of these keys enters a fingerprint, the config hash or a run directory name:
@@ -10,15 +11,23 @@ computes, so none of these keys enters a fingerprint, the config hash or a run d
 
 from __future__ import annotations
 
-# Top-level nodes that say where and how a job runs (README "Running jobs").
-LAUNCH_TOP_KEYS = ("hydra", "paths", "stages", "force", "dry_run", "run_dir", "preempt")
+import dataclasses
+
+from structmem_gpu.config_schema import SKIPPED_TOP_KEYS, JobSettings, LLMSettings
+
+
+def _unhashed(model: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(model) if not f.metadata.get("hashed", True))
+
+
 # Shards of one job compute parts of one result: one config hash, but their own directories.
 SHARD_KEYS = ("shard_index", "num_shards")
-# Serving knobs of an llm config (the job's, a judge's, a panel member's): same replies.
-SERVING_KEYS = ("base_url", "max_in_flight", "request_timeout_s", "startup_timeout_s",
-                "max_restarts")
-# What the config hash drops besides the top keys (dotted, under `llm`).
-EXCLUDED_KEYS = tuple(f"llm.{k}" for k in SERVING_KEYS)
+# Top-level nodes that say where and how a job runs (README "Running jobs"): the typed fields
+# marked hashed=False in config_schema.JobSettings, and Hydra's own node.
+LAUNCH_TOP_KEYS = (*SKIPPED_TOP_KEYS, *(k for k in _unhashed(JobSettings) if k not in SHARD_KEYS))
+# Serving knobs of an llm config (the job's, a judge's, a panel member's): same replies
+# (the hashed=False fields of config_schema.LLMSettings).
+SERVING_KEYS = _unhashed(LLMSettings)
 # Keys that change no table of a run directory but only what is kept beside them: caches
 # (replies and embeddings are the same either way) and report figures.
 NO_TABLE_KEYS = ("cache", "report.plots")

@@ -6,16 +6,21 @@
         return {"entries": entries_frame}
 
     STAGE = Stage(name="extract", run=run_extract, reads=("turns",), writes=("entries",),
-                  config_keys=("extract", "llm.model", ...))
+                  settings=ExtractSettings, depends=LLM_IDENTITY)
 
-The pipeline (pipeline.py) decides whether to run a stage (fingerprint of `config_keys` values
-plus the hashes of the `reads` tables), writes the returned tables atomically, replaces the
-stage's rows in requests.parquet and writes the manifest entry last.
+`settings` is the stage's typed settings class (structmem_gpu/settings.py), built from its
+config node (`settings.node`) and read by the stage as `ctx.settings`; `depends` names the
+dotted keys outside that node whose values change its output (the model that writes its rows,
+the benchmark's category selection ...). The pipeline (pipeline.py) decides whether to run a
+stage (fingerprint of its settings, its dependencies and the hashes of the `reads` tables),
+writes the returned tables atomically, replaces the stage's rows in requests.parquet and
+writes the manifest entry last.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +35,7 @@ from structmem_gpu.artifacts import RunDir
 
 if TYPE_CHECKING:
     from structmem_gpu.embed.encoder import Encoder
+    from structmem_gpu.settings import Settings
     from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 
 log = logging.getLogger(__name__)
@@ -41,11 +47,25 @@ class Stage:
     run: Callable[["StageContext"], Mapping[str, pl.DataFrame]]
     reads: tuple[str, ...] = ()  # tables of this run directory the stage needs (fingerprinted)
     writes: tuple[str, ...] = ()  # tables it returns (all of them, every time)
-    config_keys: tuple[str, ...] = ()  # dotted config keys it reads (fingerprinted)
+    # Its typed settings (a Settings dataclass; None = the stage has no knobs of its own).
+    settings: "type[Settings] | None" = None
+    # Dotted keys outside its settings' node that it depends on (fingerprinted, validated by
+    # the models that own them: config_schema.JobSettings).
+    depends: tuple[str, ...] = ()
     version: str = "1"  # bump when the stage's code changes its output for the same inputs
     optional_reads: tuple[str, ...] = ()  # read when present (fingerprinted when present)
     # Extra fingerprint material computed from the config (e.g. the sha256 of an input file).
     extra_fingerprint: Callable[[DictConfig], Any] | None = None
+
+
+# The model that wrote a stage's rows (the llm-config keys that change replies: the model,
+# its sampling seed and request extras; a different one must recompute the stage) and the
+# encoder identity behind its vectors. Connection settings (base_url, max_in_flight,
+# timeouts, restarts) are part of neither.
+LLM_IDENTITY = ("llm.backend", "llm.model", "llm.served_name", "llm.revision", "llm.seed",
+                "llm.api_flavor", "llm.extra_body", "llm.chat_template_kwargs")
+EMBEDDER_IDENTITY = ("embedder.model", "embedder.max_seq_length", "embedder.instructions",
+                     "embedder.trust_remote_code", "embedder.long_texts")
 
 
 def select_config(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
@@ -133,6 +153,12 @@ class StageContext:
     # stopping); non-empty = the stage is incomplete (pipeline.py), never "done". Which requests
     # they were is in request_frames (column `unanswered`).
     unanswered_endpoints: set[str] = field(default_factory=set)
+
+    @functools.cached_property
+    def settings(self) -> Any:
+        """The stage's typed settings for this job (built once, from the checked config)."""
+        cls = self.stage.settings
+        return None if cls is None else cls.from_cfg(self.cfg)
 
     def read(self, name: str) -> pl.DataFrame:
         return self.run.read_table(name, needed_by=self.stage.name)

@@ -39,7 +39,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
@@ -48,23 +48,14 @@ from structmem_gpu import schemas
 from structmem_gpu.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Settings, knob
+from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
 OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns")
-# The llm-config keys that change replies (same set as the response-cache key plus sampling
-# seed); connection settings such as base_url or max_in_flight never enter a fingerprint.
-LLM_IDENTITY_KEYS = (
-    "backend",
-    "model",
-    "served_name",
-    "revision",
-    "seed",
-    "api_flavor",
-    "extra_body",
-    "chat_template_kwargs",
-)
+# The llm-config keys that change replies, within one llm config (a judge's, a panel member's).
+LLM_IDENTITY_KEYS = tuple(k.removeprefix("llm.") for k in LLM_IDENTITY)
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)
 # answer.protocol values (see the module docstring).
 PROTOCOLS = ("paper", "reasoned")
@@ -160,19 +151,30 @@ def llm_identity(llm_cfg: Any) -> dict[str, Any] | None:
     return {k: llm_cfg.get(k) for k in LLM_IDENTITY_KEYS}
 
 
-def _answer_fingerprint(cfg: DictConfig) -> Any:
-    return llm_identity(OmegaConf.select(cfg, "llm", default=None))
-
-
 def clean_prediction(text: str) -> str:
     """The reply as the prediction: stripped, without a leading "Answer:" label."""
     return _ANSWER_PREFIX.sub("", text or "", count=1).strip()
 
 
-def sampling(cfg: DictConfig) -> Sampling:
-    return Sampling(
-        temperature=float(cfg.answer.temperature), max_tokens=int(cfg.answer.max_tokens)
-    )
+@dataclass(frozen=True)
+class AnswerSettings(Settings):
+    """`answer:` of the method config (conf/method/*.yaml)."""
+
+    node: ClassVar[str] = "answer"
+
+    prompt: str = knob(STR)  # a context builder's name, or module:function
+    max_tokens: int = knob(TOKENS)
+    temperature: float = knob(TEMPERATURE)
+    protocol: str = knob(Enum(*PROTOCOLS), "paper")
+    # Reader context budget (characters / 4): full_context and SEEM's builders.
+    context_tokens: int | None = knob(SIZE, None)
+    # paper reader: entries grouped by speaker (the reference) or one ranked list.
+    entry_layout: str = knob(Enum("speakers", "rank"), "speakers")
+    speaker_groups: int = knob(SIZE, 2)  # speaker groups shown (entry_layout=speakers)
+
+
+def sampling(s: AnswerSettings) -> Sampling:
+    return Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
 
 
 def make_requests(
@@ -236,10 +238,10 @@ def answer_rows(
 def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     questions = selected_questions(ctx.cfg, ctx.read("questions"))
     tables = {n: t for n in OPTIONAL_TABLES if (t := ctx.read_optional(n)) is not None}
-    prompt = str(ctx.cfg.answer.prompt)
-    protocol = answer_protocol(ctx.cfg)
+    s: AnswerSettings = ctx.settings
+    prompt, protocol = s.prompt, s.protocol
     prompts = context_builder(prompt)(AnswerInputs(ctx.cfg, questions, tables))
-    requests = make_requests(questions, prompts, sampling(ctx.cfg))
+    requests = make_requests(questions, prompts, sampling(s))
     results = ctx.generate(requests, desc="answer")
     answers = answer_rows(questions, results, prompts, protocol)
     failed = int((~answers["parse_ok"]).sum())
@@ -272,8 +274,8 @@ STAGE = Stage(
     reads=("questions",),
     writes=("answers",),
     optional_reads=OPTIONAL_TABLES,
-    config_keys=("answer", "benchmark.name", "benchmark.categories"),
+    settings=AnswerSettings,
+    depends=("benchmark.name", "benchmark.categories", *LLM_IDENTITY),
     # 2: answer.protocol (paper reader by default) and the reasoning/protocol columns.
     version="2",
-    extra_fingerprint=_answer_fingerprint,
 )

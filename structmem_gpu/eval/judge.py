@@ -38,7 +38,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
@@ -58,7 +58,9 @@ from structmem_gpu.prompts import (
     judge_longmemeval,
     judge_longmemeval_paper,
 )
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.config_schema import LLMSettings
+from structmem_gpu.settings import STR, TEMPERATURE, TOKENS, Enum, Rule, Settings, items, knob, sub
+from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,28 @@ JUDGMENT_COLUMNS: schemas.Schema = {
     "prediction": pl.String(),
     "protocol": pl.String(),
 }
+
+
+@dataclass(frozen=True)
+class PanelMember(Settings):
+    name: str = knob(Rule("str", note="each panel member needs a name"))
+    llm: LLMSettings | None = sub(LLMSettings, null=True, default=None)  # None = the answer model
+
+
+@dataclass(frozen=True)
+class JudgeSettings(Settings):
+    """The `judge` config (conf/judge/*.yaml). `llm: null` = the answer model; a `panel`
+    judges with every member; `*_llm` keys hold llm configs the panel refers to."""
+
+    node: ClassVar[str] = "judge"
+    open_keys: ClassVar[Mapping[str, Any]] = {"*_llm": LLMSettings}
+
+    name: str = knob(STR)
+    max_tokens: int = knob(TOKENS)
+    temperature: float = knob(TEMPERATURE)
+    llm: LLMSettings | None = sub(LLMSettings, null=True, default=None)
+    panel: tuple[PanelMember, ...] | None = items(PanelMember, null=True, default=None)
+    protocol: str = knob(Enum(*PROTOCOLS), "paper")
 
 
 def judge_protocol(cfg: DictConfig) -> str:
@@ -302,10 +326,9 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
         ctx.read_optional("syntheses"),
     )
     lexical = {it.question_id: lexical_scores(it.prediction, it.gold, it.category) for it in items}
-    samp = Sampling(
-        temperature=float(ctx.cfg.judge.temperature), max_tokens=int(ctx.cfg.judge.max_tokens)
-    )
-    protocol = judge_protocol(ctx.cfg)
+    s: JudgeSettings = ctx.settings
+    samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
+    protocol = s.protocol
     rows: list[JudgmentRow] = []
     judges = ctx.backends.judges()
     for name, backend in judges:
@@ -374,8 +397,8 @@ STAGE = Stage(
     reads=("questions", "answers"),
     writes=("judgments",),
     optional_reads=("retrievals", "entries", "syntheses"),
-    config_keys=("benchmark.name", "benchmark.categories"),
-    extra_fingerprint=judge_identity,
+    settings=JudgeSettings,
+    depends=("benchmark.name", "benchmark.categories", *LLM_IDENTITY),
     # 2: judge.protocol (paper judges by default), protocol column, cat-5 lexical rule.
     version="2",
 )

@@ -29,7 +29,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
@@ -53,6 +53,7 @@ from structmem_gpu.eval.published import (
     run_categories,
 )
 from structmem_gpu.eval.selection import selected_questions
+from structmem_gpu.settings import BOOL, COUNT, RATE, Int, Settings, knob
 from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -62,20 +63,15 @@ COST_KEYS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_
 
 
 @dataclass(frozen=True)
-class ReportSettings:
-    bootstrap_resamples: int = 1000
-    bootstrap_seed: int = 0
-    max_parse_failure_rate: float = 0.5
+class ReportSettings(Settings):
+    """`report:` of conf/config.yaml (defaults apply to older configs without the block)."""
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> ReportSettings:
-        # Defaults apply when conf/config.yaml has no `report:` block (older configs).
-        r = OmegaConf.select(cfg, "report", default=None) or {}
-        return cls(
-            int(r.get("bootstrap_resamples", cls.bootstrap_resamples)),
-            int(r.get("bootstrap_seed", cls.bootstrap_seed)),
-            float(r.get("max_parse_failure_rate", cls.max_parse_failure_rate)),
-        )
+    node: ClassVar[str] = "report"
+
+    bootstrap_resamples: int = knob(COUNT, 1000)
+    bootstrap_seed: int = knob(Int(ge=0), 0)
+    max_parse_failure_rate: float = knob(RATE, 0.5)
+    plots: bool = knob(BOOL, True)  # write report/*.png
 
 
 # ---- scores ---------------------------------------------------------------------------------
@@ -345,7 +341,7 @@ def check_parse_failures(rates: Mapping[str, float], limit: float) -> None:
 def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     from structmem_gpu.eval.report_md import render_markdown
 
-    cfg, st = ctx.cfg, ReportSettings.from_cfg(ctx.cfg)
+    cfg, st = ctx.cfg, ctx.settings
     questions = selected_questions(cfg, ctx.read("questions"))
     answers, judgments = ctx.read("answers"), ctx.read("judgments")
     requests = ctx.read_optional("requests")
@@ -363,7 +359,7 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
         atomic_write_text(
             out / "longmemeval_hypotheses.jsonl", hypotheses_jsonl(questions, answers)
         )
-    if OmegaConf.select(cfg, "report.plots", default=True):  # report/*.png (eval/plots.py)
+    if st.plots:  # report/*.png (eval/plots.py)
         from structmem_gpu.eval.plots import write_run_plots
 
         write_run_plots(ctx.run.root, cfg)
@@ -390,13 +386,8 @@ STAGE = Stage(
     reads=("questions", "answers", "judgments"),
     writes=(),
     optional_reads=("requests", "retrievals", "audit_extraction", "audit_consolidation"),
-    config_keys=(
-        "report",
-        "benchmark.name",
-        "benchmark.categories",
-        "method.name",
-        "method.stages",
-    ),
+    settings=ReportSettings,
+    depends=("benchmark.name", "benchmark.categories", "method.name", "method.stages"),
     extra_fingerprint=_report_fingerprint,
     # 2: unjudged counted as wrong; judge_accuracy_judged / unjudged per group; protocols.
     version="2",

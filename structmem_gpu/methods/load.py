@@ -145,8 +145,8 @@ def run_load(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 STAGE = Stage(
     name="load", run=run_load, writes=("turns", "questions"),
-    config_keys=("benchmark.name", "benchmark.path", "benchmark.conversations", "benchmark.max_sessions",
-                 "shard_index", "num_shards"),
+    depends=("benchmark.name", "benchmark.path", "benchmark.conversations", "benchmark.max_sessions",
+             "shard_index", "num_shards"),
     extra_fingerprint=_file_hash,
     # 2: shard assignment by unique-session volume (a rerun must not mix old and new shards).
     version="2",

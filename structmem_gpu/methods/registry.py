@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -53,8 +54,13 @@ class _LazyStages(Mapping[str, Stage]):
         return len(self._refs)
 
 
-def stage_registry(cfg: DictConfig) -> Mapping[str, Stage]:
-    """Stage name -> Stage for the job's method (`method.implementations`), imported lazily."""
+def stage_registry(cfg: DictConfig | Mapping[str, Any]) -> Mapping[str, Stage]:
+    """Stage name -> Stage for the job's method (`method.implementations`), imported lazily:
+    the one place a job's config becomes its stages. Every stage the method maps is there,
+    those that run only when listed in `stages=[...]` (the fidelity audits) included, so that
+    config validation covers their settings too."""
+    if not OmegaConf.is_config(cfg):  # a plain (resolved) config, e.g. in the schema tests
+        cfg = OmegaConf.create(dict(cfg))
     where = _method_file(cfg)
     refs = OmegaConf.select(cfg, "method.implementations", default=None)
     if not refs:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import polars as pl
 import pytest
@@ -10,22 +12,35 @@ from omegaconf import OmegaConf
 
 from structmem_gpu.artifacts import RunDir
 from structmem_gpu.errors import MissingTableError
-from structmem_gpu.pipeline import config_hash, run_stages
+from structmem_gpu.pipeline import config_hash, fingerprint, run_stages, stage_config
+from structmem_gpu.settings import SIZE, Settings, knob
 from structmem_gpu.stage import Stage, StageContext
+from tests.fixtures.pipeline import compose_cfg
 
 CALLS: list[str] = []
 
 
+@dataclass(frozen=True)
+class MakeSettings(Settings):
+    node: ClassVar[str] = "toy"
+    n: int = knob(SIZE)
+
+
+@dataclass(frozen=True)
+class DoubleSettings(Settings):
+    node: ClassVar[str] = "toy"
+    factor: int = knob(SIZE)
+
+
 def _make(ctx: StageContext) -> dict[str, pl.DataFrame]:
     CALLS.append("make")
-    n = int(ctx.cfg.toy.n)
-    return {"numbers": pl.DataFrame({"x": list(range(n))})}
+    return {"numbers": pl.DataFrame({"x": list(range(ctx.settings.n))})}
 
 
 def _double(ctx: StageContext) -> dict[str, pl.DataFrame]:
     CALLS.append("double")
     df = ctx.read("numbers")
-    return {"doubled": df.with_columns(y=pl.col("x") * int(ctx.cfg.toy.factor))}
+    return {"doubled": df.with_columns(y=pl.col("x") * ctx.settings.factor)}
 
 
 def _broken(ctx: StageContext) -> dict[str, pl.DataFrame]:
@@ -33,8 +48,8 @@ def _broken(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 
 REGISTRY = {
-    "make": Stage("make", _make, writes=("numbers",), config_keys=("toy.n",)),
-    "double": Stage("double", _double, reads=("numbers",), writes=("doubled",), config_keys=("toy.factor",)),
+    "make": Stage("make", _make, writes=("numbers",), settings=MakeSettings),
+    "double": Stage("double", _double, reads=("numbers",), writes=("doubled",), settings=DoubleSettings),
     "broken": Stage("broken", _broken, reads=("numbers",), writes=("never",)),
 }
 
@@ -109,6 +124,59 @@ def test_config_hash_ignores_paths_and_shards() -> None:
     a = config_hash(cfg())
     assert a == config_hash(cfg(**{"paths.cache_dir": "/else", "shard_index": 0, "num_shards": 4, "force": True}))
     assert a != config_hash(cfg(**{"toy.factor": 3}))
+
+
+def test_manifest_records_settings_under_their_node(tmp_path: Path) -> None:
+    run_stages(cfg(), tmp_path, REGISTRY)
+    assert RunDir(tmp_path).stage_entry("double")["config"] == {"toy": {"factor": 2}}
+
+
+# Launch and location knobs: never part of any stage's fingerprint.
+EXCLUDED = ["llm.base_url=http://elsewhere:1", "llm.max_in_flight=3", "llm.request_timeout_s=7",
+            "llm.startup_timeout_s=9", "llm.max_restarts=0", "paths.cache_dir=/else",
+            "force=true", "stages=[load]", "dry_run=true", "preempt.grace_s=3", "num_shards=4"]
+
+
+def _stages(overrides: list[str]) -> dict[str, Stage]:
+    from structmem_gpu.methods.registry import stage_registry
+
+    return dict(stage_registry(compose_cfg(overrides)))
+
+
+@pytest.mark.parametrize("method", ["structmem", "seem", "graph_memory", "turn_rag"])
+def test_excluded_keys_change_no_fingerprint(method: str) -> None:
+    base = [f"method={method}", "judge=qwen2_5_32b"]
+    stages = {n: s for n, s in _stages(base).items() if n != "load"}  # load: shards count (below)
+    want = {n: stage_config(s, compose_cfg(base)) for n, s in stages.items()}
+    for over in EXCLUDED + ["judge.llm.base_url=http://judge:2", "judge.llm.max_in_flight=1"]:
+        other = compose_cfg([*base, over])
+        assert {n: stage_config(s, other) for n, s in stages.items()} == want, over
+
+
+def test_settings_fields_and_dependencies_change_the_fingerprint(tmp_path: Path) -> None:
+    stages = _stages([])
+    cfg0 = compose_cfg([])
+    changed = {
+        "extract": ["extract.max_tokens=77", "llm.model=other", "prompts.reference_dir=/x"],
+        "consolidate": ["consolidate.seed_k=3", "embedder.model=other-encoder", "llm.revision=r2"],
+        "retrieve": ["retrieve.entries_k=7", "benchmark.categories=[1,2]"],
+        "answer": ["answer.max_tokens=33", "benchmark.categories=[1]", "llm.seed=5"],
+        "judge": ["judge.max_tokens=9", "benchmark.categories=[2]"],
+        "report": ["report.bootstrap_seed=4", "method.stages=[load]"],
+        "audit_extraction": ["audit.seed=3", "extract.context_turns=0"],
+    }
+    for name, overs in changed.items():
+        for over in overs:
+            assert stage_config(stages[name], compose_cfg([over])) != stage_config(stages[name], cfg0), (name, over)
+    # Unrelated knobs leave a stage alone: retrieval budgets never re-run extraction.
+    assert stage_config(stages["extract"], compose_cfg(["retrieve.entries_k=7"])) == stage_config(stages["extract"], cfg0)
+    # The whole fingerprint (load reads no table): shards and the benchmark selection count.
+    run = RunDir(tmp_path)
+    load = stages["load"]
+    fp = fingerprint(load, cfg0, run)
+    assert fp == fingerprint(load, compose_cfg(["llm.base_url=http://x:1", "force=true"]), run)
+    assert fp != fingerprint(load, compose_cfg(["num_shards=2"]), run)
+    assert fp != fingerprint(load, compose_cfg(["benchmark.max_sessions=1"]), run)
 
 
 def test_replace_requests_keeps_other_stages(tmp_path: Path) -> None:

@@ -90,7 +90,8 @@ def test_an_unexpected_exception_fails_its_point_with_its_traceback_in_run_log(t
     sweep = tmp / "sweep_bug"
     builder = "tests.unit.test_sweeps:exploding_builder"
     proc = job(tmp, "-m", *SMALL, "method=full_context", "stages=[load,answer]",
-               f"hydra.sweep.dir={sweep}", f"answer.prompt={builder},full_context")
+               f"hydra.sweep.dir={sweep}",
+               f"answer.prompt={builder},structmem_gpu.methods.baselines.full_context:build_prompts")
     assert proc.returncode == 1, proc.stdout[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("error: RuntimeError"))
     assert "boom in a user context builder" in line and "run.log" in line

@@ -48,9 +48,8 @@ from structmem_gpu.methods.baselines.graph_state import (
     Mention,
     NewRelation,
 )
-from structmem_gpu.methods.structmem.embed import EMBED_KEYS
-from structmem_gpu.methods.structmem.extract import LLM_KEYS, ExtractionWindow
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.methods.structmem.extract import ExtractionWindow
+from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +284,7 @@ class Wavefront:
 
 
 def run_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s = GraphSettings.from_cfg(ctx.cfg)
+    s: GraphSettings = ctx.settings
     windows = X.windows_by_conversation(ctx.read("turns"), s.turns_per_request)
     wave = Wavefront(ctx, s, windows)
     if windows:
@@ -300,5 +299,6 @@ STAGE = Stage(
     run=run_graph,
     reads=("turns",),
     writes=("graph_entities", "graph_relations"),
-    config_keys=("graph_memory", *LLM_KEYS, *EMBED_KEYS),
+    settings=GraphSettings,
+    depends=(*LLM_IDENTITY, *EMBEDDER_IDENTITY),
 )

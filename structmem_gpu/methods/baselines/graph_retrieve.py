@@ -27,6 +27,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,11 +39,12 @@ from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K
 from structmem_gpu.methods.baselines.graph_state import ACTIVE, normalize
 from structmem_gpu.methods.structmem.context import entry_lines, paper_prompts
-from structmem_gpu.methods.structmem.embed import EMBED_KEYS, embedding_matrix, encode_notes
+from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.retrieve import search_rows
 from structmem_gpu.prompts import answer_graph as P
 from structmem_gpu.prompts.answer_structmem import MemoryLine
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.settings import COUNT, RATE, Settings, knob, sub
+from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -151,17 +153,40 @@ def relation_rows(
     return out
 
 
+@dataclass(frozen=True)
+class GraphRetrieveBudget(Settings):
+    entries_k: int = knob(COUNT)  # factual entries per question (as flat memory)
+    relations_k: int = knob(COUNT)  # relations per question (touching a matched entity)
+
+
+@dataclass(frozen=True)
+class QuestionEntities(Settings):
+    """Question -> entity matching (graph_memory.question_*; no LLM)."""
+
+    question_entity_threshold: float = knob(RATE)
+    question_entities_k: int = knob(COUNT)
+
+
+@dataclass(frozen=True)
+class GraphRetrieveSettings(Settings):
+    """What the graph retrieve stage reads: `retrieve.*` and the question matching knobs of
+    `graph_memory` (the build knobs there are the graph stage's)."""
+
+    retrieve: GraphRetrieveBudget = sub(GraphRetrieveBudget)
+    graph_memory: QuestionEntities = sub(QuestionEntities)
+
+
 def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    cfg = ctx.cfg
+    cfg, s = ctx.cfg, ctx.settings
     questions = selected_questions(cfg, ctx.read("questions"))
     index_cfg = {
         "use_gpu": cfg.index.get("use_gpu", "auto"),
         "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
     }
     rel_cfg = {
-        "k": int(cfg.retrieve.relations_k),
-        "threshold": float(cfg.graph_memory.question_entity_threshold),
-        "entities_k": int(cfg.graph_memory.question_entities_k),
+        "k": s.retrieve.relations_k,
+        "threshold": s.graph_memory.question_entity_threshold,
+        "entities_k": s.graph_memory.question_entities_k,
     }
     emb = ctx.read("entry_embeddings")
     pools = {
@@ -188,7 +213,7 @@ def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
                 str(conv),
                 qvec,
                 pools.get(str(conv)),
-                int(cfg.retrieve.entries_k),
+                s.retrieve.entries_k,
                 index_cfg,
             )
         )
@@ -263,12 +288,6 @@ STAGE = Stage(
     run=run_retrieve_graph,
     reads=("questions", "entries", "entry_embeddings", "graph_entities", "graph_relations"),
     writes=("retrievals",),
-    config_keys=(
-        "retrieve.entries_k",
-        "retrieve.relations_k",
-        "graph_memory.question_entity_threshold",
-        "graph_memory.question_entities_k",
-        "benchmark.categories",
-        *EMBED_KEYS,
-    ),
+    settings=GraphRetrieveSettings,
+    depends=("benchmark.categories", *EMBEDDER_IDENTITY),
 )

@@ -25,13 +25,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
+from structmem_gpu.settings import (
+    COUNT, RATE, SIZE, STR, TEMPERATURE, TOKENS, List, Settings, knob, sub,
+)
 
 ACTIVE, OBSOLETE = "active", "obsolete"
 SUB_STEPS = ("entities", "entity_dedup", "relations", "relation_dedup")  # per wavefront step
@@ -40,50 +41,36 @@ _EDGE_PUNCT = " \t\n\"'`.,;:!?()[]{}"
 
 
 @dataclass(frozen=True)
-class GraphSettings:
-    """conf/method/graph_memory.yaml `graph_memory.*` (the build knobs)."""
+class SubStepTokens(Settings):
+    """graph_memory.max_tokens: the output budget of each sub-step's requests."""
 
-    turns_per_request: int
-    entity_types: tuple[str, ...]
-    max_entities: int
-    max_name_chars: int
-    max_relations: int
-    max_relation_chars: int
-    entity_threshold: float
-    entity_candidates_k: int
-    relation_candidates_k: int
-    max_tokens: dict[str, int]
-    temperature: float
+    entities: int = knob(TOKENS)
+    entity_dedup: int = knob(TOKENS)
+    relations: int = knob(TOKENS)
+    relation_dedup: int = knob(TOKENS)
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> GraphSettings:
-        g = cfg.graph_memory
-        tokens = OmegaConf.to_container(g.max_tokens, resolve=True)
-        assert isinstance(tokens, dict)
-        s = cls(
-            int(g.turns_per_request),
-            tuple(str(t) for t in g.entity_types),
-            int(g.max_entities),
-            int(g.max_name_chars),
-            int(g.max_relations),
-            int(g.max_relation_chars),
-            float(g.entity_threshold),
-            int(g.entity_candidates_k),
-            int(g.relation_candidates_k),
-            {str(k): int(v) for k, v in tokens.items()},
-            float(g.temperature),
-        )
-        missing = [k for k in SUB_STEPS if k not in s.max_tokens]
-        if (
-            s.turns_per_request < 1
-            or missing
-            or min(s.max_entities, s.max_relations, s.max_name_chars, s.max_relation_chars) < 1
-        ):
-            raise ConfigError(
-                f"graph_memory: need turns_per_request/max_* >= 1 and max_tokens for "
-                f"{list(SUB_STEPS)} (missing {missing}); got {OmegaConf.to_container(g)}"
-            )
-        return s
+    def __getitem__(self, sub_step: str) -> int:
+        return int(getattr(self, sub_step))
+
+
+@dataclass(frozen=True)
+class GraphSettings(Settings):
+    """conf/method/graph_memory.yaml `graph_memory.*` (the build knobs; question_* are the
+    retrieve stage's)."""
+
+    node: ClassVar[str] = "graph_memory"
+
+    turns_per_request: int = knob(SIZE)
+    entity_types: tuple[str, ...] = knob(List(STR))
+    max_entities: int = knob(SIZE)
+    max_name_chars: int = knob(SIZE)
+    max_relations: int = knob(SIZE)
+    max_relation_chars: int = knob(SIZE)
+    entity_threshold: float = knob(RATE)
+    entity_candidates_k: int = knob(COUNT)
+    relation_candidates_k: int = knob(COUNT)
+    max_tokens: SubStepTokens = sub(SubStepTokens)
+    temperature: float = knob(TEMPERATURE)
 
 
 def normalize(name: str) -> str:

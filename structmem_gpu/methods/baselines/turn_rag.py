@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -30,14 +31,14 @@ from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K
 from structmem_gpu.methods.structmem.embed import (
-    EMBED_KEYS,
     embedding_matrix,
     embeddings_frame,
     encode_notes,
 )
 from structmem_gpu.methods.structmem.retrieve import search_rows
 from structmem_gpu.prompts import answer_turn_rag as P
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.settings import COUNT, Settings, knob
+from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,17 @@ def _pools(emb: pl.DataFrame) -> dict[str, tuple[list[str], np.ndarray]]:
     }
 
 
+@dataclass(frozen=True)
+class TurnRetrieveSettings(Settings):
+    node: ClassVar[str] = "retrieve"
+
+    turns_k: int = knob(COUNT)  # raw turns per question
+
+
 def run_retrieve_turns(ctx: StageContext) -> dict[str, pl.DataFrame]:
     cfg = ctx.cfg
     questions = selected_questions(cfg, ctx.read("questions"))
-    k = int(cfg.retrieve.turns_k)
+    k = ctx.settings.turns_k
     index_cfg = {
         "use_gpu": cfg.index.get("use_gpu", "auto"),
         "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
@@ -156,12 +164,13 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
 
 
 EMBED_STAGE = Stage(
-    name="embed", run=run_embed_turns, reads=("turns",), writes=(TABLE,), config_keys=EMBED_KEYS
+    name="embed", run=run_embed_turns, reads=("turns",), writes=(TABLE,), depends=EMBEDDER_IDENTITY
 )
 RETRIEVE_STAGE = Stage(
     name="retrieve",
     run=run_retrieve_turns,
     reads=("questions", TABLE),
     writes=("retrievals",),
-    config_keys=("retrieve.turns_k", "benchmark.categories", *EMBED_KEYS),
+    settings=TurnRetrieveSettings,
+    depends=("benchmark.categories", *EMBEDDER_IDENTITY),
 )

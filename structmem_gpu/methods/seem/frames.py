@@ -38,9 +38,9 @@ from structmem_gpu.methods.seem.passages import (
     request_groups,
 )
 from structmem_gpu.methods.seem.schemas import FRAMES_EXTRACTED
-from structmem_gpu.methods.seem.settings import LLM_KEYS, FrameSettings, passages_per_request
+from structmem_gpu.methods.seem.settings import FrameSettings
 from structmem_gpu.prompts import seem_frame
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ def frame_rows(group: Sequence[Passage], req: LLMRequest, res: LLMResult, s: Fra
 
 
 def run_frames(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s = FrameSettings.from_cfg(ctx.cfg)
-    per_request = passages_per_request(ctx.cfg)
+    s: FrameSettings = ctx.settings
+    per_request = s.passages_per_request
     passages_df = passages_from_turns(ctx.read("turns"))
     groups = request_groups(passage_list(passages_df), per_request)
     requests = [build_request(g, s) for g in groups]
@@ -109,5 +109,5 @@ def run_frames(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 STAGE = Stage(
     name=STAGE_NAME, run=run_frames, reads=("turns",), writes=("passages", "frames_extracted"),
-    config_keys=("seem.passages_per_request", "seem.frames", *LLM_KEYS),
+    settings=FrameSettings, depends=LLM_IDENTITY,
 )

@@ -50,9 +50,9 @@ from structmem_gpu.methods.seem.fusion_requests import (
 from structmem_gpu.methods.seem.model import FrameContent, events_from_rows, render_frame
 from structmem_gpu.methods.seem.passages import by_conversation, passage_list
 from structmem_gpu.methods.seem.schemas import FRAME_OF, FRAMES
-from structmem_gpu.methods.seem.settings import EMBED_KEYS, LLM_KEYS, FrameSettings, FusionSettings
+from structmem_gpu.methods.seem.settings import FrameSettings, FusionSettings
 from structmem_gpu.methods.seem.store import ConversationStore
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,8 @@ def fusion_notes(stores: Sequence[ConversationStore], stats: FusionStats, s: Fus
 
 
 def run_fusion(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s, f = FusionSettings.from_cfg(ctx.cfg), FrameSettings.from_cfg(ctx.cfg)
+    s: FusionSettings = ctx.settings
+    f = s.frames
     stores = build_stores(ctx.read("passages"), ctx.read("frames_extracted"), ctx.encode)
     wave = Wavefront(stores, s, f, lambda reqs, desc: ctx.generate(reqs, desc=desc), ctx.encode)
     stats = wave.run()
@@ -299,5 +300,5 @@ def run_fusion(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 STAGE = Stage(
     name="fusion", run=run_fusion, reads=("passages", "frames_extracted"), writes=("frames", "frame_of"),
-    config_keys=("seem.fusion", "seem.frames", *EMBED_KEYS, *LLM_KEYS),
+    settings=FusionSettings, depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
 )

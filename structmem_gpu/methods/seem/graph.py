@@ -38,13 +38,8 @@ from structmem_gpu.methods.seem.graph_build import (
 from structmem_gpu.methods.seem.passages import by_conversation, passage_list, request_groups
 from structmem_gpu.methods.seem.quadruples import build_request, collect_facts
 from structmem_gpu.methods.seem.schemas import ENTITIES, FACTS, GRAPH_EDGES, GRAPH_NODES
-from structmem_gpu.methods.seem.settings import (
-    EMBED_KEYS,
-    LLM_KEYS,
-    GraphSettings,
-    passages_per_request,
-)
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.methods.seem.settings import GraphSettings
+from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +89,9 @@ def _frames(graphs: Sequence[ConversationGraph]) -> dict[str, pl.DataFrame]:
 
 
 def run_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s = GraphSettings.from_cfg(ctx.cfg)
+    s: GraphSettings = ctx.settings
     passages = passage_list(ctx.read("passages"))
-    groups = request_groups(passages, passages_per_request(ctx.cfg))
+    groups = request_groups(passages, s.passages_per_request)
     requests = [build_request(g, s) for g in groups]
     results = ctx.generate(requests, desc="seem quadruples")  # one batch, all conversations
     facts, counts = collect_facts(groups, requests, results)
@@ -134,5 +129,5 @@ def run_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
 STAGE = Stage(
     name="graph", run=run_graph, reads=("passages",),
     writes=("facts", "entities", "graph_nodes", "graph_edges"),
-    config_keys=("seem.passages_per_request", "seem.graph", *EMBED_KEYS, *LLM_KEYS),
+    settings=GraphSettings, depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
 )

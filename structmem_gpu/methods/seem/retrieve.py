@@ -42,9 +42,9 @@ from structmem_gpu.methods.seem.memory import ConvMemory, load_memories
 from structmem_gpu.methods.seem.quadruples import clean_time, normalise
 from structmem_gpu.methods.seem.ranking import entity_weights, fact_scores, reset_vector, rpe, top_k
 from structmem_gpu.methods.seem.schemas import SEEM_RETRIEVALS
-from structmem_gpu.methods.seem.settings import EMBED_KEYS, LLM_KEYS, RetrieveSettings
+from structmem_gpu.methods.seem.settings import RetrieveSettings
 from structmem_gpu.prompts import seem_filter, seem_query
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def _mean(values: Sequence[int]) -> float:
 
 
 def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    rs = RetrieveSettings.from_cfg(ctx.cfg)
+    rs: RetrieveSettings = ctx.settings
     questions = _questions(selected_questions(ctx.cfg, ctx.read("questions")))
     mems = load_memories({t: ctx.read(t) for t in MEMORY_TABLES}, {q.conv_id for q in questions}, ctx.encode)
     questions = [q for q in questions if q.conv_id in mems]
@@ -239,5 +239,5 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 STAGE = Stage(
     name=STAGE_NAME, run=run_retrieve, reads=("questions", *MEMORY_TABLES), writes=("retrievals",),
-    config_keys=("seem.retrieve", "seem.ablation", "benchmark.categories", *EMBED_KEYS, *LLM_KEYS),
+    settings=RetrieveSettings, depends=("benchmark.categories", *EMBEDDER_IDENTITY, *LLM_IDENTITY),
 )

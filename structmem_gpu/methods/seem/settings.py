@@ -1,136 +1,108 @@
-"""SEEM's configuration (conf/method/seem.yaml `seem:` block) as validated frozen dataclasses.
+"""SEEM's configuration (conf/method/seem.yaml `seem:` block) as typed settings.
 
     python jobs/run.py method=seem seem.retrieve.p_ret_k=10 seem.ablation.rpe=false
 
-Each stage declares the config keys it reads (its fingerprint): frames and graph read
-`seem.passages_per_request` + their block, fusion reads `seem.fusion` + `seem.frames` (the
-event schema bounds), retrieve reads `seem.retrieve` + `seem.ablation`. Ablation switches
+One class per block; each stage's settings are one of them (frames: FrameSettings, fusion:
+FusionSettings, graph: GraphSettings, retrieve: RetrieveSettings), and what a stage reads
+from a sibling block is an external field (fusion: the frame schema bounds of seem.frames;
+retrieve: seem.ablation; frames and graph: seem.passages_per_request). Ablation switches
 therefore never invalidate the build stages.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
-from omegaconf import DictConfig, OmegaConf
-
-from structmem_gpu.errors import ConfigError
 from structmem_gpu.prompts.seem_frame import FrameBounds
+from structmem_gpu.settings import (
+    BOOL, COUNT, RATE, SIZE, TEMPERATURE, TOKENS, Float, Int, Settings, knob, sub,
+)
 
-# The model that wrote a stage's rows: a different model must recompute the stage.
-LLM_KEYS = ("llm.backend", "llm.model", "llm.served_name", "llm.revision")
-EMBED_KEYS = ("embedder.model", "embedder.max_seq_length", "embedder.instructions", "embedder.trust_remote_code", "embedder.long_texts")
-
-
-def _block(cfg: DictConfig, key: str) -> dict[str, Any]:
-    node = OmegaConf.select(cfg, key, default=None)
-    if node is None:
-        raise ConfigError(f"config has no '{key}' block; run with method=seem (conf/method/seem.yaml)")
-    data = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(data, dict)
-    return {str(k): v for k, v in data.items()}
-
-
-def _check(ok: bool, key: str, value: Any, want: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r}: {want}")
-
-
-def passages_per_request(cfg: DictConfig) -> int:
-    n = int(OmegaConf.select(cfg, "seem.passages_per_request", default=1))
-    _check(n >= 1, "seem.passages_per_request", n, "must be >= 1")
-    return n
+# Passages per F_ext / quadruple request (seem.passages_per_request; 1 = the spec).
+_PER_REQUEST = knob(SIZE, 1, external="seem.passages_per_request")
 
 
 @dataclass(frozen=True)
-class FrameSettings:
-    bounds: FrameBounds
-    max_actions: int  # events with more actions are split (docs/methods.md "SEEM: frames")
-    fallback_chars: int
-    max_tokens: int
-    temperature: float
+class FrameSettings(Settings):
+    """seem.frames: Stage A, F_ext (schema bounds, event splitting, fallback)."""
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> FrameSettings:
-        f = _block(cfg, "seem.frames")
-        b = FrameBounds(int(f["max_events"]), int(f["max_participants"]), int(f["max_actions_schema"]),
-                        int(f["max_chars"]), int(f["summary_chars"]))
-        for name in ("max_events", "max_participants", "max_actions_schema", "max_chars", "summary_chars",
-                     "max_actions", "max_tokens"):
-            _check(int(f[name]) >= 1, f"seem.frames.{name}", f[name], "must be >= 1")
-        return cls(b, int(f["max_actions"]), int(f["fallback_chars"]), int(f["max_tokens"]), float(f["temperature"]))
+    node: ClassVar[str] = "seem.frames"
 
+    max_events: int = knob(SIZE)
+    max_participants: int = knob(SIZE)
+    max_actions_schema: int = knob(SIZE)
+    max_chars: int = knob(SIZE)
+    summary_chars: int = knob(SIZE)
+    max_actions: int = knob(SIZE)  # events with more actions are split (docs/methods.md "SEEM: frames")
+    fallback_chars: int = knob(SIZE)
+    max_tokens: int = knob(TOKENS)
+    temperature: float = knob(TEMPERATURE)
+    passages_per_request: int = _PER_REQUEST
 
-@dataclass(frozen=True)
-class FusionSettings:
-    window: int  # 1 = the paper's per-frame fusion; w > 1 = windowed groups (author's Strategy C)
-    strict_two_call: bool  # judge request, then a fuse request for the positives (window 1 only)
-    skip_judge_below: float | None  # cosine floor below which "different" is declared without a request
-    max_provenance: int
-    max_events: int
-    evidence_chars: int
-    max_tokens: int
-    temperature: float
-
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> FusionSettings:
-        f = _block(cfg, "seem.fusion")
-        floor = f.get("skip_judge_below")
-        s = cls(int(f["window"]), bool(f["strict_two_call"]), None if floor is None else float(floor),
-                int(f["max_provenance"]), int(f["max_events"]), int(f["evidence_chars"]), int(f["max_tokens"]),
-                float(f["temperature"]))
-        _check(s.window >= 1, "seem.fusion.window", s.window, "must be >= 1")
-        _check(s.max_provenance >= 1, "seem.fusion.max_provenance", s.max_provenance, "must be >= 1")
-        _check(not (s.strict_two_call and s.window > 1), "seem.fusion.strict_two_call", True,
-               "applies to per-frame fusion only (seem.fusion.window=1)")
-        return s
+    @property
+    def bounds(self) -> FrameBounds:
+        return FrameBounds(self.max_events, self.max_participants, self.max_actions_schema,
+                           self.max_chars, self.summary_chars)
 
 
 @dataclass(frozen=True)
-class GraphSettings:
-    max_quadruples: int
-    max_chars: int
-    max_tokens: int
-    temperature: float
-    node_merge_threshold: float | None  # None = HippoRAG 2 (exact strings only)
-    synonymy_threshold: float
-    synonymy_k: int
-    synonymy_max_per_entity: int
-    synonymy_min_alnum: int  # query entities with fewer alphanumeric characters get no synonymy edges
-    edge_doubling: bool
-    fact_dedup_threshold: float | None
+class FusionSettings(Settings):
+    """seem.fusion: Stage B, F_judge + F_fuse; `frames` is seem.frames (the event schema)."""
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> GraphSettings:
-        g = _block(cfg, "seem.graph")
-        merge, dedup = g.get("node_merge_threshold"), g.get("fact_dedup_threshold")
-        s = cls(int(g["max_quadruples"]), int(g["max_chars"]), int(g["max_tokens"]), float(g["temperature"]),
-                None if merge is None else float(merge), float(g["synonymy_threshold"]), int(g["synonymy_k"]),
-                int(g["synonymy_max_per_entity"]), int(g["synonymy_min_alnum"]), bool(g["edge_doubling"]),
-                None if dedup is None else float(dedup))
-        _check(s.max_quadruples >= 1, "seem.graph.max_quadruples", s.max_quadruples, "must be >= 1")
-        _check(s.synonymy_k >= 1, "seem.graph.synonymy_k", s.synonymy_k, "must be >= 1")
-        return s
+    node: ClassVar[str] = "seem.fusion"
+
+    window: int = knob(SIZE)  # 1 = the paper's per-frame fusion; w > 1 = windowed groups (author's Strategy C)
+    strict_two_call: bool = knob(BOOL)  # judge request, then a fuse request for the positives (window 1 only)
+    # cosine floor below which "different" is declared without a request
+    skip_judge_below: float | None = knob(Float(ge=0, le=1, null=True))
+    max_provenance: int = knob(SIZE)
+    max_events: int = knob(SIZE)
+    evidence_chars: int = knob(SIZE)
+    max_tokens: int = knob(TOKENS)
+    temperature: float = knob(TEMPERATURE)
+    frames: FrameSettings | None = sub(FrameSettings, external="seem.frames", default=None)
+
+    def check(self) -> list[str]:
+        if self.strict_two_call and self.window > 1:
+            return ["seem.fusion.strict_two_call=True: expected false with seem.fusion.window > 1 "
+                    "(two calls apply to per-frame fusion only)"]
+        return []
 
 
 @dataclass(frozen=True)
-class Ablation:
+class GraphSettings(Settings):
+    """seem.graph: Stage C, the graph memory layer."""
+
+    node: ClassVar[str] = "seem.graph"
+
+    max_quadruples: int = knob(SIZE)
+    max_chars: int = knob(SIZE)
+    max_tokens: int = knob(TOKENS)
+    temperature: float = knob(TEMPERATURE)
+    node_merge_threshold: float | None = knob(Float(ge=0, le=1, null=True))  # None = HippoRAG 2 (exact strings only)
+    synonymy_threshold: float = knob(RATE)
+    synonymy_k: int = knob(SIZE)
+    synonymy_max_per_entity: int = knob(SIZE)
+    synonymy_min_alnum: int = knob(COUNT)  # query entities with fewer alphanumeric characters get no synonymy edges
+    edge_doubling: bool = knob(BOOL)
+    fact_dedup_threshold: float | None = knob(Float(ge=0, le=1, null=True))
+    passages_per_request: int = _PER_REQUEST
+
+
+@dataclass(frozen=True)
+class Ablation(Settings):
     """Paper Table 3 switches (docs/methods.md "SEEM: ablations"); all true = the full model."""
 
-    fact_context: bool  # false: K_top still seeds PPR but is left out of the context
-    ppr: bool  # false: P_ret = BM25 top-k passages (paper §5.3: direct lexical retrieval)
-    rpe: bool  # false: P_final = P_ret
-    eef: bool  # false: no frames in the context (and, by default, no RPE)
+    node: ClassVar[str] = "seem.ablation"
+
+    fact_context: bool = knob(BOOL)  # false: K_top still seeds PPR but is left out of the context
+    ppr: bool = knob(BOOL)  # false: P_ret = BM25 top-k passages (paper §5.3: direct lexical retrieval)
+    rpe: bool = knob(BOOL)  # false: P_final = P_ret
+    eef: bool = knob(BOOL)  # false: no frames in the context (and, by default, no RPE)
     # With eef=false: keep RPE (frames still give the provenance that expands P_ret, only their
     # text leaves the context). The paper's "w/o EEF" is ambiguous; both readings are runnable.
-    rpe_without_eef: bool = False
-
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> Ablation:
-        a = _block(cfg, "seem.ablation")
-        return cls(bool(a["fact_context"]), bool(a["ppr"]), bool(a["rpe"]), bool(a["eef"]),
-                   bool(a.get("rpe_without_eef", False)))
+    rpe_without_eef: bool = knob(BOOL, False)
 
     @property
     def expands(self) -> bool:
@@ -139,35 +111,33 @@ class Ablation:
 
 
 @dataclass(frozen=True)
-class RetrieveSettings:
-    p_ret_k: int
-    rpe_factor: int
-    facts_k: int
-    fact_filter: bool
-    filter_max: int
-    entity_seeds_k: int
-    passage_weight: float
-    damping: float
-    query_max_quadruples: int
-    query_max_chars: int
-    query_max_tokens: int
-    filter_max_tokens: int
-    temperature: float
-    ablation: Ablation
+class RetrieveSettings(Settings):
+    """seem.retrieve: Stages D-E; `ablation` is seem.ablation."""
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> RetrieveSettings:
-        r = _block(cfg, "seem.retrieve")
-        s = cls(int(r["p_ret_k"]), int(r["rpe_factor"]), int(r["facts_k"]), bool(r["fact_filter"]),
-                int(r["filter_max"]), int(r["entity_seeds_k"]), float(r["passage_weight"]), float(r["damping"]),
-                int(r["query_max_quadruples"]), int(r["query_max_chars"]), int(r["query_max_tokens"]),
-                int(r["filter_max_tokens"]), float(r["temperature"]), Ablation.from_cfg(cfg))
-        _check(s.p_ret_k >= 1, "seem.retrieve.p_ret_k", s.p_ret_k, "must be >= 1")
-        _check(s.rpe_factor >= 1, "seem.retrieve.rpe_factor", s.rpe_factor, "must be >= 1")
-        _check(0.0 < s.damping < 1.0, "seem.retrieve.damping", s.damping, "must be in (0, 1)")
-        _check(s.facts_k >= 0 and s.filter_max >= 0, "seem.retrieve.facts_k/filter_max", (s.facts_k, s.filter_max),
-               "must be >= 0")
-        return s
+    node: ClassVar[str] = "seem.retrieve"
+
+    p_ret_k: int = knob(COUNT)  # |P_ret|; must be >= 1 (check)
+    rpe_factor: int = knob(Int(ge=1))
+    facts_k: int = knob(COUNT)
+    fact_filter: bool = knob(BOOL)
+    filter_max: int = knob(SIZE)
+    entity_seeds_k: int = knob(COUNT)
+    passage_weight: float = knob(Float(ge=0))
+    damping: float = knob(Float(gt=0, le=1))
+    query_max_quadruples: int = knob(SIZE)
+    query_max_chars: int = knob(SIZE)
+    query_max_tokens: int = knob(TOKENS)
+    filter_max_tokens: int = knob(TOKENS)
+    temperature: float = knob(TEMPERATURE)
+    ablation: Ablation = sub(Ablation, external="seem.ablation")
+
+    def check(self) -> list[str]:
+        out = []
+        if self.p_ret_k < 1:
+            out.append(f"seem.retrieve.p_ret_k={self.p_ret_k!r}: expected an integer >= 1 (passages per question)")
+        if self.damping >= 1:
+            out.append(f"seem.retrieve.damping={self.damping!r}: expected a number > 0 and < 1")
+        return out
 
     @property
     def budget(self) -> int:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.artifacts import RunDir, atomic_write_text
+from structmem_gpu.settings import COUNT, SIZE, TEMPERATURE, TOKENS, Int, Settings, knob, sub
 from structmem_gpu.eval.audit import (
     CONSOLIDATION_TABLE,
     EXTRACTION_TABLE,
@@ -88,46 +89,56 @@ CONSOLIDATION_COLUMNS: dict[str, pl.DataType] = {
 
 
 @dataclass(frozen=True)
-class AuditSettings:
-    """The `audit:` block; the fallbacks mirror conf/audit/default.yaml for configs without it."""
+class AuditExtraction(Settings):
+    sample_size: int | None = knob(Int(ge=1, null=True), None)  # None = every entry
+    max_tokens: int = knob(TOKENS, 96)
+    reason_max_chars: int = knob(SIZE, 160)
 
-    seed: int = 0
-    temperature: float = 0.0
-    extraction_sample_size: int | None = None
-    extraction_max_tokens: int = 96
-    reason_max_chars: int = 160
-    consolidation_max_tokens: int = 384
-    link_max_chars: int = 120
-    max_links: int = 8
-    bootstrap_resamples: int = 1000
-    bootstrap_seed: int = 0
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> AuditSettings:
-        def get(key: str, default: Any) -> Any:
-            value = OmegaConf.select(cfg, key, default=None)
-            return default if value is None else value
+@dataclass(frozen=True)
+class AuditConsolidation(Settings):
+    max_tokens: int = knob(TOKENS, 384)
+    link_max_chars: int = knob(SIZE, 120)
+    max_links: int = knob(SIZE, 8)
 
-        size = OmegaConf.select(cfg, "audit.extraction.sample_size", default=None)
-        s = cls(
-            seed=int(get("audit.seed", cls.seed)),
-            temperature=float(get("audit.temperature", cls.temperature)),
-            extraction_sample_size=None if size is None else int(size),
-            extraction_max_tokens=int(
-                get("audit.extraction.max_tokens", cls.extraction_max_tokens)
-            ),
-            reason_max_chars=int(get("audit.extraction.reason_max_chars", cls.reason_max_chars)),
-            consolidation_max_tokens=int(
-                get("audit.consolidation.max_tokens", cls.consolidation_max_tokens)
-            ),
-            link_max_chars=int(get("audit.consolidation.link_max_chars", cls.link_max_chars)),
-            max_links=int(get("audit.consolidation.max_links", cls.max_links)),
-            bootstrap_resamples=int(get("report.bootstrap_resamples", cls.bootstrap_resamples)),
-            bootstrap_seed=int(get("report.bootstrap_seed", cls.bootstrap_seed)),
-        )
-        if s.extraction_sample_size is not None and s.extraction_sample_size < 0:
-            raise ValueError(f"audit.extraction.sample_size={size} must be >= 0 or null")
-        return s
+
+@dataclass(frozen=True)
+class AuditSettings(Settings):
+    """The `audit:` block (conf/audit/default.yaml; its values are the defaults for configs
+    without it) and the report's bootstrap knobs."""
+
+    node: ClassVar[str] = "audit"
+
+    seed: int = knob(Int(ge=0), 0)
+    temperature: float = knob(TEMPERATURE, 0.0)
+    extraction: AuditExtraction = sub(AuditExtraction, default=AuditExtraction())
+    consolidation: AuditConsolidation = sub(AuditConsolidation, default=AuditConsolidation())
+    bootstrap_resamples: int = knob(COUNT, 1000, external="report.bootstrap_resamples")
+    bootstrap_seed: int = knob(Int(ge=0), 0, external="report.bootstrap_seed")
+
+    @property
+    def extraction_sample_size(self) -> int | None:
+        return self.extraction.sample_size
+
+    @property
+    def extraction_max_tokens(self) -> int:
+        return self.extraction.max_tokens
+
+    @property
+    def reason_max_chars(self) -> int:
+        return self.extraction.reason_max_chars
+
+    @property
+    def consolidation_max_tokens(self) -> int:
+        return self.consolidation.max_tokens
+
+    @property
+    def link_max_chars(self) -> int:
+        return self.consolidation.link_max_chars
+
+    @property
+    def max_links(self) -> int:
+        return self.consolidation.max_links
 
     def reason_chars(self) -> int:
         """Configured reason bound, lowered to what fits in the extraction audit's max_tokens."""

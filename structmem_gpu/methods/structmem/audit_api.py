@@ -5,8 +5,7 @@ depend on these names only and not on the build stages' internals.
     from structmem_gpu.methods.structmem.audit_api import plan_windows, plan_conversation
 
 - extraction: `ExtractionWindow`, `ExtractSettings` and `plan_from_settings` (the exact
-  windows the extract stage sends for a config, token-packed or fixed), `plan_windows`, `LLM_KEYS` (the llm-config keys a build request depends on);
-- embedding: `EMBED_KEYS` (the embedder-config keys an index depends on);
+  windows the extract stage sends for a config, token-packed or fixed), `plan_windows`;
 - consolidation: `ConsolidateSettings`, `WindowPlan`, `conversation_views` and
   `plan_conversation` (the windows, buffers and seed events the consolidate stage uses).
 
@@ -21,9 +20,7 @@ from structmem_gpu.methods.structmem.consolidate import (
     conversation_views,
     plan_conversation,
 )
-from structmem_gpu.methods.structmem.embed import EMBED_KEYS
 from structmem_gpu.methods.structmem.extract import (
-    LLM_KEYS,
     ExtractionWindow,
     ExtractSettings,
     plan_from_settings,
@@ -31,8 +28,6 @@ from structmem_gpu.methods.structmem.extract import (
 )
 
 __all__ = [
-    "EMBED_KEYS",
-    "LLM_KEYS",
     "ConsolidateSettings",
     "ExtractSettings",
     "ExtractionWindow",

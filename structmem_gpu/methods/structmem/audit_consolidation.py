@@ -46,8 +46,6 @@ from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.audit_api import (
-    EMBED_KEYS,
-    LLM_KEYS,
     ConsolidateSettings,
     WindowPlan,
     conversation_views,
@@ -55,7 +53,8 @@ from structmem_gpu.methods.structmem.audit_api import (
 )
 from structmem_gpu.prompts import audit_consolidation as prompt
 from structmem_gpu.prompts import synthesis
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.settings import sub
+from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +203,16 @@ def audit_row(
     }
 
 
+@dataclass(frozen=True, kw_only=True)
+class ConsolidationAuditSettings(AuditSettings):
+    """The audit block, and the consolidate node whose windows are audited."""
+
+    consolidate: ConsolidateSettings = sub(ConsolidateSettings, external="consolidate")
+
+
 def run_audit_consolidation(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s, cs = AuditSettings.from_cfg(ctx.cfg), ConsolidateSettings.from_cfg(ctx.cfg)
+    s: ConsolidationAuditSettings = ctx.settings
+    cs = s.consolidate
     syntheses = ctx.read("syntheses").sort("conv_id", "window_index")
     plans = plans_k0(ctx, cs)
     targets, skipped_failed, mismatched = [], 0, 0
@@ -269,6 +276,7 @@ STAGE = Stage(
     run=run_audit_consolidation,
     reads=("entries", "entry_embeddings", "syntheses"),
     writes=(CONSOLIDATION_TABLE,),
-    config_keys=("audit", "consolidate", *EMBED_KEYS, *LLM_KEYS),
+    settings=ConsolidationAuditSettings,
+    depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     extra_fingerprint=judge_panel_identity,
 )

@@ -43,13 +43,13 @@ from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.audit_api import (
-    LLM_KEYS,
     ExtractionWindow,
     ExtractSettings,
     plan_from_settings,
 )
 from structmem_gpu.prompts import audit_extraction as prompt
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.settings import sub
+from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +156,21 @@ def judge_items(ctx: StageContext, items: Sequence[AuditItem], s: AuditSettings)
     return schemas.frame(rows, EXTRACTION_COLUMNS)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExtractionAuditSettings(AuditSettings):
+    """The audit block, and the extract node whose windows the judge is shown."""
+
+    extract: ExtractSettings = sub(ExtractSettings, external="extract")
+
+
 def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s = AuditSettings.from_cfg(ctx.cfg)
+    s: ExtractionAuditSettings = ctx.settings
     entries, turns = ctx.read("entries"), ctx.read("turns")
     sample = sample_entries(entries, s.extraction_sample_size, s.seed)
     # The extract stage's own windows for this config (token-packed or fixed), so the judge
     # sees exactly what the extractor saw.
     windows, _ = plan_from_settings(
-        turns, ExtractSettings.from_cfg(ctx.cfg), OmegaConf.select(ctx.cfg, "llm")
+        turns, s.extract, OmegaConf.select(ctx.cfg, "llm")
     )
     items, orphans = audit_items(sample, windows)
     if orphans:
@@ -198,7 +205,7 @@ STAGE = Stage(
     run=run_audit_extraction,
     reads=("entries", "turns"),
     writes=(EXTRACTION_TABLE,),
-    config_keys=("audit", "extract.turns_per_request", "extract.context_turns",
-                 "extract.window_tokens", *LLM_KEYS),
+    settings=ExtractionAuditSettings,
+    depends=LLM_IDENTITY,
     extra_fingerprint=judge_panel_identity,
 )

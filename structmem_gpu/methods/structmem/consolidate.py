@@ -35,25 +35,21 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from structmem_gpu import schemas
-from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import (
-    EMBED_KEYS,
     attach_embeddings,
     embedding_matrix,
     embeddings_frame,
     encode_notes,
 )
-from structmem_gpu.methods.structmem.extract import LLM_KEYS
 from structmem_gpu.methods.structmem.windows import (
     SEED_SCOPES,
     Window,
@@ -65,7 +61,10 @@ from structmem_gpu.methods.structmem.windows import (
 )
 from structmem_gpu.prompts import synthesis
 from structmem_gpu.prompts.reference import reference_fingerprint
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.settings import (
+    BOOL, COUNT, STR_OR_NULL, TEMPERATURE, TOKENS, Enum, Float, Settings, knob,
+)
+from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -74,48 +73,22 @@ QUERY_MODES = ("concat", "mean")
 
 
 @dataclass(frozen=True)
-class ConsolidateSettings:
-    enabled: bool
-    window_seconds: float
-    seed_k: int
-    seed_scope: str
-    query_mode: str
-    prompt_variant: str
-    max_tokens: int
-    temperature: float
-    seed_exclude_buffer: bool = True  # false = the reference code's effective seed pool
-    reference_dir: str | None = None  # prompts.reference_dir: the checkout's synthesis prompt
+class ConsolidateSettings(Settings):
+    """conf/method/structmem.yaml `consolidate:` (+ prompts.reference_dir)."""
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> ConsolidateSettings:
-        c = cfg.consolidate
-        ref = OmegaConf.select(cfg, "prompts.reference_dir", default=None)
-        s = cls(
-            bool(c.enabled),
-            float(c.window_seconds),
-            int(c.seed_k),
-            str(c.seed_scope),
-            str(c.query_mode),
-            str(c.prompt_variant),
-            int(c.max_tokens),
-            float(c.temperature),
-            bool(c.get("seed_exclude_buffer", True)),
-            None if ref is None else str(ref),
-        )
-        if s.seed_k < 0 or s.window_seconds < 0:
-            raise ConfigError(
-                f"consolidate: seed_k ({s.seed_k}) and window_seconds ({s.window_seconds}) must be >= 0"
-            )
-        if s.seed_scope not in SEED_SCOPES:
-            raise ConfigError(
-                f"consolidate.seed_scope={s.seed_scope!r}; expected one of {list(SEED_SCOPES)}"
-            )
-        if s.query_mode not in QUERY_MODES:
-            raise ConfigError(
-                f"consolidate.query_mode={s.query_mode!r}; expected one of {list(QUERY_MODES)}"
-            )
-        synthesis.check_variant(s.prompt_variant)
-        return s
+    node: ClassVar[str] = "consolidate"
+
+    enabled: bool = knob(BOOL)
+    window_seconds: float = knob(Float(gt=0))
+    seed_k: int = knob(COUNT)
+    seed_scope: str = knob(Enum(*SEED_SCOPES))
+    query_mode: str = knob(Enum(*QUERY_MODES))
+    prompt_variant: str = knob(Enum("constrained", "unconstrained"))
+    max_tokens: int = knob(TOKENS)
+    temperature: float = knob(TEMPERATURE)
+    seed_exclude_buffer: bool = knob(BOOL, True)  # false = the reference code's effective seed pool
+    # prompts.reference_dir: the checkout's synthesis prompt
+    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.reference_dir")
 
 
 @dataclass(frozen=True)
@@ -272,7 +245,7 @@ def _mean(values: Sequence[int]) -> float:
 
 
 def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s = ConsolidateSettings.from_cfg(ctx.cfg)
+    s: ConsolidateSettings = ctx.settings
     empty = {
         "syntheses": schemas.empty(schemas.SYNTHESES),
         "synthesis_embeddings": schemas.empty(schemas.EMBEDDINGS),
@@ -329,6 +302,7 @@ STAGE = Stage(
     run=run_consolidate,
     reads=("entries", "entry_embeddings"),
     writes=("syntheses", "synthesis_embeddings"),
-    config_keys=("consolidate", *EMBED_KEYS, *LLM_KEYS, "prompts.reference_dir"),
+    settings=ConsolidateSettings,
+    depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     extra_fingerprint=reference_fingerprint,
 )

@@ -26,13 +26,9 @@ import polars as pl
 
 from structmem_gpu import schemas
 from structmem_gpu.embed.cache import text_sha
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
-
-# What changes the vectors (device and batch size do not, beyond float noise).
-EMBED_KEYS = ("embedder.model", "embedder.max_seq_length", "embedder.instructions", "embedder.trust_remote_code", "embedder.long_texts")
-
 
 def embeddings_frame(
     item_ids: Sequence[str],
@@ -138,5 +134,5 @@ STAGE = Stage(
     run=run_embed,
     reads=("entries",),
     writes=("entry_embeddings",),
-    config_keys=EMBED_KEYS,
+    depends=EMBEDDER_IDENTITY,
 )

@@ -27,27 +27,26 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from structmem_gpu import schemas
 from structmem_gpu.data import display_text
-from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
 from structmem_gpu.methods.structmem.packing import chars_tokens, pack_lengths, text_token_counter
 from structmem_gpu.prompts import extraction_prompt, extraction_schema, render_window
-from structmem_gpu.prompts.variants import check_extraction_variant
 from structmem_gpu.prompts.reference import reference_fingerprint
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.settings import (
+    BOOL, COUNT, SIZE, STR_OR_NULL, TEMPERATURE, TOKENS, Enum, Int, List, Settings, knob,
+)
+from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
 STAGE_NAME = "extract"
-# The entries depend on the model that wrote them: a different model must recompute the stage.
-LLM_KEYS = ("llm.backend", "llm.model", "llm.served_name", "llm.revision")
 
 
 @dataclass(frozen=True)
@@ -90,59 +89,35 @@ class EntryRow:
 
 
 @dataclass(frozen=True)
-class ExtractSettings:
-    turns_per_request: int | None  # max turns per window (None = no cap; needs window_tokens)
-    context_turns: int
-    perspectives: tuple[str, ...]
-    max_tokens: int
-    max_items: int | None  # None = no maxItems in the schema
-    max_item_chars: int
-    temperature: float
-    prompt_variant: str = "default"  # default (reference semantics) | grounded
-    window_tokens: int | None = None  # token budget per window (None = turns_per_request only)
-    reference_dir: str | None = None  # a LightMem checkout: its prompts (prompts/reference.py)
-    worked_example: bool = True  # the default prompts' worked examples (off for tiny models)
+class ExtractSettings(Settings):
+    """conf/method/structmem.yaml `extract:` (+ prompts.reference_dir)."""
 
-    @classmethod
-    def from_cfg(cls, cfg: DictConfig) -> ExtractSettings:
-        e = cfg.extract
+    node: ClassVar[str] = "extract"
 
-        def opt_int(key: str) -> int | None:
-            v = e.get(key)
-            return None if v is None else int(v)
+    # max turns per window (None = no cap; needs window_tokens)
+    turns_per_request: int | None = knob(Int(ge=1, null=True))
+    context_turns: int = knob(COUNT)
+    perspectives: tuple[str, ...] = knob(List(Enum("fact", "relation")))
+    max_tokens: int = knob(TOKENS)
+    max_items: int | None = knob(Int(ge=1, null=True))  # None = no maxItems in the schema
+    max_item_chars: int = knob(SIZE)
+    temperature: float = knob(TEMPERATURE)
+    # default (reference semantics) | grounded
+    prompt_variant: str = knob(Enum("default", "grounded"), "default")
+    # token budget per window (None = turns_per_request only)
+    window_tokens: int | None = knob(Int(ge=1, null=True, note="null = fixed turn windows"), None)
+    # a LightMem checkout: its prompts (prompts/reference.py)
+    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.reference_dir")
+    worked_example: bool = knob(BOOL, True)  # the default prompts' worked examples (off for tiny models)
 
-        ref = OmegaConf.select(cfg, "prompts.reference_dir", default=None)
-        s = cls(
-            opt_int("turns_per_request"),
-            int(e.context_turns or 0),
-            tuple(str(p) for p in e.perspectives),
-            int(e.max_tokens),
-            opt_int("max_items"),
-            int(e.max_item_chars),
-            float(e.temperature),
-            str(e.get("prompt_variant") or "default"),
-            opt_int("window_tokens"),
-            None if ref is None else str(ref),
-            bool(e.get("worked_example", True)),
-        )
-        problems = (
-            s.turns_per_request is not None and s.turns_per_request < 1,
-            s.turns_per_request is None and s.window_tokens is None,  # no window unit at all
-            s.window_tokens is not None and s.window_tokens < 1,
-            s.max_items is not None and s.max_items < 1,
-            s.context_turns < 0,
-            not s.perspectives,
-        )
-        if any(problems):
-            raise ConfigError(
-                "extract: need turns_per_request >= 1 or null, window_tokens >= 1 or null (not "
-                "both null), max_items >= 1 or null, context_turns >= 0 and at least one "
-                f"perspective; got {OmegaConf.to_container(e)}"
-            )
-        for kind in s.perspectives:
-            extraction_prompt(kind)  # raises ConfigError naming an unknown perspective
-        check_extraction_variant(s.prompt_variant)
-        return s
+    def check(self) -> list[str]:
+        out = []
+        if self.turns_per_request is None and self.window_tokens is None:  # no window unit at all
+            out.append("extract.window_tokens=None: expected an integer >= 1 when "
+                       "extract.turns_per_request is null (a window needs a size)")
+        if not self.perspectives:
+            out.append("extract.perspectives=[]: expected at least one of 'fact', 'relation'")
+        return out
 
 
 @dataclass
@@ -367,7 +342,7 @@ def collect_entries(
 
 
 def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    s = ExtractSettings.from_cfg(ctx.cfg)
+    s: ExtractSettings = ctx.settings
     turns = ctx.read("turns")
     windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"))
     # Grouped by perspective: consecutive requests share the system prompt, which llama.cpp
@@ -395,6 +370,7 @@ STAGE = Stage(
     run=run_extract,
     reads=("turns",),
     writes=("entries",),
-    config_keys=("extract", *LLM_KEYS, "prompts.reference_dir"),
+    settings=ExtractSettings,
+    depends=LLM_IDENTITY,
     extra_fingerprint=reference_fingerprint,
 )

@@ -22,7 +22,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -31,8 +32,9 @@ from tqdm import tqdm
 from structmem_gpu import schemas
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K, VectorIndex
-from structmem_gpu.methods.structmem.embed import EMBED_KEYS, embedding_matrix, encode_notes
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
+from structmem_gpu.settings import COUNT, Settings, knob
+from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +106,20 @@ def search_rows(
     return rows
 
 
+@dataclass(frozen=True)
+class RetrieveSettings(Settings):
+    """`retrieve:` of conf/method/structmem.yaml (paper A.3: 60 entries + 5 syntheses)."""
+
+    node: ClassVar[str] = "retrieve"
+
+    entries_k: int = knob(COUNT)
+    syntheses_k: int = knob(COUNT)
+
+
 def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    cfg = ctx.cfg
+    cfg, s = ctx.cfg, ctx.settings
     questions = selected_questions(cfg, ctx.read("questions"))
-    ks = {"entries": int(cfg.retrieve.entries_k), "syntheses": int(cfg.retrieve.syntheses_k)}
+    ks = {"entries": s.entries_k, "syntheses": s.syntheses_k}
     index_cfg = {
         "use_gpu": cfg.index.get("use_gpu", "auto"),
         "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
@@ -168,5 +180,6 @@ STAGE = Stage(
     reads=("questions", "entries", "entry_embeddings"),
     optional_reads=("syntheses", "synthesis_embeddings"),
     writes=("retrievals",),
-    config_keys=("retrieve.entries_k", "retrieve.syntheses_k", "benchmark.categories", *EMBED_KEYS),
+    settings=RetrieveSettings,
+    depends=("benchmark.categories", *EMBEDDER_IDENTITY),
 )

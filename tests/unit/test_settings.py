@@ -1,0 +1,77 @@
+"""The typed-settings mechanism: fields carry their rule, nested and external nodes, open keys,
+cross-field checks, and which fields a fingerprint hashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.settings import (
+    BOOL, COUNT, SIZE, STR, List, Settings, covered, fingerprint_dict, knob, problems, sub,
+)
+
+
+@dataclass(frozen=True)
+class Inner(Settings):
+    k: int = knob(COUNT)
+    url: str | None = knob(STR, None, hashed=False)
+
+
+@dataclass(frozen=True)
+class Outer(Settings):
+    node: ClassVar[str] = "toy"
+    open_keys: ClassVar[dict[str, Any]] = {"*_inner": Inner}
+
+    size: int = knob(SIZE)
+    inner: Inner = sub(Inner)
+    flag: bool = knob(BOOL, False, external="other.flag")
+    items: tuple[int, ...] = knob(List(COUNT), ())
+
+    def check(self) -> list[str]:
+        return ["toy.size=3: expected anything but 3"] if self.size == 3 else []
+
+
+def cfg(**toy: Any) -> dict[str, Any]:
+    return {"toy": {"size": 2, "inner": {"k": 1, "url": "http://a"}, **toy}, "other": {"flag": True}}
+
+
+def test_built_settings_are_typed_and_read_external_keys() -> None:
+    s = Outer.from_cfg(cfg(items=[1, 2], extra_inner={"k": 4}))
+    assert (s.size, s.inner.k, s.flag, s.items) == (2, 1, True, (1, 2))
+    # hashed=False fields (connection settings) never reach a fingerprint; open keys do.
+    assert fingerprint_dict(s) == {"size": 2, "inner": {"k": 1}, "flag": True, "items": [1, 2],
+                                   "extra_inner": {"k": 4}}
+
+
+@pytest.mark.parametrize(("toy", "line"), [
+    ({"size": 0}, "toy.size=0: expected an integer >= 1"),
+    ({"inner": {"k": -1}}, "toy.inner.k=-1: expected an integer >= 0 (0 = off)"),
+    ({"inner": 5}, "toy.inner=5: expected a mapping"),
+    ({"items": [1, -2]}, "toy.items=[1, -2]: expected a list of an integer >= 0 (0 = off)"),
+    ({"extra_inner": {"k": "x"}}, "toy.extra_inner.k='x': expected an integer >= 0 (0 = off)"),
+    ({"size": 3}, "toy.size=3: expected anything but 3"),
+])
+def test_each_problem_is_one_line_naming_the_key(toy: dict[str, Any], line: str) -> None:
+    data = cfg(**toy)
+    assert problems(Outer, data["toy"], "toy", data) == [line]
+    with pytest.raises(ConfigError) as err:
+        Outer.from_cfg(data)
+    assert str(err.value) == f"config {line}"
+
+
+def test_external_key_is_checked_where_it_lives_and_missing_fields_are_named() -> None:
+    data = {"toy": {"inner": {"k": 1}}, "other": {"flag": "yes"}}
+    assert problems(Outer, data["toy"], "toy", data) == [
+        "toy.size=None: a value is required: an integer >= 1",
+        "other.flag='yes': expected true or false",
+    ]
+
+
+def test_coverage_names_every_declared_key_and_only_those() -> None:
+    data = cfg(items=[1], extra_inner={"k": 4}, stray=1)
+    keys = covered(Outer, data["toy"], "toy", data)
+    assert {"toy.size", "toy.inner.k", "toy.inner.url", "toy.items", "toy.extra_inner.k", "other.flag"} <= keys
+    assert "toy.stray" not in keys
