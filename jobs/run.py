@@ -102,7 +102,7 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object) -> list[str]:
     # The lock first, then Hydra's record of the job: a second job on this directory must
     # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
     with hold_run_dir(run_dir), guard:  # type: ignore[attr-defined]
-        log_changes(run_dir, cfg, stages_to_run(cfg, run_dir, registry))  # before .hydra/ changes
+        log_changes(run_dir, cfg, lambda: stages_to_run(cfg, run_dir, registry))  # before .hydra/
         save_job_config(cfg, run_dir)
         run_stages(cfg, run_dir, registry)
     return job_stage_names(cfg)

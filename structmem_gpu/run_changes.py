@@ -12,7 +12,7 @@ which stages' tables it will replace:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,10 @@ def describe(run_dir: Path, changes: Sequence[tuple[str, Any, Any]], replaced: S
             f"replaces the tables of stages {stages}")
 
 
-def log_changes(run_dir: Path, cfg: Any, replaced: Sequence[str]) -> str | None:
-    """Log (warning) what changed against the directory's previous config; the line or None."""
+def log_changes(run_dir: Path, cfg: Any, replaced: Callable[[], Sequence[str]]) -> str | None:
+    """Log (warning) what changed against the directory's previous config; the line or None.
+    `replaced` predicts the stages that will recompute; it is called only when keys changed
+    (it hashes input tables and files, which costs time on a large benchmark)."""
     from omegaconf import OmegaConf
 
     old = previous_config(run_dir)
@@ -75,6 +77,6 @@ def log_changes(run_dir: Path, cfg: Any, replaced: Sequence[str]) -> str | None:
     changes = changed_keys(old, new)
     if not changes:
         return None
-    line = describe(run_dir, changes, replaced)
+    line = describe(run_dir, changes, replaced())
     log.warning("%s", line)
     return line

@@ -77,3 +77,17 @@ def test_hydra_run_dir_uses_the_key() -> None:
     assert _run_dir("debug=scripted", "consolidate.seed_k=5").endswith(
         "runs/sample/structmem/consolidate.seed_k=5,debug=scripted")
     assert _run_dir("method=flat", "judge=second_cpu").endswith("runs/sample/flat")
+
+
+def test_changed_keys_name_only_what_can_change_a_result() -> None:
+    from structmem_gpu.run_changes import changed_keys, describe
+
+    old = {"consolidate": {"seed_k": 15}, "paths": {"cache_dir": "/a"}, "llm": {"base_url": "x", "model": "m"}}
+    new = {"consolidate": {"seed_k": 5}, "paths": {"cache_dir": "/b"}, "llm": {"base_url": "y", "model": "m"},
+           "retrieve": {"entries_k": 8}}
+    changes = changed_keys(old, new)
+    assert changes == [("consolidate.seed_k", 15, 5), ("retrieve.entries_k", None, 8)]
+    line = describe(Path("/r"), changes, ["consolidate", "report"])
+    assert "2 keys changed (consolidate.seed_k: 15 -> 5, retrieve.entries_k: None -> 8)" in line
+    assert line.endswith("replaces the tables of stages consolidate, report")
+    assert changed_keys(old, {**old, "force": True}) == []
