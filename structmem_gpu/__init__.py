@@ -4,10 +4,14 @@ Importing the package is cheap: heavy libraries (vllm, faiss, torch, sentence_tr
 aiohttp) are imported lazily, each by exactly one module.
 """
 
-from structmem_gpu import run_key as _run_key
+from importlib.util import find_spec as _find_spec
 
 __version__ = "0.1.0"
 
 # conf/config.yaml names run directories with ${run_key:...}. Registered on import so that a
-# submitit worker, which imports this package to unpickle its job, resolves them too.
-_run_key.register()
+# submitit worker, which imports this package to unpickle its job, resolves them too. The vLLM
+# CPU environment (.venv-vllm) runs only llm/convert.py and has no omegaconf: nothing to register.
+if _find_spec("omegaconf") is not None:
+    from structmem_gpu import run_key as _run_key
+
+    _run_key.register()

@@ -91,3 +91,15 @@ def test_changed_keys_name_only_what_can_change_a_result() -> None:
     assert "2 keys changed (consolidate.seed_k: 15 -> 5, retrieve.entries_k: None -> 8)" in line
     assert line.endswith("replaces the tables of stages consolidate, report")
     assert changed_keys(old, {**old, "force": True}) == []
+
+
+def test_the_package_imports_without_omegaconf() -> None:
+    """.venv-vllm runs `python -m structmem_gpu.llm.convert` with none of our dependencies."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['omegaconf'] = None; "
+            "import structmem_gpu, structmem_gpu.llm.convert; print('imported')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=CONF.parent, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-2000:]
