@@ -106,6 +106,14 @@ def run_header(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def finished(cfg: DictConfig, run: RunDir, name: str, fp: str) -> bool:
+    """True when stage `name` may be skipped: done with fingerprint `fp`, outputs intact, and
+    `force` not set."""
+    entry = run.stage_entry(name)
+    return bool(not cfg.get("force", False) and entry and entry.get("status") == "done"
+                and entry.get("fingerprint") == fp and run.outputs_intact(entry))
+
+
 def job_stage_names(cfg: DictConfig) -> list[str]:
     """The stages this job runs, in order: `stages` when given, else the method's list."""
     return list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
@@ -122,12 +130,9 @@ def stages_to_run(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, S
         stage = registry.get(name)
         if stage is None:
             continue
-        entry = run.stage_entry(name)
         reads = set(stage.reads) | set(stage.optional_reads)
         try:
-            fresh = (not cfg.get("force", False) and not (reads & rewritten) and entry is not None
-                     and entry.get("status") == "done" and run.outputs_intact(entry)
-                     and entry.get("fingerprint") == fingerprint(stage, cfg, run))
+            fresh = not (reads & rewritten) and finished(cfg, run, name, fingerprint(stage, cfg, run))
         except MissingTableError:
             fresh = False
         if not fresh:
@@ -160,9 +165,7 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
 
 def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, header: Mapping[str, Any]) -> StageOutcome:
     fp = fingerprint(stage, cfg, run)
-    entry = run.stage_entry(stage.name)
-    if (not cfg.get("force", False) and entry and entry.get("status") == "done"
-            and entry.get("fingerprint") == fp and run.outputs_intact(entry)):
+    if finished(cfg, run, stage.name, fp):
         log.info("stage %-12s skipped (finished, same fingerprint %s)", stage.name, fp)
         return StageOutcome(stage.name, True, 0.0)
     log.info("stage %-12s running", stage.name)

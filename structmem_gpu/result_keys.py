@@ -52,3 +52,15 @@ def no_table_key(key: str) -> bool:
     """True for keys whose change leaves every table as it was (caches, report figures)."""
     key = key.lstrip("+~")
     return any(key == k or key.startswith(k + ".") for k in NO_TABLE_KEYS)
+
+
+def changes_result(key: str) -> bool:
+    """True for a key whose value can change a table of the run (not a launch key, a serving
+    knob, a cache switch or report figures): what names run directories and comparisons."""
+    return not (launch_key(key) or no_table_key(key))
+
+
+def split_override(override: str) -> tuple[str, str | None]:
+    """Hydra override text -> (key without `+`/`++`, value; None for `~key` deletions)."""
+    key, sep, value = str(override).partition("=")
+    return key.lstrip("+"), (value if sep else None)

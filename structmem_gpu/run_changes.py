@@ -12,33 +12,24 @@ which stages' tables it will replace:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from structmem_gpu.result_keys import launch_key, no_table_key
+from structmem_gpu.result_keys import changes_result
+from structmem_gpu.settings import leaf_items
 
 log = logging.getLogger(__name__)
 SHOWN = 8  # changed keys named in the log line; the rest are counted
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, Mapping) and node:
-        for k, v in node.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield prefix, node
-
-
 def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) of every leaf that differs and can change a result
     (a key present on one side only has None on the other)."""
-    a, b = dict(_leaves(old)), dict(_leaves(new))
+    a, b = dict(leaf_items(old)), dict(leaf_items(new))
     out = []
     for key in sorted(set(a) | set(b)):
-        if launch_key(key) or no_table_key(key):
-            continue
-        if a.get(key) != b.get(key):
+        if changes_result(key) and a.get(key) != b.get(key):
             out.append((key, a.get(key), b.get(key)))
     return out
 

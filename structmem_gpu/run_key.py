@@ -23,7 +23,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from structmem_gpu.result_keys import launch_key, no_table_key
+from structmem_gpu.result_keys import changes_result, split_override
 
 RESOLVER = "run_key"
 MAX_CHARS = 120  # past this the key keeps a readable head and a hash of the whole
@@ -35,13 +35,8 @@ def _short_hash(text: str, n: int = 8) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:n]
 
 
-def _split(override: str) -> tuple[str, str]:
-    key, _, value = override.partition("=")
-    return key.lstrip("+"), value
-
-
 def _kept(key: str, mode: str) -> bool:
-    if launch_key(key) or no_table_key(key):
+    if not changes_result(key):
         return False
     head = key.lstrip("~").split(".", 1)[0]
     if mode == "run" and (head == "judge" or key in _IN_PATH):
@@ -62,9 +57,9 @@ def run_key(overrides: Iterable[str], mode: str = "run") -> str:
         raise ValueError(f"run_key mode must be 'run' or 'sweep', not {mode!r}")
     items = []
     for override in overrides:
-        key, value = _split(str(override))
+        key, value = split_override(override)
         if _kept(key, mode):
-            items.append(f"{key}={_value(key, value)}" if "=" in str(override) else key)
+            items.append(key if value is None else f"{key}={_value(key, value)}")
     text = _UNSAFE.sub("_", ",".join(sorted(items)))
     if len(text) > MAX_CHARS:
         text = f"{text[:MAX_CHARS - 12].rstrip(',_')}-{_short_hash(text, 10)}"

@@ -381,16 +381,22 @@ def without_unhashed(model: type[Settings], data: Any) -> Any:
     return out
 
 
-def leaves(node: Any, prefix: str = "") -> Iterator[str]:
-    """Dotted keys of every leaf (an empty mapping is a leaf)."""
+def leaf_items(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf (an empty mapping is a leaf; a list of mappings, such
+    as judge.panel, is walked by index)."""
     if isinstance(node, Mapping) and node:
         for k, v in node.items():
-            yield from leaves(v, _join(prefix, str(k)))
+            yield from leaf_items(v, _join(prefix, str(k)))
     elif isinstance(node, (list, tuple)) and node and all(isinstance(v, Mapping) for v in node):
         for i, v in enumerate(node):
-            yield from leaves(v, f"{prefix}.{i}")
+            yield from leaf_items(v, f"{prefix}.{i}")
     else:
-        yield prefix
+        yield prefix, node
+
+
+def leaves(node: Any, prefix: str = "") -> Iterator[str]:
+    """Dotted keys of every leaf (leaf_items without the values)."""
+    return (key for key, _ in leaf_items(node, prefix))
 
 
 def covered(model: type[Settings], data: Any, prefix: str, root: Mapping[str, Any]) -> set[str]:

@@ -25,7 +25,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from structmem_gpu.artifacts import atomic_write_text
-from structmem_gpu.result_keys import launch_key
+from structmem_gpu.result_keys import launch_key, split_override
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def render_summary(points: Sequence[Mapping[str, Any]]) -> str:
     for p in points:
         where = p.get("error") if p["status"] != "ok" else (p.get("report") or p.get("run_dir"))
         cell = str(where or "–").replace("|", "\\|")
-        shown = [o for o in p["overrides"] if not launch_key(str(o).partition("=")[0])]
+        shown = [o for o in p["overrides"] if not launch_key(split_override(o)[0])]
         lines.append(f"| {p['job']} | {' '.join(shown) or '(none)'} | {p['status']} | {cell} |")
     return "\n".join(lines) + "\n"
 

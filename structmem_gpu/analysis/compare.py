@@ -33,7 +33,7 @@ import polars as pl
 
 from structmem_gpu.artifacts import MANIFEST, atomic_write_text
 from structmem_gpu.errors import InputError
-from structmem_gpu.result_keys import launch_key, no_table_key
+from structmem_gpu.result_keys import changes_result, split_override
 
 log = logging.getLogger(__name__)
 
@@ -109,13 +109,8 @@ def run_overrides(run_dir: Path) -> dict[str, str]:
     items = OmegaConf.to_container(OmegaConf.load(path))
     if not isinstance(items, list):
         raise InputError(path, "expected a list of overrides")
-    out = {}
-    for item in items:
-        key, _, value = str(item).partition("=")
-        key = key.lstrip("+")
-        if not (launch_key(key) or no_table_key(key)):
-            out[key] = value
-    return out
+    pairs = [split_override(item) for item in items]
+    return {key: value or "" for key, value in pairs if changes_result(key)}
 
 
 def answer_model(run_dir: Path) -> str | None:

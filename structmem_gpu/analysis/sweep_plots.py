@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from structmem_gpu.analysis.compare import compare_runs, label_columns
-from structmem_gpu.analysis.inspect import Run, load_run, request_events, sweep_frame
+from structmem_gpu.analysis.inspect import Run, load_run, request_events
 from structmem_gpu.eval.curves import NothingToPlot, cumulative_build_tokens
 from structmem_gpu.eval.plots import (
     SWEEP_PLOTS,
@@ -46,10 +46,14 @@ def write_sweep_plots(run_dirs: Iterable[Path], out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     written: list[Path] = []
     frame = compare_runs([r.root for r in finished])
-    extra = [k for k in SWEEP_PLOTS if k not in frame.columns]  # runs without .hydra/ records
-    if extra:
-        frame = frame.join(sweep_frame([r.root for r in finished], tuple(extra)).select(
-            "run_dir", *extra), on="run_dir", how="left")
+    # Fig. 3c/3d keys the overrides do not name (runs without .hydra/ records): the values the
+    # stages recorded, by run (compare_runs sorts its rows).
+    extra = [k for k in SWEEP_PLOTS if k not in frame.columns]
+    by_dir = {str(r.root): r for r in finished}
+    frame = frame.with_columns(
+        pl.Series(k, [by_dir[d].config_value(k) for d in frame["run_dir"]], strict=False)
+        for k in extra
+    )
     numeric = [k for k in [*label_columns(frame), *extra] if frame[k].dtype.is_numeric()]
     for key in dict.fromkeys(numeric):  # one figure per varied numeric key, e.g. entries_k
         if frame[key].drop_nulls().n_unique() > 1:  # a key the runs do not vary is no sweep

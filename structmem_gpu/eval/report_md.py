@@ -53,6 +53,15 @@ def _score_row(label: str, g: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def score_groups(rep: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], bool]]:
+    """(label, scores, is_total) per category, then overall without adversarial (when the
+    report has it) and overall: the rows of every score table."""
+    out = [(f"{c} {g['name']}", g, False) for c, g in rep["by_category"].items()]
+    if "overall_without_adversarial" in rep:
+        out.append(("overall without adversarial", rep["overall_without_adversarial"], True))
+    return out + [("overall", rep["overall"], True)]
+
+
 def scores_section(rep: Mapping[str, Any]) -> list[str]:
     head = [
         "category",
@@ -66,12 +75,7 @@ def scores_section(rep: Mapping[str, Any]) -> list[str]:
         "BLEU-1",
         "evidence recall",
     ]
-    rows = [_score_row(f"{c} {g['name']}", g) for c, g in rep["by_category"].items()]
-    if "overall_without_adversarial" in rep:
-        rows.append(
-            _score_row("**overall without adversarial**", rep["overall_without_adversarial"])
-        )
-    rows.append(_score_row("**overall**", rep["overall"]))
+    rows = [_score_row(f"**{label}**" if total else label, g) for label, g, total in score_groups(rep)]
     models = ", ".join(rep["judge_models"].get(rep["judge"] or "", [])) or "–"
     out = [f"## Scores (judge `{rep['judge']}`: {models})", ""] + _table(head, rows)
     out.append(
@@ -264,13 +268,9 @@ def closing_lines(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> 
     category and overall, judge accuracy with its 95% CI, F1, BLEU-1, n and unjudged, with
     the overall figure of every matching published row below it."""
     head = ["category", "n", "judge acc.", "95% CI", "unjudged", "F1", "BLEU-1"]
-    groups = [(f"{c} {g['name']}", g) for c, g in rep["by_category"].items()]
-    if "overall_without_adversarial" in rep:
-        groups.append(("overall without adversarial", rep["overall_without_adversarial"]))
-    groups.append(("overall", rep["overall"]))
     rows = [[label, str(g["n"]), pct(g["judge_accuracy"]), _ci(g["judge_accuracy_ci95"]),
              str(g.get("unjudged", 0)), pct(g["f1_locomo"]), pct(g["bleu1"])]
-            for label, g in groups]
+            for label, g, _ in score_groups(rep)]
     out = [f"{rep['benchmark']} / {rep['method']}, judge {rep['judge']} (scores in percent)", ""]
     out += _table(head, rows)
     for row in published:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -67,6 +68,16 @@ def read_text(path: Path) -> str | None:
         return None
 
 
+def other_texts() -> Iterator[tuple[Path, str]]:
+    """(path, text) of every tracked text file but this test (which names the notes it bans)."""
+    for path in tracked_files():
+        if path.resolve() == THIS:
+            continue
+        text = read_text(path)
+        if text is not None:
+            yield path, text
+
+
 def joined(text: str) -> str:
     """Line breaks inside a comment or docstring paragraph become one space."""
     return re.sub(r"[ \t]*\n[ \t]*(?:#+[ \t]*)?", " ", text)
@@ -116,12 +127,7 @@ def test_docs_folder_exists_and_readme_links_it() -> None:
 
 def test_no_file_cites_notes_outside_the_repository() -> None:
     bad = []
-    for path in tracked_files():
-        if path.resolve() == THIS:
-            continue
-        text = read_text(path)
-        if text is None:
-            continue
+    for path, text in other_texts():
         for i, line in enumerate(text.splitlines(), 1):
             if m := EXTERNAL.search(line):
                 bad.append(f"{path.relative_to(ROOT)}:{i}: {m.group(0)}")
@@ -130,12 +136,7 @@ def test_no_file_cites_notes_outside_the_repository() -> None:
 
 def test_cited_sections_and_docs_exist() -> None:
     bad, seen = [], 0
-    for path in tracked_files():
-        if path.resolve() == THIS:
-            continue
-        text = read_text(path)
-        if text is None:
-            continue
+    for path, text in other_texts():
         flat = joined(text)
         for m in DOC_FILE.finditer(flat):
             if not (ROOT / m.group(0)).is_file():
