@@ -12,8 +12,8 @@ row) and a `match` block of config values that make a run comparable, e.g.
 key; a row lists EVERY setting the published figure fixes (method, benchmark, ablation
 switches, seed_k, p_ret_k, rpe_factor, fusion window, passages per request, entries/syntheses
 per question, reader protocol, ...), and `match` is the configuration that PRODUCED the
-number: for StructMem the released code's (README "Which published tables a run is
-comparable with"), i.e. its seed pool (`consolidate.seed_scope: global`,
+number: for StructMem the released code's (README "Evaluation protocols" says which run
+matches which row), i.e. its seed pool (`consolidate.seed_scope: global`,
 `consolidate.seed_exclude_buffer: false`), its encoder (`embedder.model`: all-MiniLM-L6-v2,
 which `embedder.model: null` is, `embedder.long_texts: truncate`) and what its judge saw
 (`judge.input: reply`; absent = that default). SEEM's paper names no encoder and its code is
