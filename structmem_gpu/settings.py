@@ -140,6 +140,7 @@ SIZE = Int(ge=1)  # budgets, windows, batch sizes
 TOKENS = Int(ge=1, note="reply budget in tokens")
 RATE = Float(ge=0, le=1)
 TEMPERATURE = Float(ge=0, le=2)
+TOP_P = Float(gt=0, le=1)  # nucleus sampling mass (1 = off)
 _MAPPING = Rule("dict")
 
 

@@ -135,17 +135,20 @@ def _model_names(identities: Sequence[str]) -> str | None:
     return ", ".join(names) or None
 
 
-def _published_overall(report: Mapping[str, Any]) -> tuple[str | None, float | None]:
-    """(id, overall judge accuracy as a fraction) of the first published row that matched."""
+def _published_overall(report: Mapping[str, Any]) -> tuple[str | None, float | None, str | None]:
+    """(id, overall judge accuracy as a fraction, note) of the first published row that
+    matched; the note is set when the run matched it only as a configuration the row is shown
+    beside (report.json `published_notes`)."""
     from structmem_gpu.eval.published import load_published
 
     ids = list(report.get("published") or [])
+    notes = report.get("published_notes") or {}
     rows = {r.id: r for r in load_published()}
     for rid in ids:
         row = rows.get(rid)
         if row is not None and "judge_accuracy" in row.overall:
-            return rid, row.overall["judge_accuracy"] / 100
-    return (ids[0] if ids else None), None
+            return rid, row.overall["judge_accuracy"] / 100, notes.get(rid)
+    return (ids[0] if ids else None), None, (notes.get(ids[0]) if ids else None)
 
 
 def run_row(run_dir: Path) -> dict[str, Any]:
@@ -154,7 +157,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     overall = report.get("overall") or {}
     ci = overall.get("judge_accuracy_ci95") or [None, None]
     judge = report.get("judge")
-    published_id, published_acc = _published_overall(report)
+    published_id, published_acc, published_note = _published_overall(report)
     row: dict[str, Any] = {
         "method": report.get("method") or manifest.get("method"),
         "benchmark": report.get("benchmark") or manifest.get("benchmark"),
@@ -165,6 +168,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         "judge_models": _model_names((report.get("judge_models") or {}).get(judge or "", [])),
         "published_id": published_id,
         "published_acc": published_acc,
+        "published_note": published_note,
         "_overrides": run_overrides(run_dir),
         "protocols": _protocols(report),
         "n": overall.get("n"),
@@ -308,6 +312,13 @@ def _cell(x: Any) -> str:
     return "–" if x is None else str(x).replace("|", "\\|")
 
 
+def _published_cell(r: Mapping[str, Any]) -> str:
+    if r.get("published_acc") is None:
+        return "–"
+    note = r.get("published_note")
+    return _pct(r["published_acc"]) + (f" ({note})" if note else "")
+
+
 def _models(r: Mapping[str, Any]) -> str:
     judge = _cell(r.get("judge"))
     return judge + (f" ({r['judge_models']})" if r.get("judge_models") else "")
@@ -323,7 +334,8 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
         "that vary across the compared runs. Protocols = reader/judge protocol; a row marked "
         "(differs) used other protocols than the rest and is not comparable with them. "
         "Published = the overall judge accuracy of the first published row matching the run's "
-        "configuration. Build cost sums every memory-building stage; calls include cache hits "
+        "configuration, with the row's note when the run is not the configuration that "
+        "produced the number (e.g. paper text configuration, number from the code's). Build cost sums every memory-building stage; calls include cache hits "
         "(the method's cost), wall seconds are as measured."
     )
     lines = ["# Method comparison", "", note, ""]
@@ -356,7 +368,7 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
             _pct(r["acc_overall"]) + ci,
             *(_pct(r[c]) for c in acc),
             *(_pct(r[c]) for c in metrics),
-            "–" if r.get("published_acc") is None else _pct(r["published_acc"]),
+            _published_cell(r),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     ratio = f"calls vs {reference}" if reference else "calls vs ref"

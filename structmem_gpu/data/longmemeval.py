@@ -34,7 +34,9 @@ Rules (docs/evaluation.md "LongMemEval loader rules"):
   `<id>#repeat<n>` (n = 2, 3, ...), so its dia_ids are unique; one warning line per affected
   instance; the load stage's notes count them (`repeated_sessions`).
 - Unknown keys (the example's `_note`) are ignored. A turn whose `content` is missing or blank
-  is an InputError (LongMemEval has no image turns that could carry it).
+  is an InputError (LongMemEval has no image turns that could carry it), and so is a role
+  other than `user` / `assistant` (the only two the benchmark has; any other would silently
+  become a third speaker).
 - Only the selected instances are validated.
 """
 
@@ -72,6 +74,7 @@ log = logging.getLogger(__name__)
 
 DATE_FORMAT: Final = "%Y/%m/%d (%a) %H:%M"  # "2023/04/10 (Mon) 23:07"
 ABSTENTION_SUFFIX: Final = "_abs"
+ROLES: Final = ("user", "assistant")  # a turn's role is its speaker: the benchmark's only two
 REPEAT_MARK: Final = "#repeat"  # session_id suffix of a repeated occurrence: "<id>#repeat2"
 _REQUIRED: Final = (
     "question_id",
@@ -249,6 +252,8 @@ def _load_session(
         where = f"{qid} {sid} {dia_id}"
         item = require(path, item, ("role",), where, "turn")
         role = require_str(path, item["role"], "role", where)
+        if role not in ROLES:
+            raise InputError(path, f"unknown role {role!r}; expected one of {list(ROLES)}", where)
         content = item.get("content")
         content = "" if content is None else require_str(path, content, "content", where)
         if not content.strip():

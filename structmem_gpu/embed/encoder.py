@@ -255,8 +255,8 @@ LONG_TEXTS = ("chunk", "truncate")
 
 def instruction(cfg: Mapping[str, Any], use: str) -> str | None:
     """The instruction prepended to texts encoded for `use` (embedder.instructions.<use>):
-    entry = memory texts (entries, syntheses, SEEM facts/passages as documents); query =
-    questions and seed queries against entries; fact / passage = SEEM queries against facts /
+    entry = memory texts (entries, syntheses, StructMem's consolidation seed query, SEEM
+    facts/passages as documents); query = questions; fact / passage = SEEM queries against facts /
     passages (HippoRAG 2's query-to-fact / query-to-passage)."""
     if use not in USES:
         raise ConfigError(f"encoder use {use!r}; expected one of {list(USES)}")

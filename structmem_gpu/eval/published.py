@@ -11,7 +11,23 @@ row) and a `match` block of config values that make a run comparable, e.g.
 `match` keys: "benchmark" (= benchmark.name), "method" (= method.name), or any dotted config
 key; a row lists EVERY setting the published figure fixes (method, benchmark, ablation
 switches, seed_k, p_ret_k, rpe_factor, fusion window, passages per request, entries/syntheses
-per question, reader protocol, ...). On top of its `match` block a row matches only when
+per question, reader protocol, ...), and `match` is the configuration that PRODUCED the
+number: for StructMem the released code's (README "Evaluation protocols" says which run
+matches which row), i.e. its seed pool (`consolidate.seed_scope: global`,
+`consolidate.seed_exclude_buffer: false`), its encoder (`embedder.model`: all-MiniLM-L6-v2,
+which `embedder.model: null` is, `embedder.long_texts: truncate`) and what its judge saw
+(`judge.input: reply`; absent = that default). SEEM's paper names no encoder and its code is
+not public, so its rows pin neither.
+
+A row may also be shown beside other configurations, each with a note saying so:
+
+    "beside": [{"note": "paper text configuration, number from the code's",
+                "differs": {"consolidate.seed_scope": "historical", ...},
+                "unpinned": ["embedder.model"]}]
+
+is `match` with `differs` applied and the `unpinned` keys dropped (any value matches: the
+paper's text-embedding-3-small is an API model, any encoder stands in for it). A run that
+matches `match` itself gets no note. On top of its `match` block a row matches only when
 
 - the run's category scope (`benchmark.categories`; null = every category of the benchmark)
   equals the row's `categories`;
@@ -41,6 +57,14 @@ _ALIASES = {"benchmark": "benchmark.name", "method": "method.name"}
 
 
 @dataclass(frozen=True)
+class Beside:
+    """Another configuration a row is shown beside, with the note it is shown with."""
+
+    note: str
+    match: Mapping[str, Any]  # the row's match with `differs` applied, `unpinned` dropped
+
+
+@dataclass(frozen=True)
 class PublishedRow:
     id: str
     paper: str
@@ -52,9 +76,21 @@ class PublishedRow:
     overall: Mapping[str, float]  # metric -> percent
     by_category: Mapping[str, Mapping[str, float]]  # metric -> category id (str) -> percent
     extra: Mapping[str, Any] = field(default_factory=dict)  # build_cost, correct_by_category, ...
+    beside: tuple[Beside, ...] = ()
 
 
 _KNOWN = {"id", "source", "label", "match", "judge_model", "categories", "overall", "by_category"}
+_OPTIONAL = {"beside"}
+
+
+def _beside(raw: Mapping[str, Any], match: Mapping[str, Any] | None, origin: Path) -> Beside:
+    differs, unpinned = dict(raw.get("differs") or {}), list(raw.get("unpinned") or [])
+    unknown = (set(differs) | set(unpinned)) - set(match or {})
+    if not match or not raw.get("note") or unknown:
+        raise ValueError(f"{origin}: a 'beside' entry needs a note and keys of the row's match "
+                         f"(unknown: {sorted(unknown)})")
+    merged = {k: differs.get(k, v) for k, v in match.items() if k not in unpinned}
+    return Beside(note=str(raw["note"]), match=merged)
 
 
 def _row(paper: str, raw: Mapping[str, Any], origin: Path) -> PublishedRow:
@@ -74,7 +110,8 @@ def _row(paper: str, raw: Mapping[str, Any], origin: Path) -> PublishedRow:
             m: {c: float(v) for c, v in cats.items()}
             for m, cats in (raw["by_category"] or {}).items()
         },
-        extra={k: v for k, v in raw.items() if k not in _KNOWN},
+        extra={k: v for k, v in raw.items() if k not in _KNOWN | _OPTIONAL},
+        beside=tuple(_beside(b, raw["match"], origin) for b in raw.get("beside") or ()),
     )
 
 
@@ -90,11 +127,18 @@ def load_published(directory: Path = PUBLISHED_DIR) -> tuple[PublishedRow, ...]:
     return tuple(rows)
 
 
+# What a null (or absent) value of a match key means, so that rows name the thing itself:
+# `embedder.model: null` is the packaged all-MiniLM-L6-v2 (conf/embedder/minilm.yaml), and a
+# config without `judge.input` judges the reader's whole reply (the paper-protocol default).
+PACKAGED_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
+_NULL_MEANS = {"embedder.model": PACKAGED_ENCODER, "judge.input": "reply"}
+
+
 def config_fact(cfg: DictConfig, key: str) -> Any:
     value = OmegaConf.select(cfg, _ALIASES.get(key, key), default=None)
     if OmegaConf.is_config(value):
         return OmegaConf.to_container(value, resolve=True)
-    return value
+    return _NULL_MEANS.get(key) if value is None else value
 
 
 Facts = DictConfig | Callable[[str], Any]  # a config, or a dotted key -> value lookup
@@ -103,7 +147,12 @@ Facts = DictConfig | Callable[[str], Any]  # a config, or a dotted key -> value 
 def _lookup(facts: Facts) -> Callable[[str], Any]:
     if isinstance(facts, DictConfig):
         return lambda key: config_fact(facts, key)
-    return facts
+
+    def get(key: str) -> Any:
+        value = facts(key)
+        return _NULL_MEANS.get(key) if value is None else value
+
+    return get
 
 
 def run_categories(facts: Facts) -> tuple[int, ...]:
@@ -128,16 +177,26 @@ def harness_run(facts: Facts) -> str | None:
     return None
 
 
-def row_matches(facts: Facts, row: PublishedRow) -> bool:
-    """True when the run reproduces every setting `row` fixes (see the module docstring)."""
+def match_note(facts: Facts, row: PublishedRow) -> str | None:
+    """How the run matches `row`: None = not at all; "" = it is the configuration that
+    produced the number; else the note of the `beside` configuration it is (module docstring)."""
     get = _lookup(facts)
     if not row.match or harness_run(get) is not None:
-        return False
+        return None
     if (get("judge.protocol") or "paper") != "paper":
-        return False
+        return None
     if run_categories(get) != tuple(sorted(row.categories)):
-        return False
-    return all(get(k) == v for k, v in row.match.items())
+        return None
+    for note, match in (("", row.match), *((b.note, b.match) for b in row.beside)):
+        if all(get(k) == v for k, v in match.items()):
+            return note
+    return None
+
+
+def row_matches(facts: Facts, row: PublishedRow) -> bool:
+    """True when the run reproduces every setting `row` fixes, or is one of the
+    configurations the row is shown beside (see the module docstring)."""
+    return match_note(facts, row) is not None
 
 
 def matching_rows(
@@ -145,3 +204,15 @@ def matching_rows(
 ) -> list[PublishedRow]:
     """Rows that `row_matches` the run."""
     return [r for r in (load_published() if rows is None else rows) if row_matches(cfg, r)]
+
+
+def match_notes(facts: Facts, rows: Sequence[PublishedRow] | None = None) -> dict[str, str]:
+    """row id -> note, for the matching rows shown with one (report.json `published_notes`)."""
+    rows = load_published() if rows is None else rows
+    return {r.id: note for r in rows if (note := match_note(facts, r))}
+
+
+def shown_label(row: PublishedRow, notes: Mapping[str, str] | None) -> str:
+    """The row's label as a report shows it: with its note when the run matched one."""
+    note = (notes or {}).get(row.id)
+    return f"{row.label} ({note})" if note else row.label

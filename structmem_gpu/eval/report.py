@@ -18,7 +18,9 @@ published pipelines do, `judge_accuracy_judged` averages the judged ones only, a
 counts the difference, per category and overall. F1/BLEU-1 average every answer of the group,
 evidence recall the questions with resolvable evidence. `protocols` names the answer and
 judge protocols the run used; `published` lists only rows whose every fixed setting matches
-(eval/published.py). When any LLM stage's parse-failure rate exceeds
+(eval/published.py), and `published_notes` the note of each row the run matched only as a
+configuration the row is shown beside (e.g. "paper text configuration, number from the
+code's"), which every view of the row prints beside its label. When any LLM stage's parse-failure rate exceeds
 `report.max_parse_failure_rate`, the files are written first and then StructMemError is
 raised, so a broken prompt is never reported as a low score.
 """
@@ -49,6 +51,7 @@ from structmem_gpu.eval.published import (
     config_fact,
     harness_run,
     load_published,
+    match_notes,
     matching_rows,
     run_categories,
 )
@@ -291,6 +294,7 @@ def build_report(
         "protocols": run_protocols(cfg, manifest),
         "category_scope": list(run_categories(cfg)),
         "published": [r.id for r in matching_rows(cfg)],
+        "published_notes": match_notes(cfg),
         "published_excluded": harness_run(cfg),
         "settings": {
             "bootstrap_resamples": st.bootstrap_resamples,
@@ -375,7 +379,7 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 
 def _report_fingerprint(cfg: DictConfig) -> Any:
-    keys = sorted({k for r in load_published() if r.match for k in r.match})
+    keys = sorted({k for r in load_published() if r.match for k in r.match})  # beside: a subset
     keys += ["llm.backend", "debug_profile", "answer.protocol"]
     return {"published": {k: config_fact(cfg, k) for k in keys}, "judge": judge_identity(cfg)}
 

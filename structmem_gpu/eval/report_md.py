@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from structmem_gpu.eval.published import PublishedRow
+from structmem_gpu.eval.published import PublishedRow, shown_label
 
 _METRIC_LABELS = {
     "judge_accuracy": "judge accuracy",
@@ -165,9 +165,10 @@ def published_section(rep: Mapping[str, Any], rows: Sequence[PublishedRow]) -> l
         "",
     ]
     ours_cats = set(rep["categories"])
+    notes = rep.get("published_notes")
     for row in rows:
         out.append(
-            f"**{row.label}** — {row.source}; {row.paper}; judge {row.judge_model}; "
+            f"**{shown_label(row, notes)}** — {row.source}; {row.paper}; judge {row.judge_model}; "
             f"categories {list(row.categories)}."
         )
         out.append("")
@@ -275,7 +276,8 @@ def closing_lines(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> 
     out += _table(head, rows)
     for row in published:
         figures = ", ".join(f"{_METRIC_LABELS.get(m, m)} {v:.2f}" for m, v in row.overall.items())
-        out.append(f"published: {row.label} ({row.source}; judge {row.judge_model}): {figures}")
+        label = shown_label(row, rep.get("published_notes"))
+        out.append(f"published: {label} ({row.source}; judge {row.judge_model}): {figures}")
     if not published:
         why = rep.get("published_excluded")
         out.append(f"published: none for this configuration{f' (harness run: {why})' if why else ''}")

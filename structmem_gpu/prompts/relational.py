@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from structmem_gpu.prompts.variants import variant_system, variant_version
 
-VERSION = "relational/2"
+VERSION = "relational/3"  # 3: time "when relevant", said naturally (no date anchoring)
+GROUNDED_VERSION = "relational/2"  # base of the grounded variant, whose text is unchanged
 KIND = "relation"
 
 # The worked example (ours): 13 messages, 7 relations; turn 1 shares a photo, turn 10 is a plain
 # fact (skipped), turn 7 completes a mutual agreement ("both"), turn 12 responds in kind, and
-# turns 3 and 9 carry anchored relative times.
+# turns 3 and 9 carry relative times as said (the reference adds time naturally, no dates).
 EXAMPLE = """Example. The user message:
 Session date: 2023-09-14 20:10 (Thursday)
 
@@ -51,10 +52,10 @@ Turns:
 A good reply:
 {"entries": [
  {"turn": 2, "text": "Sam congratulated Dana on her promotion to team lead, shared in her photo with the signed offer letter, and praised the hard work behind it."},
- {"turn": 3, "text": "Dana thanked Sam and credited Sam's pep talk, last month before 2023-09-14, with helping her get the promotion."},
+ {"turn": 3, "text": "Dana thanked Sam and credited Sam's pep talk last month with helping her get the promotion."},
  {"turn": 4, "text": "Sam showed interest in Dana's new role by asking what she would change first."},
  {"turn": 7, "text": "Dana and Sam both agree that long meetings drain everyone."},
- {"turn": 9, "text": "Dana encouraged Sam about the job interview next week after 2023-09-14 and voiced confidence in Sam's preparation."},
+ {"turn": 9, "text": "Dana encouraged Sam about the job interview next week and voiced confidence in Sam's preparation."},
  {"turn": 12, "text": "Sam eagerly accepted Dana's offer of a mock interview on Saturday and offered to bring coffee in return for her help."},
  {"turn": 13, "text": "Dana told Sam she was proud of Sam for applying for the job."}
 ]}
@@ -85,8 +86,8 @@ to the other person (it is then a responsive behaviour).
 Each relation:
 - gives enough context to be understood alone: who did it towards whom, and exactly what was \
 praised, asked about or agreed on;
-- carries time information when it matters, a relative time kept as said and anchored to the \
-session date in YYYY-MM-DD form ("next week after 2023-09-14");
+- carries time information when it matters, in the words of the conversation ("Ben \
+cheered Ana on before her exam next week"); an exchange with no time to it needs no date;
 - merges related behaviours within one turn into one statement;
 - for a mutual agreement, says "both" ("X and Y both ...") and belongs to the turn where \
 the agreement is completed.
@@ -142,5 +143,5 @@ def system(variant: str, example: bool = True) -> str:
 
 
 def version(variant: str, example: bool = True) -> str:
-    """'relational/2', 'relational/2+grounded' or 'relational/2+noexample'."""
-    return variant_version(VERSION, variant, example)
+    """'relational/3', 'relational/2+grounded' or 'relational/3+noexample'."""
+    return variant_version(GROUNDED_VERSION if variant == "grounded" else VERSION, variant, example)

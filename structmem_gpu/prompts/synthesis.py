@@ -31,7 +31,7 @@ from datetime import datetime
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.llm.types import Message
 
-VERSION = "synthesis/2"
+VERSION = "synthesis/3"  # 3: times cited where available; psychological changes kept
 VARIANTS = ("constrained", "unconstrained")
 
 _ROLE = (
@@ -53,7 +53,8 @@ LINES: tuple[tuple[str, bool], ...] = (
     ("- Keep both kinds of information: the facts and the patterns of interaction.", False),
     (
         "- Keep the concrete details: dates, times, places and the names of things; the "
-        "emotional turning points; concrete plans; and quotes that tell something about a person.",
+        "emotional turning points and the shifts in how a person thinks or feels; concrete "
+        "plans; and quotes that tell something about a person.",
         False,
     ),
     (
@@ -75,7 +76,11 @@ LINES: tuple[tuple[str, bool], ...] = (
         "review his applications, and he got an interview within a week\".",
         False,
     ),
-    ("- Cite the specific time of every event you mention.", True),
+    (
+        "- When you bring in an event from another period, name its specific time if the "
+        "entries give one.",
+        True,
+    ),
     ("- Prefer concrete connections between events to general remarks about patterns.", True),
     (
         "- Work the related entries into the narrative itself; do not append them at the end.",
@@ -100,7 +105,7 @@ class Record:
 
 
 def prompt_version(variant: str) -> str:
-    """'synthesis/1+constrained': the version recorded on requests and syntheses."""
+    """'synthesis/3+constrained': the version recorded on requests and syntheses."""
     check_variant(variant)
     return f"{VERSION}+{variant}"
 

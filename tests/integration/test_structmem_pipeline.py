@@ -157,14 +157,14 @@ def _report_and_versions(run_dir: Path) -> set[str]:
 def test_sample_run_default_prompts_end_in_a_report(structmem_sample_run: Path) -> None:
     # the CPU profile's default prompts: reference instructions, worked examples left out
     versions = _report_and_versions(structmem_sample_run)
-    assert {"factual/2+noexample", "relational/2+noexample", "synthesis/2+constrained"} <= versions
+    assert {"factual/2+noexample", "relational/3+noexample", "synthesis/3+constrained"} <= versions
     assert "salvaged" in RunDir(structmem_sample_run).read_table("requests").columns
 
 
 @pytest.mark.parametrize(
     ("overrides", "want"),
     [
-        (["extract.worked_example=true"], {"factual/2", "relational/2"}),  # the full default text
+        (["extract.worked_example=true"], {"factual/2", "relational/3"}),  # the full default text
         (["extract.prompt_variant=grounded"], {"factual/2+grounded", "relational/2+grounded"}),
     ],
     ids=["default-with-examples", "grounded"],

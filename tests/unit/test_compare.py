@@ -226,3 +226,20 @@ def test_the_published_row_that_matched_is_shown(tmp_path: Path) -> None:
     assert df["published_acc"].to_list() == [pytest.approx(row.overall["judge_accuracy"] / 100)]
     md = write_comparison(df, tmp_path / "out")["md"].read_text()
     assert f"| {row.overall['judge_accuracy']:.1f} |" in md
+
+
+def test_a_published_row_matched_beside_its_configuration_shows_its_note(tmp_path: Path) -> None:
+    # experiment=structmem_locomo (paper text) gets Table 1 with the note; the reference-code
+    # configuration (the one that produced 76.82) gets it without
+    note = "paper text configuration, number from the code's"
+    runs = []
+    for name, notes in (("text", {"structmem-table1": note}), ("code", {})):
+        run = fake_run(tmp_path / name, "structmem", {"extract": _cost(8)})
+        rep = json.loads((run / "report" / "report.json").read_text())
+        rep.update(published=["structmem-table1"], published_notes=notes)
+        (run / "report" / "report.json").write_text(json.dumps(rep))
+        runs.append(run)
+    df = compare_runs(runs)
+    assert sorted(df["published_note"].to_list(), key=str) == sorted([note, None], key=str)
+    md = write_comparison(df, tmp_path / "out")["md"].read_text()
+    assert f"| 76.8 ({note}) |" in md and "| 76.8 |" in md

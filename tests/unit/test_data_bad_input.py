@@ -161,6 +161,13 @@ def test_lme_missing_turn_role(write_json) -> None:
     _raises(load_longmemeval, path, "[tq_1 answer_tq_1 answer_tq_1_2]", "['role']")
 
 
+@pytest.mark.parametrize("role", ["system-admin", "system", "User", ""])
+def test_lme_unknown_turn_role(write_json, role: str) -> None:
+    # only user / assistant exist; another role would have become a silent third speaker
+    path = write_json(_lme(lambda r: r["haystack_sessions"][1][0].update(role=role)))
+    _raises(load_longmemeval, path, "[tq_1 answer_tq_1 answer_tq_1_1]", f"unknown role {role!r}")
+
+
 def test_lme_unknown_type(write_json) -> None:
     path = write_json(_lme(lambda r: r.update(question_type="two_hop")))
     _raises(load_longmemeval, path, "[tq_1]", "unknown question_type 'two_hop'")

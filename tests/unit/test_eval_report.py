@@ -188,13 +188,17 @@ def test_hypotheses_jsonl_one_line_per_question() -> None:
 
 
 def _cfg(**kw: object) -> object:
-    """A StructMem LoCoMo config that reproduces paper Table 1's settings."""
+    """A StructMem LoCoMo config with paper Table 1's settings as the paper's text states them
+    (experiment=structmem_locomo: historical seed pool, buffer excluded, a long-context
+    encoder), which the published rows are shown beside with a note."""
     base = {
         "benchmark": {"name": "locomo", "categories": [1, 2, 3, 4]},
         "method": {"name": "structmem"},
         "llm": {"backend": "vllm_server"},
+        "embedder": {"model": "Qwen/Qwen3-Embedding-0.6B", "long_texts": "chunk"},
         "debug_profile": None,
-        "consolidate": {"seed_k": 15, "enabled": True, "window_seconds": 3600},
+        "consolidate": {"seed_k": 15, "enabled": True, "window_seconds": 3600,
+                        "seed_scope": "historical", "seed_exclude_buffer": True},
         "retrieve": {"entries_k": 60, "syntheses_k": 5},
         "answer": {"protocol": "paper"},
         "judge": {"name": "same_as_llm", "protocol": "paper"},
@@ -259,6 +263,65 @@ def test_a_row_matches_only_when_every_fixed_setting_matches() -> None:
     assert _ids(_cfg(**{"retrieve.entries_k": 20})) == set()
     # a judge row of Table 4 needs that judge
     assert "structmem-table4-qwen2-5-32b-judge" in _ids(_cfg(**{"judge.name": "qwen2_5_32b"}))
+
+
+PAPER_TEXT = "paper text configuration, number from the code's"
+CODE = {"consolidate.seed_scope": "global", "consolidate.seed_exclude_buffer": False,
+        "embedder.model": None, "embedder.long_texts": "truncate"}  # null = the packaged MiniLM
+
+
+def _notes(cfg: object) -> dict[str, str]:
+    from structmem_gpu.eval.published import match_notes
+
+    return match_notes(cfg)  # type: ignore[arg-type]
+
+
+def test_structmem_rows_belong_to_the_code_configuration_and_are_labelled_beside_the_text() -> None:
+    # the released code's configuration produced the number: matched with no note
+    code = _cfg(**CODE)
+    assert _ids(code) == {"structmem-table1", "structmem-fig3d-k15"} and _notes(code) == {}
+    named = _cfg(**{**CODE, "embedder.model": "sentence-transformers/all-MiniLM-L6-v2"})
+    assert _ids(named) == _ids(code) and _notes(named) == {}
+    # the paper text's configuration: the same rows, each with the note
+    assert _notes(_cfg()) == {"structmem-table1": PAPER_TEXT, "structmem-fig3d-k15": PAPER_TEXT}
+    k5 = _cfg(**{"consolidate.seed_k": 5})
+    assert _notes(k5) == {"structmem-fig3d-k5": PAPER_TEXT}
+    assert _notes(_cfg(**{**CODE, "consolidate.seed_k": 5})) == {}
+    # neither: a half-way seed pool, or the code's pool with another encoder
+    for mixed in ({"consolidate.seed_scope": "global"}, {"consolidate.seed_exclude_buffer": False},
+                  {**CODE, "embedder.model": "Qwen/Qwen3-Embedding-0.6B"},
+                  {**CODE, "embedder.long_texts": "chunk"}):
+        assert _ids(_cfg(**mixed)) == set(), mixed
+    # what the judge saw: the whole reply (absent = that default); the answer line alone is not
+    assert _ids(_cfg(**{**CODE, "judge.input": "reply"})) == _ids(code)
+    assert _ids(_cfg(**{**CODE, "judge.input": "answer"})) == set()
+    assert _ids(_cfg(**{"judge.input": "answer"})) == set()
+    # Table 2 rows from the code (MiniLM) and beside any other encoder
+    flat = {"method.name": "flat", "consolidate.enabled": False}
+    assert _notes(_cfg(**flat)) == {"structmem-table2-flat": PAPER_TEXT}
+    assert _ids(_cfg(**flat, **{"embedder.model": None})) == {"structmem-table2-flat"}
+    assert _notes(_cfg(**flat, **{"embedder.model": None})) == {}
+    # SEEM names no encoder: its rows match whatever the encoder, with no note
+    seem = _cfg(**{"method.name": "seem", "benchmark.categories": [1, 2, 3, 4, 5],
+                   "embedder.model": "BAAI/bge-m3"})
+    assert "seem-table1-locomo-seem" in _ids(seem) and _notes(seem) == {}
+
+
+@pytest.mark.parametrize(
+    ("experiment", "note"),
+    [("structmem_locomo_reference_code", None), ("structmem_locomo", PAPER_TEXT)],
+)
+def test_replication_experiments_get_the_table1_row_with_their_label(
+    experiment: str, note: str | None
+) -> None:
+    from structmem_gpu.eval.published import load_published, shown_label
+    from tests.fixtures.pipeline import compose_cfg
+
+    cfg = compose_cfg([f"experiment={experiment}", "llm=vllm_qwen2_5_7b"])
+    assert "structmem-table1" in _ids(cfg)
+    row = next(r for r in load_published() if r.id == "structmem-table1")
+    assert _notes(cfg).get("structmem-table1") == note
+    assert shown_label(row, _notes(cfg)) == ("StructMem" if note is None else f"StructMem ({note})")
 
 
 def test_no_published_row_for_harness_runs() -> None:
@@ -344,10 +407,15 @@ def test_closing_table_has_headline_scores_and_the_published_row(tmp_path: Path)
     assert "| category | n | judge acc. | 95% CI | unjudged | F1 | BLEU-1 |" in text
     assert "| 1 multi-hop | 2 | 50.0 | [0.0, 100.0] | 0 | 10.0 | 30.0 |" in text
     assert "| overall | 2 | 50.0 | [0.0, 100.0] | 0 | 10.0 | 30.0 |" in text
-    assert "published: " in text and "judge accuracy 76.82" in text
+    assert "published: StructMem (StructMem paper" in text and "judge accuracy 76.82" in text
+    noted = {**_report([1, 2, 3, 4]), "published_notes": _notes(_cfg())}
+    labelled = "\n".join(closing_lines(noted, rows))
+    assert f"published: StructMem ({PAPER_TEXT}) (StructMem paper, Table 1" in labelled
+    assert f"**StructMem ({PAPER_TEXT})** — StructMem paper, Table 1" in render_markdown(noted, rows)
     harness = "\n".join(closing_lines({**_report([1]), "published_excluded": "llm=scripted"}, []))
     assert "published: none for this configuration (harness run: llm=scripted)" in harness
     path = tmp_path / "report.json"
-    path.write_text(json.dumps({**_report([1, 2, 3, 4]), "published": [r.id for r in rows]}))
+    path.write_text(json.dumps({**noted, "published": [r.id for r in rows]}))
+    assert f"StructMem ({PAPER_TEXT})" in (closing_table(path) or "")
     assert "judge accuracy 76.82" in (closing_table(path) or "")
     assert closing_table(tmp_path / "missing.json") is None

@@ -165,8 +165,10 @@ def test_published_rows_follow_recorded_config(tmp_path: Path) -> None:
         "method": "structmem",
         "stages": {
             "load": {"config": {"benchmark": {"categories": [1, 2, 3, 4]}}},
-            "consolidate": {
-                "config": {"consolidate": {"seed_k": 15, "enabled": True, "window_seconds": 3600}}
+            "consolidate": {  # the reference code's seed pool and encoder (null = MiniLM)
+                "config": {"consolidate": {"seed_k": 15, "enabled": True, "window_seconds": 3600,
+                                           "seed_scope": "global", "seed_exclude_buffer": False},
+                           "embedder": {"model": None, "long_texts": "truncate"}}
             },
             "retrieve": {"config": {"retrieve.entries_k": 60, "retrieve.syntheses_k": 5}},
             "answer": {"config": {"answer": {"protocol": "paper"}}},

@@ -83,6 +83,29 @@ def test_bad_record_fails_cleanly(tmp_path: Path, case: str) -> None:
     assert_clean_failure(proc, run_dir, path.name, CASES[case])
 
 
+def test_longmemeval_unknown_role_fails_cleanly(tmp_path: Path) -> None:
+    # a turn spoken by neither user nor assistant: exit 2, one line naming file, question, session
+    record = {
+        "question_id": "q-role", "question_type": "single-session-user",
+        "question": "Which city did I move to?", "answer": "Lisbon",
+        "question_date": "2024/02/01 (Thu) 10:00",
+        "haystack_session_ids": ["s-1"], "haystack_dates": ["2024/01/05 (Fri) 18:30"],
+        "haystack_sessions": [[
+            {"role": "user", "content": "I moved to Lisbon last week.", "has_answer": True},
+            {"role": "system-admin", "content": "Session logged."},
+        ]],
+        "answer_session_ids": ["s-1"],
+    }
+    path = tmp_path / "roles.json"
+    path.write_text(json.dumps([record]))
+    run_dir = tmp_path / "run"
+    proc = run_job("benchmark=longmemeval", f"benchmark.path={path}", "stages=[load]",
+                   f"hydra.run.dir={run_dir}")
+    assert_clean_failure(proc, run_dir, "roles.json [q-role s-1 s-1_2]", "unknown role 'system-admin'")
+    errors = [line for line in proc.stderr.splitlines() if "unknown role" in line]
+    assert len(errors) == 1, proc.stderr[-1500:]
+
+
 def test_missing_file_fails_cleanly(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = run_job("benchmark=locomo", f"benchmark.path={tmp_path / 'nope.json'}", "stages=[load]",

@@ -20,7 +20,7 @@ from structmem_gpu.methods.structmem.extract import (
 )
 
 S1, S2 = datetime(2023, 5, 8, 13, 56), datetime(2023, 5, 25, 9, 0)
-SETTINGS = ExtractSettings(3, 2, ("fact", "relation"), 256, 8, 200, 0.0)
+SETTINGS = ExtractSettings(3, 2, ("fact", "relation"), 256, 8, 200, 0.1, 0.1)
 
 
 def turns_frame() -> pl.DataFrame:
@@ -91,7 +91,7 @@ def test_local_turn_numbers_map_to_events_and_bad_numbers_are_rejected() -> None
         S1,
         "relation",
     )
-    assert (e.request_id, e.prompt_version, e.model) == (req.request_id, "relational/2", "model-x")
+    assert (e.request_id, e.prompt_version, e.model) == (req.request_id, "relational/3", "model-x")
 
 
 def test_failed_parse_yields_no_entries_and_is_counted() -> None:
@@ -145,9 +145,11 @@ def test_settings_validation() -> None:
         "max_items": 2,
         "max_item_chars": 50,
         "temperature": 0.0,
+        "top_p": 1.0,
     }
     assert ExtractSettings.from_cfg(OmegaConf.create({"extract": base})).perspectives == ("fact",)
-    for bad in ({"turns_per_request": 0}, {"perspectives": []}, {"perspectives": ["opinion"]}):
+    for bad in ({"turns_per_request": 0}, {"perspectives": []}, {"perspectives": ["opinion"]},
+                {"top_p": 0.0}, {"top_p": 1.5}):
         with pytest.raises(ConfigError):
             ExtractSettings.from_cfg(OmegaConf.create({"extract": {**base, **bad}}))
 
@@ -193,7 +195,7 @@ def test_settings_from_config_validate_the_window_unit() -> None:
     base = {
         "turns_per_request": None, "window_tokens": 850, "context_turns": 2,
         "perspectives": ["fact", "relation"], "max_tokens": 4096, "max_items": None,
-        "max_item_chars": 400, "temperature": 0.0, "prompt_variant": "grounded",
+        "max_item_chars": 400, "temperature": 0.0, "top_p": 1.0, "prompt_variant": "grounded",
     }
     s = ExtractSettings.from_cfg(OmegaConf.create({"extract": base}))
     assert (s.window_tokens, s.turns_per_request, s.max_items, s.prompt_variant) == (

@@ -20,7 +20,7 @@ from structmem_gpu.prompts import reference, synthesis
 from tests.unit.test_structmem_extract import turns_frame
 
 CHECKOUT = Path(__file__).parents[1] / "fixtures" / "lightmem_checkout"
-S = ExtractSettings(3, 2, ("fact", "relation"), 256, None, 200, 0.0, reference_dir=str(CHECKOUT))
+S = ExtractSettings(3, 2, ("fact", "relation"), 256, None, 200, 0.1, 0.1, reference_dir=str(CHECKOUT))
 
 
 def _result(req, data) -> LLMResult:

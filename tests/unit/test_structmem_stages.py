@@ -6,6 +6,7 @@ import json
 import re
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -106,7 +107,7 @@ def test_extract_maps_local_turn_numbers_in_one_batch(run: RunDir) -> None:
         assert r["entry_id"] == extract.entry_id(r["conv_id"], r["event_id"], r["kind"], r["text"])
     assert set(entries["kind"]) == {"fact", "relation"}
     assert entries.filter(pl.col("kind") == "relation")["prompt_version"].unique().to_list() == [
-        "relational/2"
+        "relational/3"
     ]
 
 
@@ -122,7 +123,7 @@ def test_extract_out_of_range_turn_is_recorded_never_bound(run: RunDir) -> None:
     assert set(entries["kind"]) == {"fact"}  # nothing clamped onto the last turn
     failed = log.filter(~pl.col("parse_ok"))
     assert failed.height == ctx.notes["windows"] == ctx.notes["parse_failures"]
-    assert failed["prompt_version"].unique().to_list() == ["relational/2"]
+    assert failed["prompt_version"].unique().to_list() == ["relational/3"]
     assert all("maximum" in e or "is not one of" in e for e in failed["error"].to_list())
 
 
@@ -367,3 +368,46 @@ def test_reference_dir_runs_extract_and_consolidate_on_the_checkout_prompts(run:
         f"reference-synthesis/{syn['prompt_version'][0].split('/')[1]}"
     }
     assert seen and all(m.startswith("FIXTURE synthesis prompt.") and "{" not in m for m in seen)
+
+
+class PromptRecordingModel(CountingModel):
+    """CountingModel that also records the instruction (sentence-transformers prompt) per text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[str | None] = []
+
+    def encode(self, inputs: list[str], **kwargs: Any) -> np.ndarray:
+        self.prompts.extend([kwargs.get("prompt")] * len(inputs))
+        return super().encode(inputs, **kwargs)
+
+
+def test_build_requests_sample_as_the_reference_and_seed_query_is_an_entry(run: RunDir) -> None:
+    # the reference extracts and synthesises at temperature 0.1 / top_p 0.1 and embeds the
+    # joined buffer like any memory text: no question instruction on the seed query
+    from structmem_gpu.llm.client import request_body
+
+    seen: list[LLMRequest] = []
+
+    def recording(responder: Responder) -> Responder:
+        return lambda req: (seen.append(req), responder(req))[1]
+
+    cfg = cfg_for("embedder.instructions.query=QUESTION-INSTRUCTION")
+    backends = FakeBackends({"extract": recording(echo), "consolidate": recording(lambda r: "ok")})
+    backends.model = PromptRecordingModel()
+    backends.enc = Encoder(backends.model, "fake-bow")
+    build_memory(run, cfg, backends)
+    before = len(backends.model.embedded)
+    run_stage(run, cfg, backends, consolidate.STAGE)
+    stages = {r.stage for r in seen}
+    assert stages == {"extract", "consolidate"}
+    for req in seen:
+        body = request_body(req, served_name="m", flavor="vllm")
+        assert (body["temperature"], body["top_p"]) == (0.1, 0.1), req.stage
+    queries = [
+        (text, prompt)
+        for text, prompt in zip(backends.model.embedded[before:], backends.model.prompts[before:],
+                                strict=True)
+        if "\n" in text  # the joined buffers (entries and syntheses here are one line each)
+    ]
+    assert queries and all(prompt is None for _, prompt in queries)

@@ -4,9 +4,11 @@ docs/methods.md "StructMem: consolidation").
     python jobs/run.py benchmark=sample method=structmem stages=[consolidate] consolidate.seed_k=10
 
 Per conversation: greedy time windows over the entries (windows.py); per window the buffer,
-one aggregated query (`concat`: the buffer texts joined by newlines, encoded; `mean`: the
+one aggregated query (`concat`: the buffer texts joined by newlines, encoded as entries are,
+without the encoder's question instruction, as the reference does; `mean`: the
 normalised mean of the buffer's entry vectors), the top `seed_k` seeds from the seed pool
-(`historical`: entries before the window; `global`: every non-buffer entry; never the buffer),
+(`historical`: entries before the window; `global`: every other entry; the window's own
+entries too when `seed_exclude_buffer` is false, the reference code's effective pool),
 each seed expanded to every entry of its event, and one synthesis request. No synthesis reads
 another, so every window of every conversation goes out in ONE `ctx.generate` batch. Seeds
 are scored with one dense (windows x entries) product per conversation rather than a FAISS
@@ -17,7 +19,7 @@ thousand entries per conversation. One row:
                  window_start=datetime(2024, 3, 17, 19, 5), window_end=datetime(2024, 3, 17, 19, 48),
                  text="On 2024-03-17 Tomas told Lena ...", buffer_entry_ids=("3f0c...", ...),
                  seed_entry_ids=("77ab...", ...), context_entry_ids=("77ab...", "91de...", ...),
-                 request_id="consolidate:5e2f...", prompt_version="synthesis/2+constrained", parse_ok=True)
+                 request_id="consolidate:5e2f...", prompt_version="synthesis/3+constrained", parse_ok=True)
 
 `consolidate.enabled: false` writes empty tables and sends nothing; `seed_k: 0` gives
 buffer-only syntheses. Syntheses with parse_ok and non-empty text are embedded into
@@ -62,7 +64,7 @@ from structmem_gpu.methods.structmem.windows import (
 from structmem_gpu.prompts import synthesis
 from structmem_gpu.prompts.reference import reference_fingerprint
 from structmem_gpu.settings import (
-    BOOL, COUNT, STR_OR_NULL, TEMPERATURE, TOKENS, Enum, Float, Settings, knob,
+    BOOL, COUNT, STR_OR_NULL, TEMPERATURE, TOKENS, TOP_P, Enum, Float, Settings, knob,
 )
 from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
@@ -86,6 +88,7 @@ class ConsolidateSettings(Settings):
     prompt_variant: str = knob(Enum("constrained", "unconstrained"))
     max_tokens: int = knob(TOKENS)
     temperature: float = knob(TEMPERATURE)
+    top_p: float = knob(TOP_P)
     seed_exclude_buffer: bool = knob(BOOL, True)  # false = the reference code's effective seed pool
     # prompts.reference_dir: the checkout's synthesis prompt
     reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.reference_dir")
@@ -159,7 +162,9 @@ def query_vectors(
             out.append(q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12))
         return out
     texts = ["\n".join(v.rows["text"][w.start : w.end].to_list()) for v in views for w in v.windows]
-    flat = ctx.encode(texts, use="query") if texts else np.zeros((0, 0), dtype=np.float32)
+    # Encoded as memory text (use="entry"), as the reference embeds it with the entries' own
+    # encoder call: the joined buffer is a memory, not a question, so no query instruction.
+    flat = ctx.encode(texts, use="entry") if texts else np.zeros((0, 0), dtype=np.float32)
     sizes = np.cumsum([0, *(len(v.windows) for v in views)])
     return [flat[a:b] for a, b in itertools.pairwise(sizes)]
 
@@ -199,7 +204,7 @@ def plan_conversation(
             messages=messages,
             prompt_version=version,
             schema=None,  # free text: see prompts/synthesis.py
-            sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
+            sampling=Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens),
         )
         out.append(
             WindowPlan(
@@ -304,5 +309,6 @@ STAGE = Stage(
     writes=("syntheses", "synthesis_embeddings"),
     settings=ConsolidateSettings,
     depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
+    version="2",  # 2: the seed query is encoded as an entry (no query instruction)
     extra_fingerprint=reference_fingerprint,
 )

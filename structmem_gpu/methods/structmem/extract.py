@@ -40,7 +40,7 @@ from structmem_gpu.methods.structmem.packing import chars_tokens, pack_lengths, 
 from structmem_gpu.prompts import extraction_prompt, extraction_schema, render_window
 from structmem_gpu.prompts.reference import reference_fingerprint
 from structmem_gpu.settings import (
-    BOOL, COUNT, SIZE, STR_OR_NULL, TEMPERATURE, TOKENS, Enum, Int, List, Settings, knob,
+    BOOL, COUNT, SIZE, STR_OR_NULL, TEMPERATURE, TOKENS, TOP_P, Enum, Int, List, Settings, knob,
 )
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
@@ -102,6 +102,7 @@ class ExtractSettings(Settings):
     max_items: int | None = knob(Int(ge=1, null=True))  # None = no maxItems in the schema
     max_item_chars: int = knob(SIZE)
     temperature: float = knob(TEMPERATURE)
+    top_p: float = knob(TOP_P)
     # default (reference semantics) | grounded
     prompt_variant: str = knob(Enum("default", "grounded"), "default")
     # token budget per window (None = turns_per_request only)
@@ -219,7 +220,7 @@ def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LL
         ),
         prompt_version=version,
         schema=schema,
-        sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
+        sampling=Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens),
     )
 
 
@@ -240,7 +241,7 @@ def reference_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -
         messages=(Message("system", system), Message("user", user)),
         prompt_version=ver,
         schema=schema,
-        sampling=Sampling(temperature=s.temperature, max_tokens=s.max_tokens),
+        sampling=Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens),
     )
 
 
