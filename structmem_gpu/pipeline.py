@@ -25,6 +25,7 @@ from structmem_gpu import preempt
 from structmem_gpu.config_schema import hashed_view
 from structmem_gpu.errors import ConfigError, MissingTableError, StageIncompleteError
 from structmem_gpu.hashing import file_sha256, stable_hash
+from structmem_gpu.prompts.official import manifest as official_manifest
 from structmem_gpu.runlock import hold_run_dir
 from structmem_gpu.settings import externals, fingerprint_dict, to_plain
 from structmem_gpu.stage import Backends, Stage, StageContext, select_config
@@ -102,6 +103,7 @@ def run_header(cfg: DictConfig) -> dict[str, Any]:
         "num_shards": int(cfg.num_shards),
         "git_commit": git_commit(),
         "packages": package_versions(),
+        "official_texts": official_manifest(cfg),  # prompts.sources.*: commits, text hashes
         "updated": now_iso(),
     }
 

@@ -3,7 +3,8 @@
 Own wording of the semantics in docs/evaluation.md "Judge protocols" (Mem0's `ACCURACY_PROMPT`,
 which the StructMem reference reuses unchanged): ONE user message, no system message; the
 question is framed as one conversation partner asking the other about their shared history;
-grading is generous on topic (a longer answer that addresses the same topic counts) and on time
+grading is generous on topic (a longer answer that touches on the gold answer's topic counts,
+even in passing) and on time
 (another format, or a relative expression for the same date or period, counts); one illustrative
 question/gold pair; a one-sentence justification is asked for, then only the label as JSON under
 `label`. Scored 1 iff the label is exactly `CORRECT` (case-sensitive), so
@@ -21,7 +22,7 @@ from typing import Any
 
 from structmem_gpu.llm.types import Message
 
-VERSION = "judge_locomo_paper/1"
+VERSION = "judge_locomo_paper/2"  # 2: "touches on" the topic (was "addresses")
 POSITIVE = "CORRECT"
 
 TEMPLATE = """You are grading one answer. Two people have talked with each other over many \
@@ -30,8 +31,8 @@ history. You get that question, the gold answer (the short ground truth) and a g
 answer. Label the generated answer CORRECT or WRONG.
 
 Grade generously. The gold answer is usually short and the generated answer may say much \
-more; as long as the generated answer addresses the same topic as the gold answer, it is \
-CORRECT.
+more; as long as the generated answer touches on the topic of the gold answer, even in \
+passing, it is CORRECT.
 
 For a question about time, grade generously as well: if the generated answer points to the \
 same date or period as the gold answer, it is CORRECT even when it is written in another \
