@@ -29,12 +29,12 @@ from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protoco
 from structmem_gpu.methods.structmem.context import (
     entry_lines,
     official_prompts,
+    official_reader,
     official_reader_fingerprint,
     paper_prompts,
 )
 from structmem_gpu.prompts import answer_flat as P
 from structmem_gpu.prompts.answer_structmem import MemoryLine
-from structmem_gpu.prompts.official import source_spec
 
 PROMPT_NAME = "flat"
 OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries
@@ -52,7 +52,7 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     qids = inputs.questions["question_id"].to_list()
     mine = retrievals.filter(pl.col("question_id").is_in(qids))
     if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader, minus the summaries
-        if source_spec(inputs.cfg, "lightmem") is not None:
+        if official_reader(inputs.cfg):
             return official_prompts(inputs, mine, entries, OFFICIAL_READER, None)
         return paper_prompts(inputs, mine, entries, lambda q: [], None)
     lines = entry_lines(mine, entries, MemoryLine)

@@ -6,6 +6,10 @@ answer.speaker_groups, rank order) plus the retrieved syntheses as plain lines
 (prompts/answer_paper.py); `reasoned`: chronological entries under dates and dated syntheses
 (prompts/answer_structmem.py). `paper_prompts` and `entry_lines` are shared with the flat and
 graph-memory readers, which show StructMem's entries too.
+
+With a LightMem source (`prompts.sources.lightmem`, README "Official texts") the `paper` reader
+of a LoCoMo-format benchmark is LightMem's own text instead: `ANSWER_PROMPT_StructMem` here,
+`ANSWER_PROMPT` for flat (prompts/answer_official.py); the graph reader keeps ours.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 
 PROMPT_NAME = "structmem"
 OFFICIAL_READER = "ANSWER_PROMPT_StructMem"  # LightMem's StructMem reader (--enable-summary)
+LOCOMO_BENCHMARKS = ("locomo", "sample")  # the official reader's benchmark format
 
 
 def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
@@ -33,9 +38,16 @@ def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
     return official_reader_fingerprint(cfg, OFFICIAL_READER)
 
 
+def official_reader(cfg: DictConfig) -> bool:
+    """Whether the reader uses LightMem's official text: a LightMem source, protocol paper and
+    a LoCoMo-format benchmark (the text is LightMem's LoCoMo reader; LongMemEval keeps ours)."""
+    return (source_spec(cfg, "lightmem") is not None and answer_protocol(cfg) == "paper"
+            and str(OmegaConf.select(cfg, "benchmark.name", default="")) in LOCOMO_BENCHMARKS)
+
+
 def official_reader_fingerprint(cfg: DictConfig, reader: str) -> str | None:
     spec = source_spec(cfg, "lightmem")
-    if spec is None or answer_protocol(cfg) != "paper":
+    if spec is None or not official_reader(cfg):
         return None
     return official.fingerprint({"reader": official.lightmem_reader(spec, reader)})
 
@@ -49,7 +61,7 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))
     if answer_protocol(inputs.cfg) == "paper":
         texts = synthesis_texts(retrievals, syntheses)
-        if source_spec(inputs.cfg, "lightmem") is not None:
+        if official_reader(inputs.cfg):
             return official_prompts(inputs, retrievals, entries, OFFICIAL_READER, texts)
         return paper_prompts(inputs, retrievals, entries, lambda q: [texts.get(q, [])], None)
     from structmem_gpu.prompts import answer_structmem as P
