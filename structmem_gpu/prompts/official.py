@@ -109,7 +109,9 @@ def _fields_check(src: S.Source, t: OfficialText, fields: tuple[str, ...], what:
         )
 
 
-def _constant(name: str, spec: str, file: str, var: str, what: str) -> tuple[S.Source, OfficialText]:
+def _constant(
+    name: str, spec: str, file: str, var: str, what: str
+) -> tuple[S.Source, OfficialText]:
     src = _src(name, spec)
     text = S.string_constant(src, file, var, what)
     return src, OfficialText(name, file, var, text, S.resolved_commit(src))

@@ -115,11 +115,11 @@ def string_constants(src: Source, file: str) -> dict[str, str]:
     """Every top-level `NAME = "..."` string constant of a Python file, by name."""
     out: dict[str, str] = {}
     for node in _tree(src, file).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            if isinstance(node.value.value, str):
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        out[t.id] = node.value.value
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = node.value.value
     return out
 
 

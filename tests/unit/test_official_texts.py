@@ -14,7 +14,13 @@ from omegaconf import OmegaConf
 
 from structmem_gpu.errors import ConfigError, StructMemError
 from structmem_gpu.eval.answer import AnswerPrompt, answer_rows
-from structmem_gpu.eval.judge import JudgeItem, build_request, judge_items, judge_texts_fingerprint, official_judges
+from structmem_gpu.eval.judge import (
+    JudgeItem,
+    build_request,
+    judge_items,
+    judge_texts_fingerprint,
+    official_judges,
+)
 from structmem_gpu.llm.types import LLMResult, Message, Sampling
 from structmem_gpu.prompts import answer_official, official, reference
 from structmem_gpu.prompts.answer_paper import PaperEntry
