@@ -151,6 +151,11 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
         raise ConfigError(f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")
     # Imported now: a stage that cannot be imported stops the job before any stage runs.
     stages = [registry[name] for name in names]
+    # Config-only fingerprint material now (official texts from checkouts, the input file's
+    # hash): a missing official text stops the job before the first stage, not hours later.
+    for stage in stages:
+        if stage.extra_fingerprint is not None:
+            stage.extra_fingerprint(cfg)
     run = RunDir(run_dir)
     header = run_header(cfg)
     outcomes = []

@@ -138,7 +138,11 @@ def lightmem_reader(spec: str, name: str = READER_NAME) -> OfficialText:
 def locomo_judge(lightmem: str | None, mem0: str | None) -> OfficialText | None:
     """The LoCoMo judge template: mem0's when given, else LightMem's, else None (ours)."""
     if mem0 is not None:
-        src, t = _constant("mem0", mem0, MEM0_JUDGE_FILE, JUDGE_NAME, "the LoCoMo judge")
+        try:
+            src, t = _constant("mem0", mem0, MEM0_JUDGE_FILE, JUDGE_NAME, "the LoCoMo judge")
+        except ConfigError as e:  # the usual cause, named
+            raise ConfigError(f"{e} (mem0's judge exists only before commit 9315e30: give "
+                              "PATH@b3ede5b)") from e
     elif lightmem is not None:
         src, t = _constant("lightmem", lightmem, LIGHTMEM_JUDGE_FILE, JUDGE_NAME,
                            "the LoCoMo judge")

@@ -306,3 +306,26 @@ def test_official_reader_only_on_locomo_format_benchmarks_under_paper(tmp_path: 
     assert fp is not None and flat is not None and fp != flat  # each its own reader text
     assert builder_fingerprint(c("longmemeval", prompt="structmem.context")) is None
     assert builder_fingerprint(c("locomo", prompt="seem.context")) is None  # reads no text
+
+
+def test_a_missing_official_text_stops_the_job_before_the_first_stage(tmp_path: Path) -> None:
+    from structmem_gpu.pipeline import run_stages
+    from structmem_gpu.stage import Stage
+
+    ran: list[str] = []
+
+    def make(ctx: object) -> dict[str, pl.DataFrame]:
+        ran.append("make")
+        return {"numbers": pl.DataFrame({"x": [1]})}
+
+    registry = {
+        "make": Stage("make", make, writes=("numbers",)),
+        "late": Stage("late", make, writes=("numbers",), extra_fingerprint=judge_texts_fingerprint),
+    }
+    c = OmegaConf.merge(cfg(mem0=str(write(tmp_path / "m0", {"README": "x"}))), {
+        "method": {"name": "toy", "stages": ["make", "late"]}, "benchmark": {"name": "t"},
+        "stages": None, "force": False, "shard_index": 0, "num_shards": 1,
+        "paths": {"cache_dir": "/nonexistent"}})
+    with pytest.raises(ConfigError, match=r"prompts.sources.mem0=.*llm_judge.py.*PATH@b3ede5b"):
+        run_stages(c, tmp_path / "run", registry)
+    assert ran == [] and not (tmp_path / "run" / "tables").exists()
