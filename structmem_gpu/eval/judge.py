@@ -60,11 +60,11 @@ from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, Message, Sampling, request_id
 from structmem_gpu.prompts import (
-    official,
     judge_locomo,
     judge_locomo_paper,
     judge_longmemeval,
     judge_longmemeval_paper,
+    official,
 )
 from structmem_gpu.config_schema import LLMSettings
 from structmem_gpu.settings import STR, TEMPERATURE, TOKENS, Enum, Rule, Settings, items, knob, sub
