@@ -303,12 +303,18 @@ def build_request(
     )
 
 
-def read_label(item: JudgeItem, protocol: str, data: Any, text: str | None) -> bool | None:
-    """The label of one LLM reply under `protocol` (None = unjudged)."""
+def read_label(
+    item: JudgeItem, protocol: str, data: Any, text: str | None,
+    texts: OfficialJudges | None = None,
+) -> bool | None:
+    """The label of one LLM reply under `protocol` (None = unjudged); with LightMem's judge
+    text (`texts`), LightMem's way of reading its JSON."""
     if protocol == "paper":
         if item.category in LONGMEMEVAL_IDS:
             return judge_longmemeval_paper.parse_label(text)
-        return judge_locomo_paper.parse_label(text)
+        locomo = (texts or {}).get("locomo")
+        lightmem = bool(locomo) and locomo["judge_locomo"].source == "lightmem"
+        return judge_locomo_paper.parse_label(text, lightmem)
     pos, neg = _labels_for(item)
     return parse_label(data, text or "", pos, neg)
 
@@ -348,7 +354,7 @@ def judge_with(
     results = ctx.generate(requests, backend=backend, desc=f"judge:{name}")
     for i, req, res in zip(ask, requests, results):
         text = res.text if res.error is None else (res.text or None)
-        label = read_label(items[i], protocol, res.data, text)
+        label = read_label(items[i], protocol, res.data, text, texts)
         verdicts[i] = (res.model or backend.model_id, req.prompt_version, label, res.text)
     return [v for v in verdicts if v is not None]
 

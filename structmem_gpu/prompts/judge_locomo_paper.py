@@ -18,10 +18,12 @@ published call), not to an enum: a label the model spells otherwise stays visibl
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from structmem_gpu.llm.types import Message
 
+_FENCED = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
 VERSION = "judge_locomo_paper/2"  # 2: "touches on" the topic (was "addresses")
 POSITIVE = "CORRECT"
 
@@ -77,12 +79,22 @@ def extract_json(text: str) -> Any:
     return json.loads(body[start : end + 1])
 
 
-def parse_label(text: str | None) -> bool | None:
-    """True iff the reply's JSON `label` is exactly "CORRECT"; None when unreadable."""
+def extract_json_lightmem(text: str) -> Any:
+    """LightMem's copy of the judge (experiments/locomo/llm_judge.py) reads a fenced block's
+    body, else the whole text, with json.loads (no `{`…`}` search)."""
+    body = text.strip()
+    m = _FENCED.search(body)
+    return json.loads(m.group(1) if m else body)
+
+
+def parse_label(text: str | None, lightmem: bool = False) -> bool | None:
+    """True iff the reply's JSON `label` is exactly "CORRECT"; None when unreadable. The JSON
+    is read as mem0's judge reads it, or as LightMem's copy does (`lightmem`, when the judge
+    text comes from prompts.sources.lightmem)."""
     if not text:
         return None
     try:
-        obj = extract_json(text)
+        obj = extract_json_lightmem(text) if lightmem else extract_json(text)
     except ValueError:  # json.JSONDecodeError is a ValueError
         return None
     if not isinstance(obj, dict) or "label" not in obj:

@@ -329,3 +329,17 @@ def test_a_missing_official_text_stops_the_job_before_the_first_stage(tmp_path: 
     with pytest.raises(ConfigError, match=r"prompts.sources.mem0=.*llm_judge.py.*PATH@b3ede5b"):
         run_stages(c, tmp_path / "run", registry)
     assert ran == [] and not (tmp_path / "run" / "tables").exists()
+
+
+def test_lightmem_judge_text_reads_its_json_as_lightmem_does(tmp_path: Path) -> None:
+    from structmem_gpu.eval.judge import read_label
+
+    lm = str(write(tmp_path / "lm", LIGHTMEM_FILES))
+    m0 = str(write(tmp_path / "m0", MEM0_FILES))
+    chatty = 'Same city. {"label": "CORRECT"}'  # JSON after prose: mem0 finds it, LightMem not
+    fenced = 'ok\n```json\n{"label": "CORRECT"}\n```'
+    for texts, chatty_label in ((official_judges(cfg(lightmem=lm)), None),
+                                (official_judges(cfg(lightmem=lm, mem0=m0)), True),
+                                (None, True)):
+        assert read_label(_item(), "paper", None, chatty, texts) is chatty_label
+        assert read_label(_item(), "paper", None, fenced, texts) is True

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from structmem_gpu import schemas
 from structmem_gpu.eval.answer import AnswerInputs
-from structmem_gpu.eval.judge import JudgeItem, build_request, official_judges
+from structmem_gpu.eval.judge import JudgeItem, build_request, official_judges, read_label
 from structmem_gpu.llm.types import Sampling
 from structmem_gpu.methods.structmem.context import official_prompts
 from structmem_gpu.prompts import official
@@ -132,13 +132,14 @@ def _roles(module_text: str) -> set[str]:
 class RecordingClient:
     """The OpenAI client's chat.completions.create, recording the call."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply: str = '{"label": "CORRECT"}') -> None:
+        self.reply = reply
         self.calls: list[dict[str, Any]] = []
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self._create))
 
     def _create(self, **kwargs: Any) -> Any:
         self.calls.append(kwargs)
-        msg = SimpleNamespace(content='{"label": "CORRECT"}')
+        msg = SimpleNamespace(content=self.reply)
         return SimpleNamespace(choices=[SimpleNamespace(message=msg)])
 
 
@@ -153,6 +154,13 @@ def _cfg(**sources: str | None) -> Any:
         "lightmem": None, "mem0": None, "longmemeval": None, **sources}},
         "judge": {"protocol": "paper"},
         "answer": {"protocol": "paper", "entry_layout": "speakers", "speaker_groups": 2}})
+
+
+def _mem0_extract_json() -> Any:
+    """mem0's own extract_json (mem0/memory/utils.py at the judge's commit), when present."""
+    spec = _spec("mem0")
+    text = _read(spec, "mem0", "mem0/memory/utils.py")
+    return _official(text, ["extract_json"], {"re": re})["extract_json"]
 
 
 def _locomo_item() -> JudgeItem:
@@ -179,6 +187,19 @@ def test_locomo_judge_equals_the_official_call(checkouts: Callable[[str], str], 
     assert [m.as_dict() for m in req.messages] == call["messages"]
     assert call["response_format"] == {"type": "json_object"} and req.schema is not None
     assert call["temperature"] == req.sampling.temperature
+    # The label rule: 1 iff ours reads CORRECT (the official call raises on unreadable JSON,
+    # which search_locomo.py scores 0; ours: unjudged, counted wrong).
+    for reply in ['{"label": "CORRECT"}', '```json\n{"label": "CORRECT"}\n```', '{"label": "correct"}',
+                  'Same. {"label": "CORRECT"}', "CORRECT", '{"label": "WRONG"}']:
+        ns["client"] = client = RecordingClient(reply)
+        args = {"client_obj": client} if name == "lightmem" else {}
+        if name == "mem0":
+            ns["extract_json"] = _mem0_extract_json()
+        try:
+            want = ns["evaluate_llm_judge"](QUESTION, GOLD, REPLY, **args) == 1
+        except (ValueError, KeyError):
+            want = False
+        assert bool(read_label(_locomo_item(), "paper", None, reply, texts)) is want, reply
 
 
 LME_CASES = [(t, False) for t in official.LONGMEMEVAL_TYPES] + [("temporal-reasoning", True)]
