@@ -172,8 +172,18 @@ class PreemptSettings(Settings):
 
 
 @dataclass(frozen=True)
+class PromptSourcesSettings(Settings):
+    """prompts.sources (prompts/official.py): each null, PATH or PATH@COMMIT."""
+
+    lightmem: str | None = knob(STR_OR_NULL, None)
+    mem0: str | None = knob(STR_OR_NULL, None)
+    longmemeval: str | None = knob(STR_OR_NULL, None)
+
+
+@dataclass(frozen=True)
 class PromptsSettings(Settings):
-    reference_dir: str | None = knob(STR_OR_NULL, None)
+    reference_dir: str | None = knob(STR_OR_NULL, None)  # older name of sources.lightmem
+    sources: PromptSourcesSettings | None = sub(PromptSourcesSettings, null=True, default=None)
 
 
 @dataclass(frozen=True)

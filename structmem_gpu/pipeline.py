@@ -25,6 +25,7 @@ from structmem_gpu import preempt
 from structmem_gpu.config_schema import hashed_view
 from structmem_gpu.errors import ConfigError, MissingTableError, StageIncompleteError
 from structmem_gpu.hashing import file_sha256, stable_hash
+from structmem_gpu.prompts.official import manifest as official_manifest
 from structmem_gpu.runlock import hold_run_dir
 from structmem_gpu.settings import externals, fingerprint_dict, to_plain
 from structmem_gpu.stage import Backends, Stage, StageContext, select_config
@@ -102,6 +103,7 @@ def run_header(cfg: DictConfig) -> dict[str, Any]:
         "num_shards": int(cfg.num_shards),
         "git_commit": git_commit(),
         "packages": package_versions(),
+        "official_texts": official_manifest(cfg),  # prompts.sources.*: commits, text hashes
         "updated": now_iso(),
     }
 
@@ -149,6 +151,11 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
         raise ConfigError(f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")
     # Imported now: a stage that cannot be imported stops the job before any stage runs.
     stages = [registry[name] for name in names]
+    # Config-only fingerprint material now (official texts from checkouts, the input file's
+    # hash): a missing official text stops the job before the first stage, not hours later.
+    for stage in stages:
+        if stage.extra_fingerprint is not None:
+            stage.extra_fingerprint(cfg)
     run = RunDir(run_dir)
     header = run_header(cfg)
     outcomes = []

@@ -267,8 +267,13 @@ def estimate_judge(
     judges = len(panel) if panel else 1
     paper = str(OmegaConf.select(cfg, "judge.protocol", default="paper")) == "paper"
     build = judge_locomo_paper.build_messages if paper else judge_locomo.build_messages
+    # judge.input=reply after the paper reader: the judge reads the reader's whole reply.
+    whole = (str(OmegaConf.select(cfg, "judge.input", default="reply")) == "reply"
+             and str(OmegaConf.select(cfg, "answer.protocol", default="paper")) == "paper")
+    reply_tokens = min(int(cfg.answer.max_tokens), ANSWER_PAPER_COMPLETION)
+    stand_in = "word " * int(reply_tokens * 0.75) if whole else "a short generated answer"
     prompt = sum(
-        counter.messages(build(q, a or "", "a short generated answer"))
+        counter.messages(build(q, a or "", stand_in))
         for q, a in qs.select("question", "answer").iter_rows()
     )
     comp = min(int(cfg.judge.max_tokens), JUDGE_PAPER_COMPLETION if paper else JUDGE_COMPLETION)

@@ -27,9 +27,13 @@ but does not change them. One answers row, e.g.
 
     {"question_id": "sample-1:q0", "conv_id": "sample-1", "prediction": "Biscuit",
      "request_id": "answer:3f0c…", "parse_ok": True,
-     "reasoning": "Tomas adopted a beagle named Biscuit on 16 March 2024.", "protocol": "paper"}
+     "reasoning": "Tomas adopted a beagle named Biscuit on 16 March 2024.", "protocol": "paper",
+     "reply": "Tomas adopted a beagle named Biscuit on 16 March 2024.\nAnswer: Biscuit"}
 
 Every selected question gets a row; a failed request gets `parse_ok=False`, prediction "".
+The `reply` column keeps the reader's whole reply: `judge.input: reply` (the default) judges it,
+as the reference pipelines do; `answer` judges the prediction. With an official reader text
+(`prompts.sources.lightmem`, prompts/answer_official.py) the prediction is the whole reply.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ ANSWER_COLUMNS: schemas.Schema = {
     **schemas.ANSWERS,
     "reasoning": pl.String(),  # the reply before its final answer line (paper reader), else null
     "protocol": pl.String(),
+    "reply": pl.String(),  # the reader's whole reply, as sent back (null: the request failed)
 }
 
 
@@ -72,6 +77,9 @@ class AnswerPrompt:
     prompt_version: str
     # True: the reply is reasoning + a final "Answer:" line (prompts/answer_paper.py).
     reasoned_reply: bool = False
+    # True: the reply as a whole is the prediction, as the reference uses it (an official
+    # reader text without a final-line instruction, prompts/answer_official.py).
+    raw_reply: bool = False
 
 
 def answer_protocol(cfg: DictConfig) -> str:
@@ -123,6 +131,19 @@ _REGISTERED: dict[str, ContextBuilder] = {}
 def register_context_builder(name: str, builder: ContextBuilder) -> None:
     """Make `answer.prompt=<name>` use `builder` (an extension calls this at import time)."""
     _REGISTERED[name] = builder
+
+
+def builder_fingerprint(cfg: DictConfig) -> Any:
+    """Extra fingerprint material of the configured builder: a "module:function" builder may
+    define `<function>_fingerprint(cfg)` beside it (e.g. the commit and hash of an official
+    reader text it reads from a checkout); None when it does not."""
+    name = str(OmegaConf.select(cfg, "answer.prompt", default="") or "")
+    module, sep, attr = name.partition(":")
+    if not sep or name in _REGISTERED:
+        return None
+    context_builder(name)  # a clear error for an unimportable builder
+    fp = getattr(importlib.import_module(module), f"{attr}_fingerprint", None)
+    return fp(cfg) if fp is not None else None
 
 
 def context_builder(name: str) -> ContextBuilder:
@@ -216,6 +237,8 @@ def answer_rows(
         reasoning: str | None = None
         if res.error is not None:
             pred = ""
+        elif prompts is not None and prompts[qid].raw_reply:
+            pred = res.text if (res.text or "").strip() else ""
         elif prompts is not None and prompts[qid].reasoned_reply:
             pred, reasoning = split_reply(res.text)
             pred = clean_prediction(pred)
@@ -230,6 +253,7 @@ def answer_rows(
                 "parse_ok": bool(res.parse_ok and pred),
                 "reasoning": reasoning,
                 "protocol": protocol,
+                "reply": None if res.error is not None else (res.text or ""),
             }
         )
     return schemas.frame(rows, ANSWER_COLUMNS)
@@ -276,6 +300,8 @@ STAGE = Stage(
     optional_reads=OPTIONAL_TABLES,
     settings=AnswerSettings,
     depends=("benchmark.name", "benchmark.categories", *LLM_IDENTITY),
+    extra_fingerprint=builder_fingerprint,
     # 2: answer.protocol (paper reader by default) and the reasoning/protocol columns.
-    version="2",
+    # 3: the reply column (judge.input=reply judges it).
+    version="3",
 )

@@ -19,6 +19,13 @@ Re-judging never re-answers: the stage reads answers.parquet only. For each judg
 - `reasoned`: prompts/judge_locomo.py / judge_longmemeval.py (system + user message, a
   reasoning-then-label schema, any case of the label).
 
+Under `paper`, official texts replace our wording when configured (README "Official texts",
+prompts/official.py): the LoCoMo judge from `prompts.sources.mem0` (else `.lightmem`), the
+LongMemEval templates from `prompts.sources.longmemeval`, filled exactly as the official
+scripts fill them. `judge.input` picks what the judge sees: `reply` (default) = the reader's
+whole reply (answers.reply, as the reference pipelines pass it), `answer` = the extracted
+prediction. Lexical metrics and the category-5 rule always score the prediction.
+
 A reply without a readable label gives `label = null` (unjudged): recorded with its raw
 reply and never dropped; the report counts it as WRONG in `judge_accuracy` (as the
 published pipelines do) and reports `judge_accuracy_judged` and `unjudged` beside it. Rows of other judge names already in
@@ -26,9 +33,9 @@ judgments.parquet are kept (one row per (question, judge)) unless their `predict
 matches answers.parquet (stale: judged an older answer). One row:
 
     {"question_id": "sample-1:q0", "judge_model": "smollm2|…", "judge_name": "same_as_llm",
-     "prompt_version": "judge_locomo_paper/1", "label": True, "reply_raw": "{\\"label\\": …}",
+     "prompt_version": "judge_locomo_paper/2", "label": True, "reply_raw": "{\\"label\\": …}",
      "f1_locomo": 1.0, "f1_mem0": 1.0, "bleu1": 1.0, "evidence_recall": 0.5,
-     "prediction": "Biscuit", "protocol": "paper"}
+     "prediction": "Biscuit", "protocol": "paper", "judge_input": "reply"}
 """
 
 from __future__ import annotations
@@ -51,12 +58,13 @@ from structmem_gpu.eval.metrics import lexical_scores, says_not_mentioned
 from structmem_gpu.eval.recall import recall_by_question
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.structured import strip_fences
-from structmem_gpu.llm.types import LLMBackend, LLMRequest, Sampling, request_id
+from structmem_gpu.llm.types import LLMBackend, LLMRequest, Message, Sampling, request_id
 from structmem_gpu.prompts import (
     judge_locomo,
     judge_locomo_paper,
     judge_longmemeval,
     judge_longmemeval_paper,
+    official,
 )
 from structmem_gpu.config_schema import LLMSettings
 from structmem_gpu.settings import STR, TEMPERATURE, TOKENS, Enum, Rule, Settings, items, knob, sub
@@ -78,6 +86,9 @@ _LABEL_RE = re.compile(r'"label"\s*:\s*"([A-Za-z]+)"')
 # judge.protocol values: paper = the published judges' call and label rule; reasoned = our
 # earlier reasoning-first, schema-constrained variant.
 PROTOCOLS = ("paper", "reasoned")
+# judge.input values: reply = the reader's whole reply (answers.reply, what the reference
+# pipelines pass to their judges); answer = the extracted prediction.
+INPUTS = ("reply", "answer")
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,12 @@ class JudgeItem:
     category: int
     category_name: str
     is_abstention: bool
-    prediction: str
+    prediction: str  # the extracted answer: lexical metrics, stale-row check, rule verdicts
+    judged: str = ""  # what the LLM judge sees (judge.input); "" = the prediction
+
+    @property
+    def judge_text(self) -> str:
+        return self.judged or self.prediction
 
 
 @dataclass(frozen=True)
@@ -104,15 +120,21 @@ class JudgmentRow:
     f1_mem0: float | None
     bleu1: float | None
     evidence_recall: float | None
-    prediction: str  # the judged answer text (detects stale rows after a re-answer)
+    prediction: str  # the extracted answer (detects stale rows after a re-answer)
     protocol: str  # judge.protocol of the row ("rule" for rule verdicts)
+    judge_input: str  # judge.input of the row: reply | answer (what the LLM judge saw)
 
 
 JUDGMENT_COLUMNS: schemas.Schema = {
     **schemas.JUDGMENTS,
     "prediction": pl.String(),
     "protocol": pl.String(),
+    "judge_input": pl.String(),
 }
+
+
+# Official judge texts (prompts.sources.*) by group ("locomo", "longmemeval"), then by use.
+OfficialJudges = Mapping[str, Mapping[str, official.OfficialText]]
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,7 @@ class JudgeSettings(Settings):
     llm: LLMSettings | None = sub(LLMSettings, null=True, default=None)
     panel: tuple[PanelMember, ...] | None = items(PanelMember, null=True, default=None)
     protocol: str = knob(Enum(*PROTOCOLS), "paper")
+    input: str = knob(Enum(*INPUTS), "reply")
 
 
 def judge_protocol(cfg: DictConfig) -> str:
@@ -170,9 +193,21 @@ def parse_label(data: Any, text: str, positive: str, negative: str) -> bool | No
     return None
 
 
-def judge_items(questions: pl.DataFrame, answers: pl.DataFrame) -> list[JudgeItem]:
-    """Selected questions joined with their answers; error if any selected question has none."""
+def judge_items(
+    questions: pl.DataFrame, answers: pl.DataFrame, judge_input: str = "answer"
+) -> list[JudgeItem]:
+    """Selected questions joined with their answers; error if any selected question has none.
+    `judge_input` reply: the judge sees answers.reply (the prediction where the reply is null)."""
     preds = dict(answers.select("question_id", "prediction").iter_rows())
+    replies: dict[str, str | None] = {}
+    if judge_input == "reply":
+        if "reply" not in answers.columns:
+            raise StructMemError(
+                "stage 'judge': judge.input=reply but answers.parquet has no reply column "
+                "(written by an older version); rerun stage 'answer' (its replies are cached) "
+                "or set judge.input=answer"
+            )
+        replies = dict(answers.select("question_id", "reply").iter_rows())
     missing = [q for q in questions["question_id"].to_list() if q not in preds]
     if missing:
         raise StructMemError(
@@ -189,7 +224,8 @@ def judge_items(questions: pl.DataFrame, answers: pl.DataFrame) -> list[JudgeIte
         "is_abstention",
     )
     return [
-        JudgeItem(qid, conv, q, gold or "", int(cat), name or "", bool(abst), preds[qid] or "")
+        JudgeItem(qid, conv, q, gold or "", int(cat), name or "", bool(abst), preds[qid] or "",
+                  replies.get(qid) or "")
         for qid, conv, q, gold, cat, name, abst in questions.select(cols).iter_rows()
     ]
 
@@ -200,31 +236,58 @@ def reasoning_chars(max_tokens: int) -> int:
 
 
 def build_request(
-    item: JudgeItem, judge_name: str, samp: Sampling, protocol: str = "paper"
+    item: JudgeItem,
+    judge_name: str,
+    samp: Sampling,
+    protocol: str = "paper",
+    texts: OfficialJudges | None = None,
 ) -> LLMRequest:
+    """One judge request; under protocol paper with official texts (`texts`, from
+    prompts.sources.*) the official template filled as the official script fills it."""
     schema_: dict[str, Any] | None
+    pred = item.judge_text
+    official_ = texts or {}
     if protocol == "paper":
         if item.category in LONGMEMEVAL_IDS:
-            msgs = judge_longmemeval_paper.build_messages(
-                item.question, item.gold, item.prediction, item.category_name, item.is_abstention
-            )
-            version, schema_ = judge_longmemeval_paper.VERSION, None
+            if official_.get("longmemeval"):
+                tpl = official.longmemeval_template(
+                    official_["longmemeval"], item.category_name, item.is_abstention
+                )
+                # evaluate_qa.py: template.format(question, answer, response), one user message
+                msgs = (Message("user", tpl.text.format(item.question, item.gold, pred)),)
+                version = tpl.version("judge_longmemeval")
+            else:
+                msgs = judge_longmemeval_paper.build_messages(
+                    item.question, item.gold, pred, item.category_name, item.is_abstention
+                )
+                version = judge_longmemeval_paper.VERSION
+            schema_ = None
             samp = Sampling(
                 temperature=samp.temperature,
                 max_tokens=min(samp.max_tokens, judge_longmemeval_paper.MAX_TOKENS),
             )
         else:
-            msgs = judge_locomo_paper.build_messages(item.question, item.gold, item.prediction)
-            version, schema_ = judge_locomo_paper.VERSION, judge_locomo_paper.schema()
+            locomo = official_.get("locomo")
+            if locomo:
+                tpl = locomo["judge_locomo"]
+                # llm_judge.py: ACCURACY_PROMPT.format(...) as one user message, JSON mode
+                text = tpl.text.format(
+                    question=item.question, gold_answer=item.gold, generated_answer=pred
+                )
+                msgs, version = (Message("user", text),), tpl.version("judge_locomo")
+            else:
+                msgs = judge_locomo_paper.build_messages(item.question, item.gold, pred)
+                version = judge_locomo_paper.VERSION
+            schema_ = judge_locomo_paper.schema()
     else:
         chars = reasoning_chars(samp.max_tokens)
         if item.category in LONGMEMEVAL_IDS:
             msgs = judge_longmemeval.build_messages(
-                item.question, item.gold, item.prediction, item.category_name, item.is_abstention
+                item.question, item.gold, pred, item.category_name, item.is_abstention
             )
             version, schema_ = judge_longmemeval.VERSION, judge_longmemeval.schema(chars)
         else:
-            msgs = judge_locomo.build_messages(item.question, item.gold, item.prediction)
+            msgs = judge_locomo.build_messages(item.question, item.gold, pred)
             version, schema_ = judge_locomo.VERSION, judge_locomo.schema(chars)
     rid = request_id(
         "judge", judge_name, item.question_id, version, [m.as_dict() for m in msgs], asdict(samp)
@@ -240,12 +303,18 @@ def build_request(
     )
 
 
-def read_label(item: JudgeItem, protocol: str, data: Any, text: str | None) -> bool | None:
-    """The label of one LLM reply under `protocol` (None = unjudged)."""
+def read_label(
+    item: JudgeItem, protocol: str, data: Any, text: str | None,
+    texts: OfficialJudges | None = None,
+) -> bool | None:
+    """The label of one LLM reply under `protocol` (None = unjudged); with LightMem's judge
+    text (`texts`), LightMem's way of reading its JSON."""
     if protocol == "paper":
         if item.category in LONGMEMEVAL_IDS:
             return judge_longmemeval_paper.parse_label(text)
-        return judge_locomo_paper.parse_label(text)
+        locomo = (texts or {}).get("locomo")
+        lightmem = bool(locomo) and locomo["judge_locomo"].source == "lightmem"
+        return judge_locomo_paper.parse_label(text, lightmem)
     pos, neg = _labels_for(item)
     return parse_label(data, text or "", pos, neg)
 
@@ -276,15 +345,16 @@ def judge_with(
     items: Sequence[JudgeItem],
     samp: Sampling,
     protocol: str = "paper",
+    texts: OfficialJudges | None = None,
 ) -> list[Verdict]:
     """One verdict per item, in item order; the LLM part goes out as one batch."""
     verdicts: list[Verdict | None] = [rule_verdict(it) for it in items]
     ask = [i for i, v in enumerate(verdicts) if v is None]
-    requests = [build_request(items[i], name, samp, protocol) for i in ask]
+    requests = [build_request(items[i], name, samp, protocol, texts) for i in ask]
     results = ctx.generate(requests, backend=backend, desc=f"judge:{name}")
     for i, req, res in zip(ask, requests, results):
         text = res.text if res.error is None else (res.text or None)
-        label = read_label(items[i], protocol, res.data, text)
+        label = read_label(items[i], protocol, res.data, text, texts)
         verdicts[i] = (res.model or backend.model_id, req.prompt_version, label, res.text)
     return [v for v in verdicts if v is not None]
 
@@ -297,7 +367,7 @@ def keep_other_judges(
         return schemas.empty(JUDGMENT_COLUMNS)
     others = old.filter(~pl.col("judge_name").is_in(list(names)))
     unchecked = "prediction" not in others.columns  # written before predictions were stored
-    for col in ("prediction", "protocol"):  # rows written before these columns existed
+    for col in ("prediction", "protocol", "judge_input"):  # rows written before these existed
         if col not in others.columns:
             others = others.with_columns(pl.lit(None, pl.String()).alias(col))
     if unchecked or others.height == 0:
@@ -318,7 +388,8 @@ def keep_other_judges(
 def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     questions = selected_questions(ctx.cfg, ctx.read("questions"))
     answers = ctx.read("answers")
-    items = judge_items(questions, answers)
+    s: JudgeSettings = ctx.settings
+    items = judge_items(questions, answers, s.input)
     recall, unresolved = recall_by_question(
         questions,
         ctx.read_optional("retrievals"),
@@ -326,14 +397,14 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
         ctx.read_optional("syntheses"),
     )
     lexical = {it.question_id: lexical_scores(it.prediction, it.gold, it.category) for it in items}
-    s: JudgeSettings = ctx.settings
     samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
     protocol = s.protocol
+    texts = official_judges(ctx.cfg) if protocol == "paper" else None
     rows: list[JudgmentRow] = []
     judges = ctx.backends.judges()
     for name, backend in judges:
         for it, (model, version, label, raw) in zip(
-            items, judge_with(ctx, name, backend, items, samp, protocol)
+            items, judge_with(ctx, name, backend, items, samp, protocol, texts)
         ):
             lex = lexical[it.question_id]
             rows.append(
@@ -350,6 +421,7 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
                     recall.get(it.question_id),
                     it.prediction,
                     "rule" if model.startswith("rule:") else protocol,
+                    s.input,
                 )
             )
     names = [n for n, _ in judges]
@@ -359,6 +431,10 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     unjudged = int(new["label"].is_null().sum())
     ctx.notes.update(
         protocol=protocol,
+        judge_input=s.input,
+        official_texts=official.records(
+            {f"{g}/{k}": t for g, group in (texts or {}).items() for k, t in group.items()}
+        ),
         judges=names,
         rows=new.height,
         unjudged=unjudged,
@@ -375,6 +451,29 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"judgments": pl.concat([kept, new])}
 
 
+def official_judges(cfg: DictConfig) -> dict[str, dict[str, official.OfficialText]]:
+    """The official judge texts of prompts.sources.* (protocol paper): "locomo" (mem0's, else
+    LightMem's) and "longmemeval" (by question type), each only when configured."""
+    out: dict[str, dict[str, official.OfficialText]] = {}
+    locomo = official.locomo_judge(
+        official.source_spec(cfg, "lightmem"), official.source_spec(cfg, "mem0")
+    )
+    if locomo is not None:
+        out["locomo"] = {"judge_locomo": locomo}
+    lme = official.source_spec(cfg, "longmemeval")
+    if lme is not None:
+        out["longmemeval"] = official.longmemeval_judges(lme)
+    return out
+
+
+def judge_texts_fingerprint(cfg: DictConfig) -> str | None:
+    """The commit and hash of every official judge text the stage uses (protocol paper)."""
+    if judge_protocol(cfg) != "paper":
+        return None
+    texts = official_judges(cfg)
+    return official.fingerprint({f"{g}/{k}": t for g, m in texts.items() for k, t in m.items()})
+
+
 def judge_identity(cfg: DictConfig) -> dict[str, Any]:
     """Judge names, their models and sampling, without connection settings."""
     j = OmegaConf.to_container(cfg.judge, resolve=True) if "judge" in cfg else {}
@@ -385,6 +484,7 @@ def judge_identity(cfg: DictConfig) -> dict[str, Any]:
         "max_tokens": j.get("max_tokens"),
         "temperature": j.get("temperature"),
         "protocol": j.get("protocol", "paper"),
+        "input": j.get("input", "reply"),
         "answer_llm": llm_identity(OmegaConf.select(cfg, "llm", default=None)),
     }
 
@@ -399,6 +499,8 @@ STAGE = Stage(
     optional_reads=("retrievals", "entries", "syntheses"),
     settings=JudgeSettings,
     depends=("benchmark.name", "benchmark.categories", *LLM_IDENTITY),
+    extra_fingerprint=judge_texts_fingerprint,
     # 2: judge.protocol (paper judges by default), protocol column, cat-5 lexical rule.
-    version="2",
+    # 3: judge.input (the reply by default) and the judge_input column.
+    version="3",
 )

@@ -310,18 +310,27 @@ def build_report(
 
 
 def run_protocols(cfg: DictConfig, manifest: Mapping[str, Any]) -> dict[str, str]:
-    """{"answer": ..., "judge": ...}: what each stage recorded in the manifest, else the config."""
+    """{"answer": ..., "judge": ..., "judge_input": reply | answer}: what each stage recorded
+    in the manifest, else the config (a judge entry without judge_input judged the answer)."""
     stages = manifest.get("stages") or {}
     out = {}
     for stage, default in (("answer", answer_protocol(cfg)), ("judge", judge_protocol(cfg))):
         notes = (stages.get(stage) or {}).get("notes") or {}
         out[stage] = str(notes.get("protocol") or default)
+    judge_notes = (stages.get("judge") or {}).get("notes")
+    configured = str(OmegaConf.select(cfg, "judge.input", default="reply") or "reply")
+    out["judge_input"] = str(judge_notes.get("judge_input") or "answer") if judge_notes \
+        else configured
     return out
 
 
-def hypotheses_jsonl(questions: pl.DataFrame, answers: pl.DataFrame) -> str:
-    """LongMemEval's evaluate_qa.py input: one {"question_id", "hypothesis"} per line."""
-    preds = dict(answers.select("question_id", "prediction").iter_rows())
+def hypotheses_jsonl(
+    questions: pl.DataFrame, answers: pl.DataFrame, judge_input: str = "answer"
+) -> str:
+    """LongMemEval's evaluate_qa.py input: one {"question_id", "hypothesis"} per line; the
+    hypothesis is what our judge saw (judge.input: the whole reply, or the prediction)."""
+    column = "reply" if judge_input == "reply" and "reply" in answers.columns else "prediction"
+    preds = dict(answers.select("question_id", column).iter_rows())
     lines = [
         json.dumps({"question_id": q, "hypothesis": preds.get(q) or ""}, ensure_ascii=False)
         for q in questions["question_id"].to_list()
@@ -361,7 +370,8 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     atomic_write_text(out / "report.md", markdown + ("\n" + audit_markdown(audit) if audit else ""))
     if "longmemeval" in report:
         atomic_write_text(
-            out / "longmemeval_hypotheses.jsonl", hypotheses_jsonl(questions, answers)
+            out / "longmemeval_hypotheses.jsonl",
+            hypotheses_jsonl(questions, answers, report["protocols"]["judge_input"]),
         )
     if st.plots:  # report/*.png (eval/plots.py)
         from structmem_gpu.eval.plots import write_run_plots
@@ -394,5 +404,6 @@ STAGE = Stage(
     depends=("benchmark.name", "benchmark.categories", "method.name", "method.stages"),
     extra_fingerprint=_report_fingerprint,
     # 2: unjudged counted as wrong; judge_accuracy_judged / unjudged per group; protocols.
-    version="2",
+    # 3: protocols.judge_input; LongMemEval hypotheses follow it.
+    version="3",
 )

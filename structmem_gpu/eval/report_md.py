@@ -238,6 +238,12 @@ def cost_section(rep: Mapping[str, Any]) -> list[str]:
     )
 
 
+# What `judge.input` means, as the report says it.
+JUDGE_INPUTS = {
+    "reply": "the reader's whole reply (`reply`)",
+    "answer": "the extracted answer (`answer`)",
+}
+
 def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> str:
     names = ", ".join(f"{k} = {v}" for k, v in rep["category_names"].items())
     protocols = rep.get("protocols") or {}
@@ -248,7 +254,10 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
         "",
         (
             f"Protocols: reader `{protocols.get('answer', '?')}`, judge "
-            f"`{protocols.get('judge', '?')}` (README \"Evaluation protocols\")."
+            f"`{protocols.get('judge', '?')}`; the LLM judge saw "
+            f"{JUDGE_INPUTS.get(protocols.get('judge_input', ''), 'an unrecorded input')} "
+            f"(judge.input; README \"Evaluation protocols\"). Lexical metrics score the "
+            "extracted answer."
         ),
         "",
     ]

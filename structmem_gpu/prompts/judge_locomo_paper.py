@@ -3,7 +3,8 @@
 Own wording of the semantics in docs/evaluation.md "Judge protocols" (Mem0's `ACCURACY_PROMPT`,
 which the StructMem reference reuses unchanged): ONE user message, no system message; the
 question is framed as one conversation partner asking the other about their shared history;
-grading is generous on topic (a longer answer that addresses the same topic counts) and on time
+grading is generous on topic (a longer answer that touches on the gold answer's topic counts,
+even in passing) and on time
 (another format, or a relative expression for the same date or period, counts); one illustrative
 question/gold pair; a one-sentence justification is asked for, then only the label as JSON under
 `label`. Scored 1 iff the label is exactly `CORRECT` (case-sensitive), so
@@ -17,11 +18,13 @@ published call), not to an enum: a label the model spells otherwise stays visibl
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from structmem_gpu.llm.types import Message
 
-VERSION = "judge_locomo_paper/1"
+_FENCED = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
+VERSION = "judge_locomo_paper/2"  # 2: "touches on" the topic (was "addresses")
 POSITIVE = "CORRECT"
 
 TEMPLATE = """You are grading one answer. Two people have talked with each other over many \
@@ -30,8 +33,8 @@ history. You get that question, the gold answer (the short ground truth) and a g
 answer. Label the generated answer CORRECT or WRONG.
 
 Grade generously. The gold answer is usually short and the generated answer may say much \
-more; as long as the generated answer addresses the same topic as the gold answer, it is \
-CORRECT.
+more; as long as the generated answer touches on the topic of the gold answer, even in \
+passing, it is CORRECT.
 
 For a question about time, grade generously as well: if the generated answer points to the \
 same date or period as the gold answer, it is CORRECT even when it is written in another \
@@ -76,12 +79,22 @@ def extract_json(text: str) -> Any:
     return json.loads(body[start : end + 1])
 
 
-def parse_label(text: str | None) -> bool | None:
-    """True iff the reply's JSON `label` is exactly "CORRECT"; None when unreadable."""
+def extract_json_lightmem(text: str) -> Any:
+    """LightMem's copy of the judge (experiments/locomo/llm_judge.py) reads a fenced block's
+    body, else the whole text, with json.loads (no `{`…`}` search)."""
+    body = text.strip()
+    m = _FENCED.search(body)
+    return json.loads(m.group(1) if m else body)
+
+
+def parse_label(text: str | None, lightmem: bool = False) -> bool | None:
+    """True iff the reply's JSON `label` is exactly "CORRECT"; None when unreadable. The JSON
+    is read as mem0's judge reads it, or as LightMem's copy does (`lightmem`, when the judge
+    text comes from prompts.sources.lightmem)."""
     if not text:
         return None
     try:
-        obj = extract_json(text)
+        obj = extract_json_lightmem(text) if lightmem else extract_json(text)
     except ValueError:  # json.JSONDecodeError is a ValueError
         return None
     if not isinstance(obj, dict) or "label" not in obj:

@@ -1,6 +1,7 @@
-"""Bring your own reference prompts (`prompts.reference_dir=PATH`, a zjunlp/LightMem checkout).
+"""Bring your own reference prompts (`prompts.sources.lightmem=PATH[@COMMIT]`, older name
+`prompts.reference_dir`: a zjunlp/LightMem checkout, work tree or git repository).
 
-The reference prompt texts are NOT part of this repository. With `prompts.reference_dir` set,
+The reference prompt texts are NOT part of this repository. With the LightMem source set,
 the extract and consolidate stages read them at run time from the user's checkout
 (docs/methods.md "StructMem: reference code": `src/lightmem/memory/prompts.py`, variables
 `LoCoMo_Event_Binding_factual`, `LoCoMo_Event_Binding_relational`,
@@ -18,20 +19,25 @@ filled with our windows, records `[<time>, <weekday>] <speaker>: <text>`.
 
 from __future__ import annotations
 
-import ast
-import functools
 import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.types import Message
 from structmem_gpu.prompts import list_reply_schema
+from structmem_gpu.prompts.official import (
+    BUILD_NAMES,
+    LIGHTMEM_BUILD_FILE,
+    build_texts,
+    lightmem_build,
+    source_spec,
+)
 
-
+if TYPE_CHECKING:
+    from structmem_gpu.prompts.synthesis import Record
 
 class ReferenceTurn(Protocol):
     """What the reference's line format shows of a turn (extract.TurnView provides it)."""
@@ -44,59 +50,27 @@ class ReferenceTurn(Protocol):
 
     @property
     def text(self) -> str: ...
-    from structmem_gpu.prompts.synthesis import Record
 
-PROMPTS_FILE = "src/lightmem/memory/prompts.py"
-NAMES = {
-    "fact": "LoCoMo_Event_Binding_factual",
-    "relation": "LoCoMo_Event_Binding_relational",
-    "synthesis": "LoCoMo_Cross_Event_Consolidation",
-}
+
+PROMPTS_FILE = LIGHTMEM_BUILD_FILE
+NAMES = BUILD_NAMES
 SYNTHESIS_FIELDS = ("bucket", "speakers", "aggregated_text", "supplementary_context")
 NO_CONTEXT = "No additional context available."
 SYNTHESIS_ROLE = "You are a conversation summarisation assistant who pays attention to time."
 
 
-@functools.cache
-def load_prompts(reference_dir: str) -> dict[str, str]:
-    """Every top-level string constant of the checkout's prompts file, by variable name."""
-    path = Path(reference_dir).expanduser() / PROMPTS_FILE
-    if not path.is_file():
-        raise ConfigError(
-            f"prompts.reference_dir={reference_dir!r}: {path} not found (expected a LightMem "
-            "checkout containing src/lightmem/memory/prompts.py)"
-        )
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except SyntaxError as e:
-        raise ConfigError(f"prompts.reference_dir: {path} does not parse: {e}") from e
-    out: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            if isinstance(node.value.value, str):
-                for t in node.targets:
-                    if isinstance(t, ast.Name):
-                        out[t.id] = node.value.value
-    return out
-
-
 def reference_prompt(reference_dir: str, use: str) -> str:
-    """The reference prompt for "fact" | "relation" | "synthesis"; a clear error when absent."""
+    """The reference prompt for "fact" | "relation" | "synthesis" from the LightMem source
+    `reference_dir` (`PATH` or `PATH@COMMIT`, prompts/sources.py); a clear error when absent."""
     name = NAMES.get(use)
     if name is None:
         raise ConfigError(f"no reference prompt for {use!r}; expected one of {sorted(NAMES)}")
-    prompts = load_prompts(reference_dir)
-    if name not in prompts:
-        raise ConfigError(
-            f"prompts.reference_dir={reference_dir!r}: {PROMPTS_FILE} defines no string "
-            f"{name!r} (the {use} prompt)"
-        )
-    text = prompts[name]
+    text = lightmem_build(reference_dir, name, f"the {use} prompt").text
     if use == "synthesis":
         missing = [f for f in SYNTHESIS_FIELDS if "{" + f + "}" not in text]
         if missing:
             raise ConfigError(
-                f"prompts.reference_dir: {name} in {PROMPTS_FILE} lacks placeholders {missing}"
+                f"prompts.sources.lightmem: {name} in {PROMPTS_FILE} lacks placeholders {missing}"
             )
     return text
 
@@ -159,17 +133,18 @@ def reference_synthesis_messages(
         )
     except (KeyError, IndexError, ValueError) as e:
         raise ConfigError(
-            f"prompts.reference_dir: {NAMES['synthesis']} in {PROMPTS_FILE} is not a format "
+            f"prompts.sources.lightmem: {NAMES['synthesis']} in {PROMPTS_FILE} is not a format "
             f"template with only {list(SYNTHESIS_FIELDS)} ({e!r})"
         ) from e
     return (Message("system", SYNTHESIS_ROLE), Message("user", user))
 
 
 def reference_fingerprint(cfg: Any) -> str | None:
-    """Stage fingerprint material: the checkout's prompt texts (None without reference_dir)."""
-    from omegaconf import OmegaConf
-
-    ref = OmegaConf.select(cfg, "prompts.reference_dir", default=None)
-    if ref is None:
+    """Stage fingerprint material: the LightMem source's commit and build prompt texts
+    (None without prompts.sources.lightmem / prompts.reference_dir)."""
+    spec = source_spec(cfg, "lightmem")
+    if spec is None:
         return None
-    return stable_hash(*(reference_prompt(str(ref), use) for use in NAMES))
+    texts = build_texts(spec)
+    return stable_hash(*(t.text for t in texts.values()), next(iter(texts.values())).commit)
+

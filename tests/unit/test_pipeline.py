@@ -161,7 +161,7 @@ def test_settings_fields_and_dependencies_change_the_fingerprint(tmp_path: Path)
         "consolidate": ["consolidate.seed_k=3", "embedder.model=other-encoder", "llm.revision=r2"],
         "retrieve": ["retrieve.entries_k=7", "benchmark.categories=[1,2]"],
         "answer": ["answer.max_tokens=33", "benchmark.categories=[1]", "llm.seed=5"],
-        "judge": ["judge.max_tokens=9", "benchmark.categories=[2]"],
+        "judge": ["judge.max_tokens=9", "benchmark.categories=[2]", "judge.input=answer"],
         "report": ["report.bootstrap_seed=4", "method.stages=[load]"],
         "audit_extraction": ["audit.seed=3", "extract.context_turns=0"],
     }

@@ -73,7 +73,6 @@ def test_reference_synthesis_template_is_filled() -> None:
 
 
 def test_missing_file_and_missing_prompt_are_named(tmp_path: Path) -> None:
-    reference.load_prompts.cache_clear()
     with pytest.raises(ConfigError, match="src/lightmem/memory/prompts.py"):
         reference.reference_prompt(str(tmp_path), "fact")
     broken = tmp_path / "co"

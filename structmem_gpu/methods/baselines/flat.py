@@ -21,15 +21,28 @@ The shared answer stage imports this builder from `answer.prompt`
 from __future__ import annotations
 
 import polars as pl
+from omegaconf import DictConfig
 
 # The StructMem reader's entry rendering (order, de-duplication) is reused on purpose: the
 # flat, graph and StructMem contexts must differ only in what memory they hold.
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol
-from structmem_gpu.methods.structmem.context import entry_lines, paper_prompts
+from structmem_gpu.methods.structmem.context import (
+    entry_lines,
+    official_prompts,
+    official_reader,
+    official_reader_fingerprint,
+    paper_prompts,
+)
 from structmem_gpu.prompts import answer_flat as P
 from structmem_gpu.prompts.answer_structmem import MemoryLine
 
 PROMPT_NAME = "flat"
+OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries
+
+
+def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
+    """eval/answer.py: the official reader text's commit and hash when it is used."""
+    return official_reader_fingerprint(cfg, OFFICIAL_READER)
 
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
@@ -39,6 +52,8 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     qids = inputs.questions["question_id"].to_list()
     mine = retrievals.filter(pl.col("question_id").is_in(qids))
     if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader, minus the summaries
+        if official_reader(inputs.cfg):
+            return official_prompts(inputs, mine, entries, OFFICIAL_READER, None)
         return paper_prompts(inputs, mine, entries, lambda q: [], None)
     lines = entry_lines(mine, entries, MemoryLine)
     out: dict[str, AnswerPrompt] = {}

@@ -91,7 +91,7 @@ class ConsolidateSettings(Settings):
     top_p: float = knob(TOP_P)
     seed_exclude_buffer: bool = knob(BOOL, True)  # false = the reference code's effective seed pool
     # prompts.reference_dir: the checkout's synthesis prompt
-    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.reference_dir")
+    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
 
 
 @dataclass(frozen=True)

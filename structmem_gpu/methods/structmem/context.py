@@ -6,6 +6,10 @@ answer.speaker_groups, rank order) plus the retrieved syntheses as plain lines
 (prompts/answer_paper.py); `reasoned`: chronological entries under dates and dated syntheses
 (prompts/answer_structmem.py). `paper_prompts` and `entry_lines` are shared with the flat and
 graph-memory readers, which show StructMem's entries too.
+
+With a LightMem source (`prompts.sources.lightmem`, README "Official texts") the `paper` reader
+of a LoCoMo-format benchmark is LightMem's own text instead: `ANSWER_PROMPT_StructMem` here,
+`ANSWER_PROMPT` for flat (prompts/answer_official.py); the graph reader keeps ours.
 """
 
 from __future__ import annotations
@@ -15,14 +19,37 @@ from collections.abc import Callable
 from typing import Any
 
 import polars as pl
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol, wants_abstention
+from structmem_gpu.prompts import official
+from structmem_gpu.prompts.official import source_spec
 
 log = logging.getLogger(__name__)
 
 PROMPT_NAME = "structmem"
+OFFICIAL_READER = "ANSWER_PROMPT_StructMem"  # LightMem's StructMem reader (--enable-summary)
+LOCOMO_BENCHMARKS = ("locomo", "sample")  # the official reader's benchmark format
+
+
+def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
+    """eval/answer.py: the official reader text's commit and hash when it is used."""
+    return official_reader_fingerprint(cfg, OFFICIAL_READER)
+
+
+def official_reader(cfg: DictConfig) -> bool:
+    """Whether the reader uses LightMem's official text: a LightMem source, protocol paper and
+    a LoCoMo-format benchmark (the text is LightMem's LoCoMo reader; LongMemEval keeps ours)."""
+    return (source_spec(cfg, "lightmem") is not None and answer_protocol(cfg) == "paper"
+            and str(OmegaConf.select(cfg, "benchmark.name", default="")) in LOCOMO_BENCHMARKS)
+
+
+def official_reader_fingerprint(cfg: DictConfig, reader: str) -> str | None:
+    spec = source_spec(cfg, "lightmem")
+    if spec is None or not official_reader(cfg):
+        return None
+    return official.fingerprint({"reader": official.lightmem_reader(spec, reader)})
 
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
@@ -34,6 +61,8 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))
     if answer_protocol(inputs.cfg) == "paper":
         texts = synthesis_texts(retrievals, syntheses)
+        if official_reader(inputs.cfg):
+            return official_prompts(inputs, retrievals, entries, OFFICIAL_READER, texts)
         return paper_prompts(inputs, retrievals, entries, lambda q: [texts.get(q, [])], None)
     from structmem_gpu.prompts import answer_structmem as P
 
@@ -76,6 +105,38 @@ def paper_prompts(
             blocks.append(A.render_summaries(b) if isinstance(b, list) else str(b))
         msgs = A.build_messages(question, blocks, now, abstain, memory_note)
         out[qid] = AnswerPrompt(msgs, A.VERSION, reasoned_reply=True)
+    return out
+
+
+def official_prompts(
+    inputs: AnswerInputs,
+    retrievals: pl.DataFrame,
+    entries: pl.DataFrame,
+    reader: str,
+    summaries: dict[str, list[str]] | None,
+) -> dict[str, AnswerPrompt]:
+    """Reader `paper` with the official LightMem reader text `reader` (prompts/answer_official.py):
+    its two speaker slots replace answer.entry_layout / speaker_groups, and the reply as a whole
+    is the prediction (the template has no final-line instruction)."""
+    from structmem_gpu.prompts import answer_official as O
+    from structmem_gpu.prompts.answer_paper import MAX_GROUPS, PaperEntry
+
+    layout = str(OmegaConf.select(inputs.cfg, "answer.entry_layout", default="speakers"))
+    groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=MAX_GROUPS))
+    if layout != "speakers" or groups != MAX_GROUPS:
+        raise ConfigError(
+            f"answer.entry_layout={layout} / answer.speaker_groups={groups}: the official reader "
+            f"{reader} (prompts.sources.lightmem) has two speaker slots; use speakers / 2"
+        )
+    spec = source_spec(inputs.cfg, "lightmem")
+    assert spec is not None
+    template = official.lightmem_reader(spec, reader)
+    ranked = ranked_entries(retrievals, entries, PaperEntry)
+    out: dict[str, AnswerPrompt] = {}
+    for qid, question in inputs.questions.select("question_id", "question").iter_rows():
+        summ = None if summaries is None else summaries.get(qid, [])
+        msgs = O.build_messages(template, question, ranked.get(qid, []), summ)
+        out[qid] = AnswerPrompt(msgs, template.version("reader"), raw_reply=True)
     return out
 
 

@@ -108,7 +108,7 @@ class ExtractSettings(Settings):
     # token budget per window (None = turns_per_request only)
     window_tokens: int | None = knob(Int(ge=1, null=True, note="null = fixed turn windows"), None)
     # a LightMem checkout: its prompts (prompts/reference.py)
-    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.reference_dir")
+    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
     worked_example: bool = knob(BOOL, True)  # the default prompts' worked examples (off for tiny models)
 
     def check(self) -> list[str]:

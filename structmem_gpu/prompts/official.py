@@ -1,0 +1,294 @@
+"""The official prompt texts, read at run time from the user's checkouts (README "Official
+texts"); none of them is part of this repository.
+
+    prompts.sources.lightmem     zjunlp/LightMem: build prompts (src/lightmem/memory/prompts.py),
+                                 the StructMem reader (experiments/locomo/prompts.py
+                                 ANSWER_PROMPT_StructMem), the LoCoMo judge
+                                 (experiments/locomo/llm_judge.py ACCURACY_PROMPT)
+    prompts.sources.mem0         mem0ai/mem0 before 9315e30: the LoCoMo judge
+                                 (evaluation/metrics/llm_judge.py ACCURACY_PROMPT)
+    prompts.sources.longmemeval  xiaowu0162/LongMemEval: the per-type judge templates of
+                                 src/evaluation/evaluate_qa.py get_anscheck_prompt
+
+`prompts.reference_dir` is the older name of `prompts.sources.lightmem` (conf/config.yaml
+makes one the default of the other). The LoCoMo judge text comes from mem0 when mem0 is given
+(the origin of that judge, and the only text mem0 supplies, so naming it is a deliberate
+choice), else from LightMem (character-identical copies at mem0 b3ede5b / LightMem 8fc9a91).
+"""
+
+from __future__ import annotations
+
+import ast
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.hashing import stable_hash
+from structmem_gpu.prompts import sources as S
+
+SOURCE_NAMES = ("lightmem", "mem0", "longmemeval")
+LIGHTMEM_BUILD_FILE = "src/lightmem/memory/prompts.py"
+LIGHTMEM_READER_FILE = "experiments/locomo/prompts.py"
+LIGHTMEM_JUDGE_FILE = "experiments/locomo/llm_judge.py"
+MEM0_JUDGE_FILE = "evaluation/metrics/llm_judge.py"
+LONGMEMEVAL_FILE = "src/evaluation/evaluate_qa.py"
+LONGMEMEVAL_FUNCTION = "get_anscheck_prompt"
+# The build prompts by use (prompts/reference.py fills them).
+BUILD_NAMES = {
+    "fact": "LoCoMo_Event_Binding_factual",
+    "relation": "LoCoMo_Event_Binding_relational",
+    "synthesis": "LoCoMo_Cross_Event_Consolidation",
+}
+# Readers of experiments/locomo/prompts.py (search_locomo.py): with event summaries (StructMem,
+# --enable-summary) and without (LightMem; our flat memory), with the fields each is filled with.
+_SPEAKER_FIELDS = ("speaker_1_name", "speaker_1_memories", "speaker_2_name",
+                   "speaker_2_memories", "question")
+READERS = {
+    "ANSWER_PROMPT_StructMem": (*_SPEAKER_FIELDS, "session_summaries"),
+    "ANSWER_PROMPT": _SPEAKER_FIELDS,
+}
+READER_NAME = "ANSWER_PROMPT_StructMem"
+JUDGE_NAME = "ACCURACY_PROMPT"
+JUDGE_FIELDS = ("question", "gold_answer", "generated_answer")
+# LongMemEval question types and the abstention template (any `_abs` question).
+LONGMEMEVAL_TYPES = ("single-session-user", "single-session-assistant", "multi-session",
+                     "temporal-reasoning", "knowledge-update", "single-session-preference")
+ABSTENTION = "abstention"
+
+
+@dataclass(frozen=True)
+class OfficialText:
+    source: str  # lightmem | mem0 | longmemeval
+    file: str
+    name: str  # variable, or function[branch]
+    text: str
+    commit: str | None
+
+    @property
+    def digest(self) -> str:
+        return stable_hash(self.text, length=10)
+
+    def version(self, kind: str) -> str:
+        """prompt_version of requests filled from this text: a changed text is a new version;
+        the commit is not part of it (the same text at another commit keeps the cache)."""
+        return f"official-{kind}/{self.digest}"
+
+    def record(self) -> dict[str, Any]:
+        return {"file": self.file, "name": self.name, "commit": self.commit,
+                "sha256_10": self.digest}
+
+
+def source_spec(cfg: DictConfig, name: str) -> str | None:
+    """The configured `prompts.sources.<name>` (LightMem: or its alias prompts.reference_dir)."""
+    value = OmegaConf.select(cfg, f"prompts.sources.{name}", default=None)
+    if name == "lightmem":
+        alias = OmegaConf.select(cfg, "prompts.reference_dir", default=None)
+        if alias is not None and value is not None and str(alias) != str(value):
+            raise ConfigError(
+                f"prompts.reference_dir={alias!r} and prompts.sources.lightmem={value!r} differ; "
+                "prompts.reference_dir is the older name of prompts.sources.lightmem: set one"
+            )
+        value = value if value is not None else alias
+    return None if value is None else str(value)
+
+
+def _src(name: str, spec: str) -> S.Source:
+    return S.parse(f"prompts.sources.{name}", spec)
+
+
+def _fields_check(src: S.Source, t: OfficialText, fields: tuple[str, ...], what: str) -> None:
+    named = {f for _, f, _, _ in string.Formatter().parse(t.text) if f is not None}
+    if named != set(fields):
+        raise ConfigError(
+            f"{src.where()}: {t.name} in {t.file} at {S.describe_commit(src)} has fields "
+            f"{sorted(named)}, expected {sorted(fields)} ({what})"
+        )
+
+
+def _constant(
+    name: str, spec: str, file: str, var: str, what: str
+) -> tuple[S.Source, OfficialText]:
+    src = _src(name, spec)
+    text = S.string_constant(src, file, var, what)
+    return src, OfficialText(name, file, var, text, S.resolved_commit(src))
+
+
+def lightmem_build(spec: str, var: str, what: str) -> OfficialText:
+    """A build prompt of src/lightmem/memory/prompts.py (prompts/reference.py fills it)."""
+    return _constant("lightmem", spec, LIGHTMEM_BUILD_FILE, var, what)[1]
+
+
+def build_texts(spec: str) -> dict[str, OfficialText]:
+    """The three build prompts, by use."""
+    return {use: lightmem_build(spec, var, f"the {use} prompt") for use, var in BUILD_NAMES.items()}
+
+
+def lightmem_reader(spec: str, name: str = READER_NAME) -> OfficialText:
+    """A reader template of READERS (search_locomo.py fills it with str.format)."""
+    what = f"the reader {name}"
+    src, t = _constant("lightmem", spec, LIGHTMEM_READER_FILE, name, what)
+    _fields_check(src, t, READERS[name], what)
+    return t
+
+
+def locomo_judge(lightmem: str | None, mem0: str | None) -> OfficialText | None:
+    """The LoCoMo judge template: mem0's when given, else LightMem's, else None (ours)."""
+    if mem0 is not None:
+        try:
+            src, t = _constant("mem0", mem0, MEM0_JUDGE_FILE, JUDGE_NAME, "the LoCoMo judge")
+        except ConfigError as e:  # the usual cause, named
+            raise ConfigError(f"{e} (mem0's judge exists only before commit 9315e30: give "
+                              "PATH@b3ede5b)") from e
+    elif lightmem is not None:
+        src, t = _constant("lightmem", lightmem, LIGHTMEM_JUDGE_FILE, JUDGE_NAME,
+                           "the LoCoMo judge")
+    else:
+        return None
+    _fields_check(src, t, JUDGE_FIELDS, "the LoCoMo judge")
+    return t
+
+
+def _branch_types(test: ast.expr) -> list[str] | None:
+    """Question types an `if task in [...]` / `if task == '...'` test selects; None otherwise."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.left, ast.Name)):
+        return None
+    op, right = test.ops[0], test.comparators[0]
+    if isinstance(op, ast.Eq) and isinstance(right, ast.Constant) and isinstance(right.value, str):
+        return [right.value]
+    if isinstance(op, ast.In) and isinstance(right, (ast.List, ast.Tuple, ast.Set)):
+        vals = [e.value for e in right.elts if isinstance(e, ast.Constant)]
+        return [v for v in vals if isinstance(v, str)]
+    return None
+
+
+def _template_of(body: list[ast.stmt]) -> str | None:
+    for node in body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+                and any(isinstance(t, ast.Name) and t.id == "template" for t in node.targets)):
+            return node.value.value
+    return None
+
+
+def _type_templates(stmts: list[ast.stmt], out: dict[str, str]) -> None:
+    """Walk an if/elif chain on the question type, collecting `template = "..."` per type."""
+    for node in stmts:
+        while isinstance(node, ast.If):
+            types = _branch_types(node.test)
+            tpl = _template_of(node.body)
+            if types is not None and tpl is not None:
+                for t in types:
+                    out.setdefault(t, tpl)
+            if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+                node = node.orelse[0]
+            else:
+                break
+
+
+def longmemeval_judges(spec: str) -> dict[str, OfficialText]:
+    """get_anscheck_prompt's templates by question type, plus "abstention": read from the
+    function's AST — `if not abstention: <if/elif on task> else: template = ...`."""
+    src = _src("longmemeval", spec)
+    fn = S.function(src, LONGMEMEVAL_FILE, LONGMEMEVAL_FUNCTION, "the LongMemEval judge")
+    found: dict[str, str] = {}
+    for node in fn.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.UnaryOp) \
+                and isinstance(node.test.op, ast.Not):
+            _type_templates(node.body, found)
+            abst = _template_of(node.orelse)
+            if abst is not None:
+                found[ABSTENTION] = abst
+    missing = [t for t in (*LONGMEMEVAL_TYPES, ABSTENTION) if t not in found]
+    if missing:
+        raise ConfigError(
+            f"{src.where()}: {LONGMEMEVAL_FUNCTION} in {LONGMEMEVAL_FILE} at "
+            f"{S.describe_commit(src)} has no template for {missing}"
+        )
+    commit = S.resolved_commit(src)
+    out: dict[str, OfficialText] = {}
+    for kind, tpl in found.items():
+        fields = [f for _, f, _, _ in string.Formatter().parse(tpl) if f is not None]
+        if fields != ["", "", ""]:
+            raise ConfigError(
+                f"{src.where()}: the {kind} template of {LONGMEMEVAL_FUNCTION} is not filled with "
+                f"three positional fields (question, answer, response): {fields}"
+            )
+        out[kind] = OfficialText("longmemeval", LONGMEMEVAL_FILE,
+                                 f"{LONGMEMEVAL_FUNCTION}[{kind}]", tpl, commit)
+    return out
+
+
+def longmemeval_template(texts: Mapping[str, OfficialText], question_type: str,
+                         is_abstention: bool) -> OfficialText:
+    """evaluate_qa.py's choice: the abstention template for `_abs` questions, else by type."""
+    key = ABSTENTION if is_abstention else question_type
+    if key not in texts:
+        raise ConfigError(
+            f"prompts.sources.longmemeval: get_anscheck_prompt has no template for question "
+            f"type {question_type!r} (it raises NotImplementedError there)"
+        )
+    return texts[key]
+
+
+def records(texts: Mapping[str, OfficialText]) -> dict[str, Any]:
+    """Manifest material: per text its file, variable, commit and hash (never the text)."""
+    return {k: t.record() for k, t in sorted(texts.items())}
+
+
+def _texts_of(name: str, spec: str) -> dict[str, OfficialText]:
+    """Every text source `name` supplies, by use; raises ConfigError on the first absent one."""
+    if name == "lightmem":
+        out = build_texts(spec)
+        out.update({f"reader[{n}]": lightmem_reader(spec, n) for n in READERS})
+        judge = locomo_judge(spec, None)
+        assert judge is not None
+        out["judge_locomo"] = judge
+        return out
+    if name == "mem0":
+        judge = locomo_judge(None, spec)
+        assert judge is not None
+        return {"judge_locomo": judge}
+    return {f"judge_longmemeval[{k}]": t for k, t in longmemeval_judges(spec).items()}
+
+
+def manifest(cfg: DictConfig) -> dict[str, Any] | None:
+    """The run header's `official_texts`: per configured source its spec, resolved commit and
+    the file/variable/hash of each text it supplies (an absent text is named with the reason;
+    the stage that needs it stops with that ConfigError). None when no source is set."""
+    out: dict[str, Any] = {}
+    for name in SOURCE_NAMES:
+        spec = source_spec(cfg, name)
+        if spec is None:
+            continue
+        src = _src(name, spec)
+        entry: dict[str, Any] = {"spec": spec, "commit": S.resolved_commit(src)}
+        try:
+            entry["texts"] = records(_texts_of(name, spec))
+        except ConfigError as e:  # recorded, not hidden: the manifest says what is missing
+            entry["incomplete"] = str(e)
+        out[name] = entry
+    if out.get("mem0") and out.get("lightmem"):
+        out["judge_locomo_from"] = "mem0"
+    return out or None
+
+
+def fingerprint(texts: Mapping[str, OfficialText | None]) -> str | None:
+    """Stage fingerprint material: the commit and hash of every official text a stage uses."""
+    used = {k: (t.commit, t.digest) for k, t in sorted(texts.items()) if t is not None}
+    return stable_hash(used) if used else None
+
+
+def judge_texts(cfg: DictConfig) -> dict[str, OfficialText | None]:
+    """The official judge texts this config names (LoCoMo judge; LongMemEval by type)."""
+    out: dict[str, OfficialText | None] = {
+        "judge_locomo": locomo_judge(source_spec(cfg, "lightmem"), source_spec(cfg, "mem0"))
+    }
+    lme = source_spec(cfg, "longmemeval")
+    if lme is not None:
+        out.update({f"judge_longmemeval[{k}]": t for k, t in longmemeval_judges(lme).items()})
+    return out
