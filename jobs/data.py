@@ -310,7 +310,8 @@ def compose_job(overrides: Sequence[str]) -> Any:
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3",
                                job_name="data_models"):
-        return compose("config", overrides=[o for o in overrides if not o.startswith(_NOT_COMPOSED)])
+        return compose("config",
+                       overrides=[o for o in overrides if not o.startswith(_NOT_COMPOSED)])
 
 
 def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
@@ -347,8 +348,10 @@ def job_models(overrides: Sequence[str]) -> list[Any]:
     return named_models(cfg, stages)
 
 
-def _folder_gb(folder: Path) -> float:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e9
+def _folder_gb(path: Path) -> float:
+    """Size of a model folder (or GGUF file) in GB; cache symlinks count their blobs."""
+    files = path.rglob("*") if path.is_dir() else [path]
+    return sum(p.stat().st_size for p in files if p.is_file()) / 1e9
 
 
 def _allow(ref: Any) -> list[str] | None:
@@ -419,7 +422,7 @@ def _print_models(rows: Sequence[tuple[Any, Any, float | None]], cache: Path) ->
     print(f"{len(rows)} model(s); to download: {len(to_fetch)}, {total} (into {cache})")
     for ref, where, size in rows:
         if where.present:
-            state = f"{where.status} {where.path} ({_folder_gb(where.path) if where.path.is_dir() else where.path.stat().st_size / 1e9:.1f} GB)"
+            state = f"{where.status} {where.path} ({_folder_gb(where.path):.1f} GB)"
         elif where.status == "missing":
             state = "to download" + (f" ({size:.1f} GB)" if size is not None else "")
         elif ref.convert_from_gguf:

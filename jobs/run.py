@@ -112,7 +112,8 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] 
         # The lock first, then Hydra's record of the job: a second job on this directory must
         # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
         with hold_run_dir(run_dir):
-            log_changes(run_dir, cfg, lambda: stages_to_run(cfg, run_dir, registry))  # before .hydra/
+            # before .hydra/ is replaced: what changed against the directory's last job
+            log_changes(run_dir, cfg, lambda: stages_to_run(cfg, run_dir, registry))
             save_job_config(cfg, run_dir)
             run_stages(cfg, run_dir, registry)
     return job_stage_names(cfg)

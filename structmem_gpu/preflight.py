@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import shlex
 import shutil
 import subprocess
@@ -108,8 +109,6 @@ def hub_probe(repo: str, revision: str | None, timeout_s: float) -> str:
     """'' when the hub says `repo` can be downloaded, else why not. One GET of the model's API
     page, bounded by `timeout_s` as a whole (name resolution included: it runs in a thread
     that is abandoned at the deadline), never huggingface_hub's retry ladder."""
-    import os
-
     endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
     url = f"{endpoint}/api/models/{repo}" + (f"/revision/{revision}" if revision else "")
     result: list[str] = []
@@ -265,8 +264,9 @@ def check_gpu(job: Job) -> list[Finding]:
         from structmem_gpu.index.faiss_index import gpu_available
 
         if not gpu_available():
-            found.append(Finding("index.use_gpu=true but the installed faiss has no GPU support "
-                                 "or sees no GPU", f"{SETUP_GPU} (faiss-gpu), or index.use_gpu=auto"))
+            found.append(Finding(
+                "index.use_gpu=true but the installed faiss has no GPU support or sees no GPU",
+                f"{SETUP_GPU} (faiss-gpu), or index.use_gpu=auto"))
     return found
 
 
@@ -282,8 +282,8 @@ def _existing(path: Path) -> Path:
 
 def check_disk(job: Job) -> list[Finding]:
     need_gb = float(_setting(job, "min_free_gb", 2.0))
-    places = {"run directory": job.run_dir,
-              "paths.cache_dir": Path(str(OmegaConf.select(job.cfg, "paths.cache_dir", default=".")))}
+    cache_dir = Path(str(OmegaConf.select(job.cfg, "paths.cache_dir", default=".")))
+    places = {"run directory": job.run_dir, "paths.cache_dir": cache_dir}
     found = []
     for what, path in places.items():
         free_gb = shutil.disk_usage(_existing(path)).free / 1e9
