@@ -407,7 +407,8 @@ def models_main(argv: Sequence[str]) -> int:
         missing = [r for r, where, _ in rows if not where.present and not r.convert_from_gguf]
         if missing:
             print("error: missing: " + ", ".join(f"{r.name} ({r.key})" for r in missing)
-                  + "; fix: python jobs/data.py models " + " ".join(args.overrides),
+                  + "; fix: python jobs/data.py models "
+                  + " ".join((["-m"] if args.multirun else []) + list(args.overrides)),
                   file=sys.stderr)
             return 2
         return 0

@@ -4,8 +4,11 @@
     python jobs/run.py benchmark=locomo benchmark.path=FILE stages=[load] hydra.run.dir=DIR
     python jobs/run.py -m consolidate.seed_k=0,5,10,15,20      # Hydra multirun sweep
 
-Expected errors (bad input files, bad config, missing tables) end the job with exit code 2 and
-one line naming the file and record, without a traceback. In a multirun a failing point prints
+Before any stage, the preflight (structmem_gpu/preflight.py) checks that the node has every
+model, engine, CUDA device and the disk space the job needs (README "Replicate on a GPU node");
+`dry_run=true` only reports what it finds. Expected errors (bad input files, bad config, a
+preflight problem, missing tables) end the job with exit code 2 and one line naming the file
+and record, without a traceback. In a multirun a failing point prints
 the same line and the sweep goes on; the sweep ends with a table of every point
 (structmem_gpu/sweep.py) and exits 1 when any point failed. A preempted job exits 75.
 """

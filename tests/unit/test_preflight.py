@@ -283,3 +283,15 @@ def test_an_unreachable_hub_is_probed_once(fake_hub: str, tmp_path: Path,
     found = preflight.check_models(preflight.Job(cfg, stages_of(cfg), tmp_path))
     assert len(calls) == 1 and len(found) == 3
     assert all("the hub" in f.problem and "unreachable" in f.problem for f in found)
+
+
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_passes_under_the_scripted_profile(experiment: str,
+                                                            tmp_path: Path) -> None:
+    """What tests/unit/test_every_command.py runs needs nothing this machine lacks."""
+    cfg = compose_job(f"experiment={experiment}", "debug=scripted", "embedder=minilm")
+    found = preflight.check(cfg, stages_of(cfg), tmp_path)
+    assert [f.line() for f in found] == []
