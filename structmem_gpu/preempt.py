@@ -43,7 +43,7 @@ DEFAULT_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): temporary failure, the calle
 
 _state: dict[str, Any] = {"signal": None, "at": None, "grace_s": 30.0}
 _event = threading.Event()
-_phases: list[str] = []  # interruptible phases entered, innermost last
+_phases: list[str] = []  # interruptible phases the main thread is in, innermost last
 
 
 class Preempted(StructMemError):
@@ -113,6 +113,9 @@ def interruptible(phase: str) -> Iterator[None]:
     after a stop was requested raises too."""
     if requested():
         raise _stopped(phase)
+    if threading.current_thread() is not threading.main_thread():
+        yield  # the handler runs in the main thread: it cannot interrupt this one (it polls)
+        return
     _phases.append(phase)
     try:
         yield

@@ -153,3 +153,24 @@ def test_sigterm_during_server_start_up_exits_75_and_stops_the_server(tmp_path: 
     assert "preempted: llm server start-up stopped by SIGTERM" in out and "Traceback" not in out
     with pytest.raises(ProcessLookupError):
         os.kill(int(marker.read_text()), 0)  # the fake server is gone
+
+
+def test_a_phase_in_another_thread_leaves_the_main_thread_alone() -> None:
+    """Only the main thread's phases make the handler raise (it runs in the main thread)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with preempt.interruptible("worker load"):
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=worker)
+    with preempt.PreemptionGuard(grace_s=5):
+        t.start()
+        assert entered.wait(5)
+        os.kill(os.getpid(), signal.SIGTERM)  # must not raise here, outside any main phase
+        assert preempt.requested()
+        release.set()
+        t.join(5)
+    with pytest.raises(preempt.Preempted):
+        preempt.check_phase("worker load")
