@@ -300,18 +300,16 @@ def parse_models_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-# A job's overrides that do not compose outside a job (Hydra's own node) or name no model.
-_NOT_COMPOSED = ("hydra.", "dry_run=", "force=")
-
-
 def compose_job(overrides: Sequence[str]) -> Any:
     """The job's config, composed by Hydra as `jobs/run.py <overrides>` would compose it."""
     from hydra import compose, initialize_config_dir
 
+    from structmem_gpu.model_refs import NOT_FOR_MODELS
+
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3",
                                job_name="data_models"):
         return compose("config",
-                       overrides=[o for o in overrides if not o.startswith(_NOT_COMPOSED)])
+                       overrides=[o for o in overrides if not o.startswith(NOT_FOR_MODELS)])
 
 
 def sweep_points(overrides: Sequence[str]) -> list[list[str]]:

@@ -32,6 +32,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "vocab.txt", "merges.txt", "special_tokens_map.json", "added_tokens.json",
                    "spiece.model", "sentencepiece.bpe.model", "config.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# A job's overrides that `jobs/data.py models` leaves out: Hydra's own node (it does not
+# compose outside a job) and switches that name no model.
+NOT_FOR_MODELS = ("hydra.", "dry_run=", "force=")
 # Backends that load weights we must find: a launched llama.cpp / vLLM server, offline vLLM.
 LAUNCHED = ("llamacpp", "vllm_server", "vllm_offline")
 

@@ -42,14 +42,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.errors import StructMemError
 from structmem_gpu.model_refs import (
-    ModelRef, NamedLLM, hub_offline, job_roles, locate, named_llms, named_models,
+    NOT_FOR_MODELS, ModelRef, NamedLLM, hub_offline, job_roles, locate, named_llms, named_models,
 )
 
 log = logging.getLogger(__name__)
 
 SETUP_GPU = "make setup-gpu"
-# Overrides of the job that name no model (left out of the `jobs/data.py models` command).
-_NOT_FOR_MODELS = ("hydra.", "dry_run=", "force=", "stages=", "shard_index=", "num_shards=")
 
 
 class PreflightError(StructMemError):
@@ -94,7 +92,7 @@ class Job:
     @property
     def models_command(self) -> str:
         """The command that fetches this job's models ahead (same overrides as the job)."""
-        kept = [o for o in self.overrides if not o.startswith(_NOT_FOR_MODELS)]
+        kept = [o for o in self.overrides if not o.startswith(NOT_FOR_MODELS)]
         return " ".join(["python jobs/data.py models", *map(shlex.quote, kept)])
 
 
