@@ -4,6 +4,8 @@
     python jobs/data.py locomo longmemeval_s --data-dir /scratch/benchmarks
     python jobs/data.py --check all                      # verify what is there; download nothing
     python jobs/data.py smollm2-hf                       # SmolLM2 GGUF -> HF folder (llm=vllm_cpu)
+    python jobs/data.py models <the job's overrides>     # every model that job loads -> HF cache
+    python jobs/data.py models --check <overrides>       # are they all here? download nothing
 
 LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
 LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the
@@ -14,6 +16,17 @@ the checksum is verified, so a killed download never leaves a truncated benchmar
 
 Exit codes: 0 ok; 1 `--check` found a missing, unverifiable or mismatched file; 2 a download
 or verification failed (one line on stderr, no traceback).
+
+`models` composes the job's config from the same overrides (Hydra's compose API; `-m` expands
+a sweep, the experiment's own sweeper params included), lists every model that job loads
+(structmem_gpu/model_refs.py, the list the job's preflight checks: answer LLM, judges and
+panel members, encoder, window-packing tokenizer), prints their total size first (from the
+hub's metadata when it answers, else the presets' `weights_gb`), then downloads each with
+huggingface_hub's `snapshot_download` into the Hugging Face cache (HF_HOME / HF_HUB_CACHE;
+resumable, with a progress bar; tokenizer files only for the window tokenizer). Run it on a
+node with network (the login node); the compute node then runs with HF_HUB_OFFLINE=1.
+Exit codes: 0 every model present; 2 a model is missing (`--check`, or a path that cannot be
+downloaded) or a download failed.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow `python jobs/data.py` from a clean clone without install
@@ -208,7 +222,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["locomo"],
         metavar="DATASET",
         help=f"any of {', '.join(DATASETS)} or 'all' (default: locomo); or the model "
-        f"{', '.join(MODELS)}",
+        f"{', '.join(MODELS)}. `models <overrides>` instead fetches every model a job's "
+        "config names (`python jobs/data.py models --help`)",
     )
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="default: data/")
     parser.add_argument("--check", action="store_true", help="only verify; download nothing")
@@ -237,6 +252,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "models":  # a subcommand, never a dataset name
+        return models_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
@@ -260,6 +278,184 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
     except (StructMemError, OSError) as err:  # OSError: disk full, permissions, …
         log.error("%s", err)
         return 2
+    return 0
+
+
+# ---- `models`: every model a job's config names, fetched ahead -----------------------------
+
+
+def parse_models_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python jobs/data.py models",
+        description="Download every model the job with these overrides loads (answer LLM, "
+        "judges, encoder, window tokenizer) into the Hugging Face cache, total size first.",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="the job's Hydra overrides, e.g. experiment=structmem_locomo")
+    parser.add_argument("--check", action="store_true",
+                        help="only verify the models are present (exit 2 listing those missing)")
+    parser.add_argument("-m", "--multirun", action="store_true",
+                        help="the overrides are a sweep: fetch the models of every point")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(list(argv))
+
+
+def compose_job(overrides: Sequence[str]) -> Any:
+    """The job's config, composed by Hydra as `jobs/run.py <overrides>` would compose it."""
+    from hydra import compose, initialize_config_dir
+
+    from structmem_gpu.model_refs import NOT_FOR_MODELS
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3",
+                               job_name="data_models"):
+        return compose("config",
+                       overrides=[o for o in overrides if not o.startswith(NOT_FOR_MODELS)])
+
+
+def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
+    """The overrides of every point of `jobs/run.py -m <overrides>`: the experiment's
+    `hydra.sweeper.params` first, then the command line's (Hydra's basic sweeper order)."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(list(overrides))
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override() and o.input_line]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3",
+                               job_name="data_models"):
+        base = compose("config", overrides=[o for o in fixed if not o.startswith("hydra.")],
+                       return_hydra_config=True)
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.select(base, "hydra.sweeper.params", default=None) or {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(overrides)
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)
+    return [point for batch in batches for point in batch]
+
+
+def job_models(overrides: Sequence[str]) -> list[Any]:
+    """The job's models (structmem_gpu.model_refs.named_models, as its preflight lists them)."""
+    from structmem_gpu.methods.registry import stage_registry
+    from structmem_gpu.model_refs import named_models
+    from structmem_gpu.pipeline import job_stage_names
+
+    cfg = compose_job(overrides)
+    registry = stage_registry(cfg)
+    stages = [registry[name] for name in job_stage_names(cfg) if name in registry]
+    return named_models(cfg, stages)
+
+
+def _folder_gb(path: Path) -> float:
+    """Size of a model folder (or GGUF file) in GB; cache symlinks count their blobs."""
+    files = path.rglob("*") if path.is_dir() else [path]
+    return sum(p.stat().st_size for p in files if p.is_file()) / 1e9
+
+
+def _allow(ref: Any) -> list[str] | None:
+    from structmem_gpu.model_refs import TOKENIZER_FILES
+
+    return list(TOKENIZER_FILES) if ref.tokenizer_only else None
+
+
+def download_gb(ref: Any) -> float | None:
+    """What a download of `ref` would fetch (GB) from the hub's file list (no file is
+    fetched), else the size its preset states (`weights_gb`), else None."""
+    from structmem_gpu.model_refs import hub_cache_dir, hub_offline
+
+    if not hub_offline():
+        from huggingface_hub import snapshot_download
+
+        try:
+            files = snapshot_download(ref.name, revision=ref.revision, cache_dir=hub_cache_dir(),
+                                      allow_patterns=_allow(ref), dry_run=True, etag_timeout=5)
+            return sum(f.file_size or 0 for f in files if f.will_download) / 1e9
+        except Exception as exc:  # offline, gated, not found: the preset's size, then the error
+            log.debug("%s: no size from the hub (%s)", ref.name, exc)
+    return ref.weights_gb
+
+
+def models_main(argv: Sequence[str]) -> int:
+    args = parse_models_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(message)s")
+    from hydra.errors import HydraException
+
+    from structmem_gpu.model_refs import hub_cache_dir, locate
+
+    try:
+        points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
+        refs: dict[tuple[str, str | None], Any] = {}
+        for point in points:
+            for ref in job_models(point):
+                refs.setdefault((ref.name, ref.revision), ref)
+    except (HydraException, StructMemError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rows = []  # (ref, location, GB to download or None)
+    for ref in refs.values():
+        where = locate(ref)
+        fetchable = not where.present and where.status == "missing"
+        size = download_gb(ref) if fetchable and not args.check else None
+        if fetchable and size is None:
+            size = ref.weights_gb
+        rows.append((ref, where, size))
+    _print_models(rows, hub_cache_dir())
+    if args.check:
+        missing = [r for r, where, _ in rows if not where.present and not r.convert_from_gguf]
+        if missing:
+            print("error: missing: " + ", ".join(f"{r.name} ({r.key})" for r in missing)
+                  + "; fix: python jobs/data.py models "
+                  + " ".join((["-m"] if args.multirun else []) + list(args.overrides)),
+                  file=sys.stderr)
+            return 2
+        return 0
+    return _fetch_models(rows)
+
+
+def _print_models(rows: Sequence[tuple[Any, Any, float | None]], cache: Path) -> None:
+    to_fetch = [size for _, where, size in rows if where.status == "missing"]
+    known = [s for s in to_fetch if s is not None]
+    total = f"{sum(known):.1f} GB" + (f" + {len(to_fetch) - len(known)} of unknown size"
+                                       if len(known) < len(to_fetch) else "")
+    print(f"{len(rows)} model(s); to download: {len(to_fetch)}, {total} (into {cache})")
+    for ref, where, size in rows:
+        if where.present:
+            state = f"{where.status} {where.path} ({_folder_gb(where.path):.1f} GB)"
+        elif where.status == "missing":
+            state = "to download" + (f" ({size:.1f} GB)" if size is not None else "")
+        elif ref.convert_from_gguf:
+            state = f"made by the job from {ref.convert_from_gguf} GGUF on first use ({where.path})"
+        else:
+            state = f"{where.path}: {where.detail} (a path: nothing to download)"
+        print(f"  {ref.role:<24} {ref.name}  [{ref.key}]  {state}")
+
+
+def _fetch_models(rows: Sequence[tuple[Any, Any, float | None]]) -> int:
+    from huggingface_hub import snapshot_download
+
+    from structmem_gpu.model_refs import hub_cache_dir, locate
+
+    failed = []
+    for ref, where, _ in rows:
+        if where.present or ref.convert_from_gguf:
+            continue
+        if where.status != "missing":
+            failed.append(f"{ref.name} ({ref.key}): {where.detail}")
+            continue
+        log.info("downloading %s%s", ref.name, " (tokenizer files)" if ref.tokenizer_only else "")
+        try:  # resumable: an interrupted download continues from its .incomplete files
+            snapshot_download(ref.name, revision=ref.revision, cache_dir=hub_cache_dir(),
+                              allow_patterns=_allow(ref))
+        except Exception as exc:  # network, gated repo, disk full: one line per model
+            failed.append(f"{ref.name} ({ref.key}): {type(exc).__name__}: {exc}".splitlines()[0])
+            continue
+        if not locate(ref).present:
+            failed.append(f"{ref.name} ({ref.key}): downloaded but {locate(ref).detail}")
+    if failed:
+        print("error: not fetched: " + "; ".join(failed), file=sys.stderr)
+        return 2
+    log.info("all models present in %s", hub_cache_dir())
     return 0
 
 

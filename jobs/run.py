@@ -4,8 +4,11 @@
     python jobs/run.py benchmark=locomo benchmark.path=FILE stages=[load] hydra.run.dir=DIR
     python jobs/run.py -m consolidate.seed_k=0,5,10,15,20      # Hydra multirun sweep
 
-Expected errors (bad input files, bad config, missing tables) end the job with exit code 2 and
-one line naming the file and record, without a traceback. In a multirun a failing point prints
+Before any stage, the preflight (structmem_gpu/preflight.py) checks that the node has every
+model, engine, CUDA device and the disk space the job needs (README "Replicate on a GPU node");
+`dry_run=true` only reports what it finds. Expected errors (bad input files, bad config, a
+preflight problem, missing tables) end the job with exit code 2 and one line naming the file
+and record, without a traceback. In a multirun a failing point prints
 the same line and the sweep goes on; the sweep ends with a table of every point
 (structmem_gpu/sweep.py) and exits 1 when any point failed. A preempted job exits 75.
 """
@@ -51,7 +54,7 @@ def main(cfg: DictConfig) -> dict | None:
         return record
 
     try:
-        ran = run_job(cfg, run_dir, guard)
+        ran = run_job(cfg, run_dir, guard, overrides=list(hydra_cfg.overrides.task))
     except preempt.Preempted as err:
         # Servers are stopped by now (run_stages' scope closed); let submitit requeue, if it
         # installed the handler we replaced, else exit with the code a requeue wrapper expects.
@@ -81,30 +84,41 @@ def _end(record: dict, in_sweep: bool) -> dict:
     return record
 
 
-def run_job(cfg: DictConfig, run_dir: Path, guard: object) -> list[str]:
-    """Check the config, then run the stages (or print the dry-run estimate). The names of the
-    stages the job went through (none for a dry run)."""
+def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] | None = None
+            ) -> list[str]:
+    """Check the config and the node (preflight), then run the stages (or print the dry-run
+    estimate). The names of the stages the job went through (none for a dry run)."""
+    from structmem_gpu import preempt, preflight
     from structmem_gpu.config_schema import check_config
     from structmem_gpu.methods.registry import stage_registry
+    from structmem_gpu.pipeline import job_stage_names
 
     registry = stage_registry(cfg)
     # Types and ranges of every knob the job's stages (and every job) read, before anything runs.
     check_config(cfg, registry.values())
-    if cfg.get("dry_run"):  # estimate requests and tokens per stage; no server, no files
-        from structmem_gpu.bench.dry_run import estimate, format_estimate
+    dry_run = bool(cfg.get("dry_run"))
+    with guard:  # type: ignore[attr-defined]
+        # Models, engines, CUDA, disk: seconds, before any stage; a dry run only reports them.
+        with preempt.interruptible("preflight"):
+            stages = [registry[name] for name in job_stage_names(cfg) if name in registry]
+            preflight.enforce(preflight.check(cfg, stages, run_dir, overrides or []),
+                              dry_run=dry_run)
+        if dry_run:  # estimate requests and tokens per stage; no server, no files
+            from structmem_gpu.bench.dry_run import estimate, format_estimate
 
-        print(format_estimate(estimate(cfg)))
-        return []
-    from structmem_gpu.pipeline import job_stage_names, run_stages, stages_to_run
-    from structmem_gpu.run_changes import log_changes
-    from structmem_gpu.runlock import hold_run_dir
+            print(format_estimate(estimate(cfg)))
+            return []
+        from structmem_gpu.pipeline import run_stages, stages_to_run
+        from structmem_gpu.run_changes import log_changes
+        from structmem_gpu.runlock import hold_run_dir
 
-    # The lock first, then Hydra's record of the job: a second job on this directory must
-    # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
-    with hold_run_dir(run_dir), guard:  # type: ignore[attr-defined]
-        log_changes(run_dir, cfg, lambda: stages_to_run(cfg, run_dir, registry))  # before .hydra/
-        save_job_config(cfg, run_dir)
-        run_stages(cfg, run_dir, registry)
+        # The lock first, then Hydra's record of the job: a second job on this directory must
+        # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
+        with hold_run_dir(run_dir):
+            # before .hydra/ is replaced: what changed against the directory's last job
+            log_changes(run_dir, cfg, lambda: stages_to_run(cfg, run_dir, registry))
+            save_job_config(cfg, run_dir)
+            run_stages(cfg, run_dir, registry)
     return job_stage_names(cfg)
 
 

@@ -181,6 +181,14 @@ class PromptSourcesSettings(Settings):
 
 
 @dataclass(frozen=True)
+class PreflightSettings(Settings):
+    """preflight: what the node checks before any stage (structmem_gpu/preflight.py)."""
+
+    min_free_gb: float = knob(Float(ge=0))
+    hub_timeout_s: float = knob(Float(gt=0))
+
+
+@dataclass(frozen=True)
 class PromptsSettings(Settings):
     reference_dir: str | None = knob(STR_OR_NULL, None)  # older name of sources.lightmem
     sources: PromptSourcesSettings | None = sub(PromptSourcesSettings, null=True, default=None)
@@ -206,6 +214,8 @@ class JobSettings(Settings):
     prompts: PromptsSettings | None = sub(PromptsSettings, null=True, default=None)
     cache: CacheSettings | None = sub(CacheSettings, null=True, default=None)
     preempt: PreemptSettings | None = sub(PreemptSettings, null=True, default=None, hashed=False)
+    preflight: PreflightSettings | None = sub(PreflightSettings, null=True, default=None,
+                                              hashed=False)
     paths: PathsSettings | None = sub(PathsSettings, null=True, default=None, hashed=False)
     run_dir: str | None = knob(STR_OR_NULL, None, hashed=False)
     benchmark: BenchmarkSettings = sub(BenchmarkSettings)

@@ -13,6 +13,11 @@ What a signal does (README "Failure behaviour"):
    Under submitit, the signal handler submitit installed is called afterwards, so its
    checkpoint-and-requeue still happens; a plain sbatch script can requeue on exit code 75.
 
+4. Where the job waits on something that sends nothing (a model load, a server's start-up and
+   readiness wait, the preflight), the phase is `interruptible`: the signal raises at once,
+   so the job stops within the grace whatever it is doing (a launched server is stopped on
+   the way out by its `with` block).
+
 SLURM sends SIGTERM on preemption and, with `--signal=USR2@90` (submitit's default), SIGUSR2
 before the time limit. Handlers can only be installed from the main thread; elsewhere (a test
 runner thread) the guard is inert and says so at DEBUG level.
@@ -20,11 +25,12 @@ runner thread) the guard is inert and says so at DEBUG level.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -37,6 +43,7 @@ DEFAULT_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): temporary failure, the calle
 
 _state: dict[str, Any] = {"signal": None, "at": None, "grace_s": 30.0}
 _event = threading.Event()
+_phases: list[str] = []  # interruptible phases the main thread is in, innermost last
 
 
 class Preempted(StructMemError):
@@ -87,6 +94,43 @@ def check(stage: str) -> None:
         )
 
 
+class _Interrupt(BaseException):
+    """Raised by the signal handler inside an interruptible phase. A BaseException, so that
+    a library's `except Exception` (retry loops, fallbacks while loading) cannot swallow it;
+    `interruptible` turns it into Preempted."""
+
+
+def _stopped(phase: str) -> Preempted:
+    return Preempted(
+        f"{phase} stopped by {signal_name()}: no table written; rerun (or let the scheduler "
+        f"requeue) the same command to resume", signal_name())
+
+
+@contextlib.contextmanager
+def interruptible(phase: str) -> Iterator[None]:
+    """A phase with no request in flight (model load, server start-up, readiness wait): a stop
+    signal raises Preempted at once instead of waiting for the phase to end. Entering it
+    after a stop was requested raises too."""
+    if requested():
+        raise _stopped(phase)
+    if threading.current_thread() is not threading.main_thread():
+        yield  # the handler runs in the main thread: it cannot interrupt this one (it polls)
+        return
+    _phases.append(phase)
+    try:
+        yield
+    except _Interrupt:
+        raise _stopped(phase) from None
+    finally:
+        _phases.pop()
+
+
+def check_phase(phase: str) -> None:
+    """Raise Preempted when a stop was requested (polling loops of an interruptible phase)."""
+    if requested():
+        raise _stopped(phase)
+
+
 Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
@@ -112,6 +156,8 @@ class PreemptionGuard:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         request_stop(signal.Signals(signum).name)
+        if _phases:  # nothing in flight to let land: stop the load / start-up / wait now
+            raise _Interrupt()
 
     def __exit__(self, *exc: object) -> None:
         if self.installed:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from structmem_gpu import preempt
 from structmem_gpu.embed.cache import EmbeddingCache, text_sha
 from structmem_gpu.errors import ConfigError
 
@@ -269,22 +270,24 @@ def instruction(cfg: Mapping[str, Any], use: str) -> str | None:
 
 
 def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
-    """Load the configured model (conf/embedder/*.yaml) and wrap it with the cache."""
-    import torch
-    from sentence_transformers import SentenceTransformer
+    """Load the configured model (conf/embedder/*.yaml) and wrap it with the cache. A stop
+    signal during the imports and the load (minutes for large encoders) ends them at once."""
+    with preempt.interruptible("encoder load"):
+        import torch
+        from sentence_transformers import SentenceTransformer
 
-    load, model_id = resolve_model(cfg.get("model"))
-    device = _device(str(cfg.get("device") or "auto"), torch)
-    t0 = time.perf_counter()
-    # trust_remote_code: models with their own modelling code (NV-Embed-v2) need it; it runs
-    # code from the model repository, so it is off unless the embedder config says so.
-    model = SentenceTransformer(
-        load, device=device, trust_remote_code=bool(cfg.get("trust_remote_code", False))
-    )
-    precision = "float32"
-    if device.startswith("cuda") and bool(cfg.get("fp16", True)):
-        model = model.half()  # fp16 halves memory and roughly doubles throughput on GPU
-        precision = "float16"
+        load, model_id = resolve_model(cfg.get("model"))
+        device = _device(str(cfg.get("device") or "auto"), torch)
+        t0 = time.perf_counter()
+        # trust_remote_code: models with their own modelling code (NV-Embed-v2) need it; it runs
+        # code from the model repository, so it is off unless the embedder config says so.
+        model = SentenceTransformer(
+            load, device=device, trust_remote_code=bool(cfg.get("trust_remote_code", False))
+        )
+        precision = "float32"
+        if device.startswith("cuda") and bool(cfg.get("fp16", True)):
+            model = model.half()  # fp16 halves memory and roughly doubles throughput on GPU
+            precision = "float16"
     max_len = cfg.get("max_seq_length")
     if max_len is not None:
         model.max_seq_length = int(max_len)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from structmem_gpu import preempt
 from structmem_gpu.errors import ConfigError, StructMemError
 
 logger = logging.getLogger(__name__)
@@ -275,6 +276,7 @@ def _start(
 def _wait_ready(srv: RunningServer, ready_url: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
+        preempt.check_phase(f"{srv.name} server start-up")
         code = srv.process.poll()
         if code is not None:
             raise ServerError(
@@ -329,7 +331,9 @@ def launch_server(
                 env=full_env,
             )
             try:
-                _wait_ready(srv, root + ready_path, startup_timeout_s)
+                # A stop signal during the start-up (minutes for large weights) ends it now.
+                with preempt.interruptible(f"{name} server start-up"):
+                    _wait_ready(srv, root + ready_path, startup_timeout_s)
                 break
             except ServerError:
                 srv.stop(grace_s=5.0)
@@ -346,4 +350,5 @@ def launch_server(
         yield srv
     finally:
         if srv is not None:
-            srv.stop()
+            # Stopping for preemption: the scheduler's kill wait is short, do not wait 20 s.
+            srv.stop(grace_s=5.0 if preempt.requested() else 20.0)

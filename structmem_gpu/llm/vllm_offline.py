@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from structmem_gpu import preempt
 from structmem_gpu.llm.structured import OnResult, RawReply, run_in_rounds, vllm_schema
 from structmem_gpu.llm.types import LLMRequest, LLMResult
 
@@ -88,11 +89,12 @@ class VLLMOfflineBackend:
 
             for k, v in self.env.items():
                 os.environ.setdefault(k, v)  # an explicit environment variable wins
-            from vllm import LLM
-
             logger.info("loading vLLM engine for %s with %s", self.model, self.engine_kwargs)
             t = time.monotonic()
-            self._llm = LLM(model=self.model, **self.engine_kwargs)
+            with preempt.interruptible("vLLM engine load"):  # a stop signal ends the load now
+                from vllm import LLM
+
+                self._llm = LLM(model=self.model, **self.engine_kwargs)
             logger.info("vLLM engine ready in %.0f s", time.monotonic() - t)
         return self._llm
 

@@ -131,3 +131,77 @@ def test_real_locomo_entry_matches_spec(job) -> None:
         )
         for n in ("longmemeval_s", "longmemeval_m", "longmemeval_oracle")
     )
+
+
+# ---- `models`: a job's models fetched ahead (snapshot_download replaced, never the network) --
+
+
+@pytest.fixture()
+def empty_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    return tmp_path / "hf" / "hub"
+
+
+def fake_snapshot_download(calls: list[dict]):  # noqa: ANN201
+    """Writes what a download would: a complete snapshot in the HF cache."""
+
+    def download(repo_id: str, *, revision=None, cache_dir=None, allow_patterns=None, **kw):  # noqa: ANN001, ANN202
+        calls.append({"repo": repo_id, "allow_patterns": allow_patterns, **kw})
+        base = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}"
+        snap = base / "snapshots" / ("b" * 40)
+        snap.mkdir(parents=True)
+        (base / "refs").mkdir()
+        (base / "refs" / "main").write_text("b" * 40)
+        (snap / "config.json").write_text("{}")
+        (snap / "tokenizer.json").write_text("{}")
+        if allow_patterns is None:
+            (snap / "model.safetensors").write_text("w")
+        return str(snap)
+
+    return download
+
+
+def test_models_is_a_subcommand_and_check_names_what_is_missing(
+    job: ModuleType, empty_hub: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = job.main(["models", "--check", "debug=scripted", "embedder=qwen3_embedding_0_6b",
+                   "++embedder.weights_gb=1.2"])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert out.splitlines()[0].startswith("1 model(s); to download: 1, 1.2 GB")  # size first
+    assert "Qwen/Qwen3-Embedding-0.6B  [embedder.model]  to download" in out
+    assert "error: missing: Qwen/Qwen3-Embedding-0.6B (embedder.model)" in err
+    assert "fix: python jobs/data.py models debug=scripted embedder=qwen3_embedding_0_6b" in err
+    assert job.main(["models", "--check", "debug=scripted"]) == 0  # packaged MiniLM: local
+
+
+def test_models_downloads_each_missing_model_then_check_passes(
+    job: ModuleType, empty_hub: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    import huggingface_hub
+
+    calls: list[dict] = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download(calls))
+    args = ["debug=scripted", "embedder=qwen3_embedding_0_6b", "+extract.window_tokenizer=org/tok"]
+    assert job.main(["models", *args]) == 0, capsys.readouterr()
+    assert [(c["repo"], c["allow_patterns"] is None) for c in calls] == [
+        ("Qwen/Qwen3-Embedding-0.6B", True), ("org/tok", False)]
+    assert "tokenizer.json" in calls[1]["allow_patterns"]  # tokenizer files only, no weights
+    assert not any(p.endswith(".safetensors") for p in calls[1]["allow_patterns"])
+    calls.clear()
+    assert job.main(["models", "--check", *args]) == 0
+    assert job.main(["models", *args]) == 0 and calls == []  # nothing left to fetch
+
+
+def test_models_of_a_sweep_cover_every_point(
+    job: ModuleType, empty_hub: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert job.main(["models", "--check", "-m", "debug=scripted",
+                     "embedder=qwen3_embedding_0_6b,bge_m3"]) == 2
+    err = capsys.readouterr().err
+    assert "Qwen/Qwen3-Embedding-0.6B (embedder.model)" in err and "BAAI/bge-m3 (embedder.model)" in err
+    points = job.sweep_points(["experiment=entries_k_sweep"])  # the experiment's own params
+    assert len(points) == 6 and ["retrieve.entries_k=10", "experiment=entries_k_sweep"] in points
