@@ -90,10 +90,10 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object) -> list[str]:
     registry = stage_registry(cfg)
     # Types and ranges of every knob the job's stages (and every job) read, before anything runs.
     check_config(cfg, registry.values())
-    if cfg.get("dry_run"):  # estimate requests and tokens per stage; no server, no files
-        from structmem_gpu.bench.dry_run import estimate, format_estimate
+    if cfg.get("dry_run"):  # requests and tokens per stage, the GPU memory plan; no server, no files
+        from structmem_gpu.bench.dry_run import print_dry_run
 
-        print(format_estimate(estimate(cfg)))
+        print_dry_run(cfg)  # a plan that cannot fit: GpuPlanError, exit 2
         return []
     from structmem_gpu.pipeline import job_stage_names, run_stages, stages_to_run
     from structmem_gpu.run_changes import log_changes

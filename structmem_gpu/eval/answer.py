@@ -278,4 +278,5 @@ STAGE = Stage(
     depends=("benchmark.name", "benchmark.categories", *LLM_IDENTITY),
     # 2: answer.protocol (paper reader by default) and the reasoning/protocol columns.
     version="2",
+    uses=("llm",),
 )

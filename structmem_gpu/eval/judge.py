@@ -401,4 +401,5 @@ STAGE = Stage(
     depends=("benchmark.name", "benchmark.categories", *LLM_IDENTITY),
     # 2: judge.protocol (paper judges by default), protocol column, cat-5 lexical rule.
     version="2",
+    uses=("judges",),
 )

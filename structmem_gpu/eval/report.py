@@ -391,4 +391,5 @@ STAGE = Stage(
     extra_fingerprint=_report_fingerprint,
     # 2: unjudged counted as wrong; judge_accuracy_judged / unjudged per group; protocols.
     version="2",
+    uses=(),
 )

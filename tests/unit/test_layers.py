@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # notebook-side analysis of finished runs (imported by nothing in a stage)
     ("analysis",),
     # drivers: run stages, merge shards, benchmarks
-    ("pipeline", "merge", "bench"),
+    ("pipeline", "gpu_plan", "merge", "bench"),
 )
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

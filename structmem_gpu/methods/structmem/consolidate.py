@@ -305,4 +305,5 @@ STAGE = Stage(
     settings=ConsolidateSettings,
     depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     extra_fingerprint=reference_fingerprint,
+    uses=("llm", "encoder"),
 )

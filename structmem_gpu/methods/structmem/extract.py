@@ -373,4 +373,5 @@ STAGE = Stage(
     settings=ExtractSettings,
     depends=LLM_IDENTITY,
     extra_fingerprint=reference_fingerprint,
+    uses=("llm",),
 )
