@@ -228,7 +228,8 @@ def weights(node: Mapping[str, Any], *, runtime_bytes: int | None = None) -> Wei
 def _llm_node(cfg: DictConfig, key: str) -> tuple[dict[str, Any] | None, str]:
     """(llm config, the node path whose knobs size it) of a Backends key."""
     if key == "llm" or cfg.get("debug_profile") == "scripted":  # scripted: every role is llm
-        node = OmegaConf.to_container(cfg.llm, resolve=True)
+        lnode = OmegaConf.select(cfg, "llm", default=None)
+        node = OmegaConf.to_container(lnode, resolve=True) if lnode is not None else None
         return (node if key == "llm" else {"backend": "scripted"}), "llm"  # type: ignore[return-value]
     panel = OmegaConf.select(cfg, "judge.panel", default=None)
     for i, (name, llm_cfg) in enumerate(judge_members(cfg)):
@@ -245,7 +246,10 @@ def _llm_node(cfg: DictConfig, key: str) -> tuple[dict[str, Any] | None, str]:
 def resident(cfg: DictConfig, key: str, device_gb: float | None) -> Resident | str | None:
     """The key's GPU resident; a note (str) when it is ours but not on our GPU; None = nothing."""
     if key == "encoder":
-        e = OmegaConf.to_container(cfg.embedder, resolve=True)
+        enode = OmegaConf.select(cfg, "embedder", default=None)
+        if enode is None:  # a config without an encoder (toy pipelines in tests)
+            return None
+        e = OmegaConf.to_container(enode, resolve=True)
         assert isinstance(e, dict)
         device = str(e.get("device") or "auto")
         on_gpu = device.startswith("cuda") or (device == "auto" and device_gb is not None)
