@@ -75,7 +75,7 @@ vllm-test: setup vllm-cpu
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-# The GPU profile (README "GPU profile"). No torch pin here: vllm==0.33.0 pins torch==2.14.0
+# The GPU profile (docs/performance.md "On a GPU node"). No torch pin here: vllm==0.33.0 pins torch==2.14.0
 # (its CUDA build from PyPI) and transformers<5.21, and the base install states only ranges,
 # so pip resolves them together. faiss-gpu 1.15.1 is Meta's CUDA 12 wheel (its CUDA 12
 # runtime comes as nvidia-*-cu12 wheels beside torch's); CUDA 13 only: the gpu-cuvs extra.

@@ -1,4 +1,5 @@
-"""GPU smoke check, the first thing to run on a GPU node (README "GPU profile"), < 5 minutes.
+"""GPU smoke check, the first thing to run on a GPU node, in under 5 minutes
+(docs/performance.md "On a GPU node").
 
     python jobs/gpu_check.py                         # encoder, plan, faiss, vllm parts
     python jobs/gpu_check.py --model /models/Qwen2.5-0.5B-Instruct embedder=qwen3_embedding_0_6b

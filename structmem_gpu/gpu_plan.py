@@ -1,5 +1,5 @@
 """GPU memory plan: per stage, what the job keeps resident on each GPU, checked before any
-server starts (README "GPU memory plan", docs/performance.md).
+server starts (docs/performance.md "GPU memory plan").
 
     p = plan(cfg, stages)          # stages: the job's Stage objects, in order
     print(p.format())              # one block per stage: residents per GPU against the device
@@ -230,7 +230,8 @@ def _llm_node(cfg: DictConfig, key: str) -> tuple[dict[str, Any] | None, str]:
     if key == "llm" or cfg.get("debug_profile") == "scripted":  # scripted: every role is llm
         lnode = OmegaConf.select(cfg, "llm", default=None)
         node = OmegaConf.to_container(lnode, resolve=True) if lnode is not None else None
-        return (node if key == "llm" else {"backend": "scripted"}), "llm"  # type: ignore[return-value]
+        scripted = {"backend": "scripted"}
+        return (node if key == "llm" else scripted), "llm"  # type: ignore[return-value]
     panel = OmegaConf.select(cfg, "judge.panel", default=None)
     for i, (name, llm_cfg) in enumerate(judge_members(cfg)):
         if judge_key(name, llm_cfg) != key:
@@ -238,8 +239,9 @@ def _llm_node(cfg: DictConfig, key: str) -> tuple[dict[str, Any] | None, str]:
         if not panel:
             return llm_cfg, "judge.llm"
         raw = panel[i]._get_node("llm")._value()  # the member's interpolation, if it has one
-        knob = raw[2:-1] if isinstance(raw, str) and raw.startswith("${") else f"judge.panel.{i}.llm"
-        return llm_cfg, knob
+        if isinstance(raw, str) and raw.startswith("${"):
+            return llm_cfg, raw[2:-1]  # e.g. judge.qwen_llm: its knobs are set there
+        return llm_cfg, f"judge.panel.{i}.llm"
     return None, key
 
 
@@ -311,8 +313,8 @@ def _fit_problem(stage: str, on: Sequence[Resident], device_gb: float, headroom:
         total = _gpu_total(here, device_gb, headroom)
         if total is None or total <= device_gb:
             continue
-        parts = " + ".join(
-            f"{r.key} {r.reserved_gb(device_gb):.1f} GB" for r in here) + f" + {headroom:.1f} GB headroom"
+        parts = " + ".join(f"{r.key} {r.reserved_gb(device_gb):.1f} GB" for r in here)
+        parts += f" + {headroom:.1f} GB headroom"
         head = (f"gpu plan: stage {stage} does not fit GPU {gpu}: {parts} = {total:.1f} GB > "
                 f"{dev}")
         return head + "; " + _fix(here, device_gb, headroom)
@@ -330,12 +332,14 @@ def _fix(here: Sequence[Resident], device_gb: float, headroom: float) -> str:
         spare = free - sum(needs)
         utils = [math.floor((n + spare * n / sum(needs)) / device_gb * 100) / 100 for n in needs]
         if all(u * device_gb >= n for u, n in zip(utils, needs)):
-            knobs = " ".join(f"{r.knob}.gpu_memory_utilization={u:.2f}" for r, u in zip(servers, utils))
+            knobs = " ".join(f"{r.knob}.gpu_memory_utilization={u:.2f}"
+                             for r, u in zip(servers, utils))
             return f"set {knobs}{alt}"
     if encoder:
         return "set embedder.device=cpu (the servers leave no room for the encoder)"
     names = ", ".join(r.knob for r in servers)
-    return f"the servers ({names}) do not fit one GPU together: more GPUs (tensor_parallel_size) or smaller models"
+    return (f"the servers ({names}) do not fit one GPU together: more GPUs "
+            "(tensor_parallel_size) or smaller models")
 
 
 def _ceil2(x: float) -> str:
@@ -345,7 +349,8 @@ def _ceil2(x: float) -> str:
 def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
     """The plan for the job's `stages` (in order), following the pipeline's release schedule."""
     device_gb, source = device_memory(cfg)
-    headroom = float(OmegaConf.select(cfg, "gpu.headroom_gb", default=None) or 2.0)
+    stated = OmegaConf.select(cfg, "gpu.headroom_gb", default=None)
+    headroom = 2.0 if stated is None else float(stated)  # conf/config.yaml's default
     out = GpuPlan(device_gb, source, headroom)
     keys = [backend_keys(cfg, s.uses) for s in stages]
     cache: dict[str, Resident | str | None] = {}
@@ -364,15 +369,16 @@ def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
     for i, stage in enumerate(stages):
         need = keys[i]
         carried = open_now - need
-        extra = [Resident("faiss", "FAISS-GPU scratch", (0,), Weights(FAISS_SCRATCH_GB, "faiss default"))] \
-            if faiss and faiss_from is not None and i >= faiss_from else []
+        scratch = Resident("faiss", "FAISS-GPU scratch", (0,), Weights(FAISS_SCRATCH_GB, "faiss default"))
+        extra = [scratch] if faiss and faiss_from is not None and i >= faiss_from else []
         own = [r for k in sorted(need) if (r := res(k))] + extra
         kept = [r for k in sorted(carried) if (r := res(k))]
         evict: tuple[str, ...] = ()
         problem = None
         if device_gb is not None:
             problem = _fit_problem(stage.name, own, device_gb, headroom, source)
-            if problem is None and kept and _fit_problem(stage.name, own + kept, device_gb, headroom, source):
+            together = _fit_problem(stage.name, own + kept, device_gb, headroom, source)
+            if problem is None and kept and together:
                 evict, kept = tuple(r.key for r in kept), []
         if problem and out.refusal is None:
             out.refusal = problem
