@@ -160,13 +160,14 @@ class Backends:
     def release(self, keys: set[str] | Sequence[str]) -> None:
         """Close these backends now: a launched server is stopped (an attached one only loses
         our client), the encoder's model is dropped and its CUDA memory returned."""
-        for key in sorted(set(keys) & self.open_keys()):
-            if key == "encoder":
-                self._drop_encoder()
-                continue
-            log.info("releasing backend %s (no remaining stage uses it)", key)
-            del self._llms[key]
-            self._stacks.pop(key).close()
+        with contextlib.ExitStack() as closing:  # every one is closed even if one fails
+            for key in sorted(set(keys) & self.open_keys()):
+                if key == "encoder":
+                    closing.callback(self._drop_encoder)
+                    continue
+                log.info("releasing backend %s", key)
+                del self._llms[key]
+                closing.push(self._stacks.pop(key))
 
     def _drop_encoder(self) -> None:
         import gc
