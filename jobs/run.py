@@ -104,9 +104,9 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] 
             preflight.enforce(preflight.check(cfg, stages, run_dir, overrides or []),
                               dry_run=dry_run)
         if dry_run:  # estimate requests and tokens per stage; no server, no files
-            from structmem_gpu.bench.dry_run import estimate, format_estimate
+            from structmem_gpu.bench.dry_run import print_dry_run
 
-            print(format_estimate(estimate(cfg)))
+            print_dry_run(cfg)  # estimate, then the GPU memory plan; one that cannot fit: exit 2
             return []
         from structmem_gpu.pipeline import run_stages, stages_to_run
         from structmem_gpu.run_changes import log_changes

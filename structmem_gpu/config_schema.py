@@ -97,6 +97,9 @@ class LLMSettings(Settings):
     convert_from_gguf: str | None = knob(STR_OR_NULL, None)
     server_env: dict[str, Any] | None = knob(DICT, None)
     engine_kwargs: dict[str, Any] | None = knob(DICT, None)
+    # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
+    # are not on disk yet (gpu_plan.py); never changes a reply.
+    weights_gb: float | None = knob(Float(gt=0, null=True), None, hashed=False)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,19 @@ class EmbedderSettings(Settings):
     long_texts: str = knob(Enum("chunk", "truncate"))
     instructions: EmbedderInstructions | None = sub(EmbedderInstructions, null=True, default=None)
     max_seq_length: int | None = knob(Int(ge=1, null=True), None)
+    # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
+    # are not on disk yet (gpu_plan.py); never changes a vector.
+    weights_gb: float | None = knob(Float(gt=0, null=True), None, hashed=False)
+
+
+@dataclass(frozen=True)
+class GpuSettings(Settings):
+    """gpu: what the GPU memory plan (structmem_gpu/gpu_plan.py) plans against."""
+
+    node: ClassVar[str] = "gpu"
+
+    memory_gb: float | None = knob(Float(gt=0, null=True), None)
+    headroom_gb: float = knob(Float(ge=0), 2.0)
 
 
 @dataclass(frozen=True)
@@ -223,6 +239,7 @@ class JobSettings(Settings):
     llm: LLMSettings = sub(LLMSettings)
     embedder: EmbedderSettings = sub(EmbedderSettings)
     index: IndexSettings = sub(IndexSettings)
+    gpu: GpuSettings | None = sub(GpuSettings, null=True, default=None, hashed=False)
 
     def check(self) -> list[str]:
         if not 0 <= self.shard_index < self.num_shards:

@@ -31,3 +31,8 @@ class MissingTableError(StructMemError):
 
 class StageIncompleteError(StructMemError):
     """Some of a stage's requests got no reply; the stage is recorded incomplete (rerun resumes)."""
+
+
+class GpuPlanError(StructMemError):
+    """The job's GPU memory plan cannot fit (structmem_gpu/gpu_plan.py): refused before any
+    server starts, naming the stage, the sum, the device size and the knob that fixes it."""

@@ -23,12 +23,12 @@ from omegaconf import DictConfig
 from structmem_gpu.artifacts import RunDir, git_commit, now_iso, package_versions
 from structmem_gpu import preempt
 from structmem_gpu.config_schema import hashed_view
-from structmem_gpu.errors import ConfigError, MissingTableError, StageIncompleteError
+from structmem_gpu.errors import ConfigError, GpuPlanError, MissingTableError, StageIncompleteError
 from structmem_gpu.hashing import file_sha256, stable_hash
 from structmem_gpu.prompts.official import manifest as official_manifest
 from structmem_gpu.runlock import hold_run_dir
 from structmem_gpu.settings import externals, fingerprint_dict, to_plain
-from structmem_gpu.stage import Backends, Stage, StageContext, select_config
+from structmem_gpu.stage import Backends, Stage, StageContext, backend_keys, select_config
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,10 @@ def stages_to_run(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, S
 
 
 def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[StageOutcome]:
-    """Run the configured stages in order inside one Backends scope (servers stop at the end)."""
+    """Run the configured stages in order. A server or the encoder stays open only while a
+    remaining stage uses it (Stage.uses): after each stage the backends no later stage uses
+    are released, and before a stage the GPU plan's evictions (gpu_plan.py); the plan refuses
+    a job that cannot fit before any stage runs."""
     names = job_stage_names(cfg)
     unknown = [n for n in names if n not in registry]
     if unknown:
@@ -156,6 +159,14 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
     for stage in stages:
         if stage.extra_fingerprint is not None:
             stage.extra_fingerprint(cfg)
+    from structmem_gpu.gpu_plan import plan as gpu_plan
+
+    memory = gpu_plan(cfg, stages)
+    if memory.refusal:
+        raise GpuPlanError(memory.refusal)
+    log.info("%s", memory.format())
+    # What each stage and every later one opens: a backend leaves once no later stage uses it.
+    uses = [backend_keys(cfg, s.uses) for s in stages]
     run = RunDir(run_dir)
     header = run_header(cfg)
     outcomes = []
@@ -164,9 +175,13 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
     with hold_run_dir(run.root):
         _refuse_after_incomplete(run, names)
         with Backends(cfg, run) as backends:
-            for name, stage in zip(names, stages):
+            for i, (name, stage) in enumerate(zip(names, stages)):
                 preempt.check(name)
+                backends.release(memory.evict_before(name))
+                backends.stage_name, backends.stage_uses = name, stage.uses
                 outcomes.append(_run_one(stage, cfg, run, backends, header))
+                backends.stage_uses = None
+                backends.release(backends.open_keys() - set().union(*uses[i + 1:]))
     return outcomes
 
 

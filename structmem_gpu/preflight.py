@@ -293,9 +293,26 @@ def check_disk(job: Job) -> list[Finding]:
     return found
 
 
-# The checks, in order. One line adds one: the GPU memory plan (structmem_gpu.gpu_plan) goes
-# here as a check returning Finding(plan.refusal, blocks_dry_run=True) when it cannot fit.
-CHECKS: list[Callable[[Job], list[Finding]]] = [check_engines, check_models, check_gpu, check_disk]
+def check_inputs(job: Job) -> list[Finding]:
+    """What the stages' fingerprints read from outside the config (the official texts from
+    the prompts.sources checkouts, the benchmark file): a missing one is named now, in a dry
+    run too, not when its stage starts."""
+    found = []
+    for stage in job.stages:
+        if stage.extra_fingerprint is None:
+            continue
+        try:
+            stage.extra_fingerprint(job.cfg)
+        except StructMemError as err:
+            found.append(Finding(str(err)))
+    return found
+
+
+# The checks, in order; one line adds one. The GPU memory plan is not among them: the dry run
+# prints it and exits 2 on a refusal (bench/dry_run.print_dry_run), and run_stages, which
+# evicts backends by it, refuses the job before any stage (structmem_gpu/gpu_plan.py).
+CHECKS: list[Callable[[Job], list[Finding]]] = [check_engines, check_models, check_gpu, check_disk,
+                                                check_inputs]
 
 
 def check(cfg: DictConfig, stages: Sequence[Any], run_dir: Path,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from structmem_gpu.config_schema import SKIPPED_TOP_KEYS, JobSettings, LLMSettings
+from structmem_gpu.config_schema import SKIPPED_TOP_KEYS, EmbedderSettings, JobSettings, LLMSettings
 
 
 def _unhashed(model: type) -> tuple[str, ...]:
@@ -28,6 +28,8 @@ LAUNCH_TOP_KEYS = (*SKIPPED_TOP_KEYS, *(k for k in _unhashed(JobSettings) if k n
 # Serving knobs of an llm config (the job's, a judge's, a panel member's): same replies
 # (the hashed=False fields of config_schema.LLMSettings).
 SERVING_KEYS = _unhashed(LLMSettings)
+# The same for the encoder: its GPU memory plan size (embedder.weights_gb).
+ENCODER_PLAN_KEYS = _unhashed(EmbedderSettings)
 # Keys that change no table of a run directory but only what is kept beside them: caches
 # (replies and embeddings are the same either way) and report figures.
 NO_TABLE_KEYS = ("cache", "report.plots")
@@ -45,6 +47,8 @@ def launch_key(key: str) -> bool:
         return True
     parts = key.split(".")
     in_llm = parts[0] == "llm" or (parts[0] == "judge" and len(parts) > 2)
+    if parts[0] == "embedder" and len(parts) == 2:
+        return parts[1] in ENCODER_PLAN_KEYS
     return in_llm and parts[-1] in SERVING_KEYS
 
 

@@ -56,6 +56,21 @@ class Stage:
     optional_reads: tuple[str, ...] = ()  # read when present (fingerprinted when present)
     # Extra fingerprint material computed from the config (e.g. the sha256 of an input file).
     extra_fingerprint: Callable[[DictConfig], Any] | None = None
+    # The backends it opens (ROLES): the pipeline keeps a server or the encoder only while a
+    # remaining stage of the job uses it, and the GPU plan (gpu_plan.py) adds up per stage
+    # what these roles keep resident. None = undeclared, read as every role (every packaged
+    # stage declares it; Backends refuses a role a stage did not declare). Not fingerprinted.
+    uses: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.uses or ()) - set(ROLES))
+        if unknown:
+            raise ValueError(f"stage {self.name!r}: unknown uses {unknown}; roles are {ROLES}")
+
+
+# llm = the answer/build model; judges = every judge of `judge` (panel members included; one
+# with `llm: null` is the answer model's backend); encoder = the sentence encoder.
+ROLES = ("llm", "judges", "encoder")
 
 
 # The model that wrote a stage's rows (the llm-config keys that change replies: the model,
@@ -79,21 +94,91 @@ def select_config(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def judge_members(cfg: DictConfig) -> list[tuple[str, Any]]:
+    """(judge name, its llm config or None = the answer model) for every configured judge."""
+    jnode = OmegaConf.select(cfg, "judge", default=None)
+    if jnode is None:
+        return []
+    jcfg = OmegaConf.to_container(jnode, resolve=True)
+    assert isinstance(jcfg, dict)
+    panel = jcfg.get("panel") or [{"name": jcfg["name"], "llm": jcfg.get("llm")}]
+    return [(str(m["name"]), m.get("llm")) for m in panel]
+
+
+def judge_key(name: str, llm_cfg: Any) -> str:
+    """The backend key a judge runs on: the answer model's ("llm") or its own server's."""
+    return "llm" if llm_cfg is None else f"judge-{name}"
+
+
+def backend_keys(cfg: DictConfig, uses: Sequence[str] | None) -> set[str]:
+    """The backends (`Backends` keys: "llm", "judge-<name>", "encoder") that roles `uses`
+    open (None = every role)."""
+    out: set[str] = set()
+    for role in ROLES if uses is None else uses:
+        if role == "judges":
+            out |= {judge_key(name, llm_cfg) for name, llm_cfg in judge_members(cfg)}
+        else:
+            out.add(role)
+    return out
+
+
 class Backends:
-    """Lazily opened LLM servers/clients and the encoder, closed together at the end of a job."""
+    """Lazily opened LLM servers/clients and the encoder. Each one closes on `release` (the
+    pipeline releases what no remaining stage uses) or at the end of the job; a released one
+    opens again when a later stage asks for it."""
 
     def __init__(self, cfg: DictConfig, run: RunDir) -> None:
         self.cfg = cfg
         self.run = run
-        self._stack = contextlib.ExitStack()
+        self._stacks: dict[str, contextlib.ExitStack] = {}
         self._llms: dict[str, LLMBackend] = {}
         self._encoder: Encoder | None = None
+        # The running stage's `uses` (set by the pipeline; None = any role): opening a role
+        # it did not declare is a bug in the stage's declaration, which the release schedule
+        # and the GPU plan rely on.
+        self.stage_uses: tuple[str, ...] | None = None
+        self.stage_name = ""
+        self._judging = False
+
+    def _require(self, role: str) -> None:
+        if self.stage_uses is not None and role not in self.stage_uses:
+            raise RuntimeError(
+                f"stage '{self.stage_name}' opened the {role} backend but declares "
+                f"uses={self.stage_uses}; add {role!r} to its Stage(uses=...)"
+            )
 
     def __enter__(self) -> "Backends":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        self.release(self.open_keys())
+
+    def open_keys(self) -> set[str]:
+        """Keys of the backends open now ("llm", "judge-<name>", "encoder")."""
+        return set(self._llms) | ({"encoder"} if self._encoder is not None else set())
+
+    def release(self, keys: set[str] | Sequence[str]) -> None:
+        """Close these backends now: a launched server is stopped (an attached one only loses
+        our client), the encoder's model is dropped and its CUDA memory returned."""
+        with contextlib.ExitStack() as closing:  # every one is closed even if one fails
+            for key in sorted(set(keys) & self.open_keys()):
+                if key == "encoder":
+                    closing.callback(self._drop_encoder)
+                    continue
+                log.info("releasing backend %s", key)
+                del self._llms[key]
+                closing.push(self._stacks.pop(key))
+
+    def _drop_encoder(self) -> None:
+        import gc
+        import sys
+
+        log.info("releasing the encoder %s", getattr(self._encoder, "model_id", ""))
+        self._encoder = None
+        gc.collect()  # the model's tensors go with their last reference
+        torch = sys.modules.get("torch")  # loaded by the encoder; never imported here
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the freed blocks back to the device for a server
 
     def _cache_dir(self, kind: str) -> Path | None:
         if not bool(OmegaConf.select(self.cfg, f"cache.{kind}", default=True)):
@@ -102,6 +187,7 @@ class Backends:
 
     def llm(self, role: str = "llm", llm_cfg: Mapping[str, Any] | None = None) -> "LLMBackend":
         """The backend for `role` ("llm" = the answer/build model; judges use their own names)."""
+        self._require("llm" if role == "llm" and not self._judging else "judges")
         if role not in self._llms:
             from structmem_gpu.llm.factory import open_llm
 
@@ -111,22 +197,22 @@ class Backends:
             if llm_cfg is None or self.cfg.get("debug_profile") == "scripted":
                 llm_cfg = OmegaConf.to_container(self.cfg.llm, resolve=True)  # type: ignore[assignment]
             cm = open_llm(llm_cfg, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
-            self._llms[role] = self._stack.enter_context(cm)
+            stack = contextlib.ExitStack()
+            self._llms[role] = stack.enter_context(cm)
+            self._stacks[role] = stack
         return self._llms[role]
 
     def judges(self) -> list[tuple[str, "LLMBackend"]]:
         """(judge_name, backend) for every configured judge; `llm: null` reuses the answer model."""
-        jcfg = OmegaConf.to_container(self.cfg.judge, resolve=True)
-        assert isinstance(jcfg, dict)
-        panel = jcfg.get("panel") or [{"name": jcfg["name"], "llm": jcfg.get("llm")}]
-        out = []
-        for member in panel:
-            name = str(member["name"])
-            llm_cfg = member.get("llm")
-            out.append((name, self.llm("llm") if llm_cfg is None else self.llm(f"judge-{name}", llm_cfg)))
-        return out
+        self._judging = True  # a judge on the answer model is the "judges" role here
+        try:
+            return [(name, self.llm(judge_key(name, llm_cfg), llm_cfg))
+                    for name, llm_cfg in judge_members(self.cfg)]
+        finally:
+            self._judging = False
 
     def encoder(self) -> "Encoder":
+        self._require("encoder")
         if self._encoder is None:
             from structmem_gpu.embed.encoder import open_encoder
 

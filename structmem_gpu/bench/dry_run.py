@@ -17,6 +17,8 @@ Loads the benchmark (and applies the shard), then per stage of the method:
 - stages without an LLM: 0; other LLM stages (SEEM, graph_memory): "not estimated".
 Tokens come from the model's tokenizer when `llm.model` is a local folder (or an HF id already
 in the local cache), with its chat template; otherwise characters / 4 + 4 per message.
+Then the GPU memory plan (structmem_gpu/gpu_plan.py): per stage, what each GPU holds; a plan
+that cannot fit ends the dry run with its one-line refusal (exit 2).
 """
 
 from __future__ import annotations
@@ -382,7 +384,16 @@ def format_estimate(est: dict[str, Any]) -> str:
 
 
 def print_dry_run(cfg: DictConfig) -> dict[str, Any]:
-    """The jobs/run.py `dry_run=true` hook: print the estimate table; returns the estimate."""
+    """The jobs/run.py `dry_run=true` hook: print the estimate table and the GPU memory plan;
+    returns the estimate. A plan that cannot fit raises GpuPlanError with its one line (exit
+    2), as the job itself would before its first stage."""
+    from structmem_gpu.errors import GpuPlanError
+    from structmem_gpu.gpu_plan import job_stages, plan
+
     est = estimate(cfg)
     print(format_estimate(est))
+    memory = plan(cfg, job_stages(cfg))
+    print("\n" + memory.format(), flush=True)
+    if memory.refusal:
+        raise GpuPlanError(memory.refusal)
     return est

@@ -304,4 +304,5 @@ STAGE = Stage(
     # 2: answer.protocol (paper reader by default) and the reasoning/protocol columns.
     # 3: the reply column (judge.input=reply judges it).
     version="3",
+    uses=("llm",),
 )

@@ -503,4 +503,5 @@ STAGE = Stage(
     # 2: judge.protocol (paper judges by default), protocol column, cat-5 lexical rule.
     # 3: judge.input (the reply by default) and the judge_input column.
     version="3",
+    uses=("judges",),
 )

@@ -406,4 +406,5 @@ STAGE = Stage(
     # 2: unjudged counted as wrong; judge_accuracy_judged / unjudged per group; protocols.
     # 3: protocols.judge_input; LongMemEval hypotheses follow it.
     version="3",
+    uses=(),
 )

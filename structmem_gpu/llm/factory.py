@@ -61,6 +61,9 @@ DEFAULTS: dict[str, Any] = {
     # Reply budgets of the profile, read by the extract / consolidate configs
     # (${llm.budgets.*}); the backend itself ignores them.
     "budgets": None,
+    # GB of the weights at 16 bits a parameter: the GPU memory plan's size when the model's
+    # files are not on disk (structmem_gpu/gpu_plan.py); the backend ignores it.
+    "weights_gb": None,
 }
 
 

@@ -35,6 +35,9 @@ from structmem_gpu.errors import ConfigError, StructMemError
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# One JSON line per launched server process start and exit, beside the server logs: which
+# server held the machine when (the pipeline releases a server once no later stage uses it).
+SERVER_RECORDS = "servers.jsonl"
 _PR_SET_PDEATHSIG = 1
 _TAIL_LINES = 40
 
@@ -211,6 +214,7 @@ class RunningServer:
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    _exit_recorded: bool = False
 
     @property
     def pid(self) -> int:
@@ -236,6 +240,20 @@ class RunningServer:
                 break
             except subprocess.TimeoutExpired:
                 logger.warning("%s server ignored %s for %.0f s", self.name, sig.name, wait_s)
+        if not self._exit_recorded and self.process.poll() is not None:
+            self._exit_recorded = True
+            record_event(self.log_path.parent, self.name, self.pid, "exited",
+                         returncode=self.process.returncode)
+
+
+def record_event(log_dir: Path, name: str, pid: int, event: str, **extra: object) -> None:
+    """Append {server, pid, event, time (epoch s), ...} to <log_dir>/servers.jsonl."""
+    import json
+
+    line = {"server": name, "pid": pid, "event": event, "time": time.time(),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **extra}
+    with open(log_dir / SERVER_RECORDS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def _probe(url: str, timeout_s: float = 2.0) -> bool:
@@ -270,6 +288,7 @@ def _start(
             start_new_session=True,  # own process group: stop() kills vLLM's workers with it
             preexec_fn=_preexec(os.getpid(), death_signal),  # noqa: PLW1509 - needed for prctl
         )
+    record_event(log_path.parent, name, proc.pid, "started", argv=argv[:3])
     return RunningServer(name, f"http://127.0.0.1:{port}/v1", port, proc, log_path)
 
 

@@ -150,4 +150,5 @@ STAGE = Stage(
     extra_fingerprint=_file_hash,
     # 2: shard assignment by unique-session volume (a rerun must not mix old and new shards).
     version="2",
+    uses=(),
 )

@@ -34,8 +34,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("methods",),
     # notebook-side analysis of finished runs (imported by nothing in a stage)
     ("analysis",),
-    # drivers: run stages, merge shards, benchmarks, the models a job names and its preflight
-    ("pipeline", "merge", "bench", "model_refs", "preflight"),
+    # drivers: run stages, merge shards, benchmarks, the models a job names, its preflight, the GPU plan
+    ("pipeline", "merge", "bench", "model_refs", "preflight", "gpu_plan"),
 )
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

@@ -154,6 +154,25 @@ def test_launch_ready_and_stopped(standin: Path, tmp_path: Path) -> None:
     assert "stand-in listening" in log and "GET /v1/models" in log
 
 
+def test_start_and_exit_recorded_in_order(standin: Path, tmp_path: Path) -> None:
+    """logs/servers.jsonl: each launched process' start and exit (after it is gone), so a run
+    shows which server held the machine when."""
+    import json
+
+    cmd = lambda port: [sys.executable, str(standin), str(port)]
+    pids = []
+    for name in ("a", "b"):
+        with launch_server(cmd, ready_path="/health", log_dir=tmp_path, name=name,
+                           startup_timeout_s=20) as srv:
+            pids.append(srv.pid)
+    events = [json.loads(line) for line in (tmp_path / srvmod.SERVER_RECORDS).read_text().splitlines()]
+    assert [(e["server"], e["pid"], e["event"]) for e in events] == [
+        ("a", pids[0], "started"), ("a", pids[0], "exited"),
+        ("b", pids[1], "started"), ("b", pids[1], "exited"),
+    ]
+    assert events[1]["time"] <= events[2]["time"] and events[1]["returncode"] is not None
+
+
 def test_stopped_after_exception(standin: Path, tmp_path: Path) -> None:
     cmd = lambda port: [sys.executable, str(standin), str(port)]
     pid = None

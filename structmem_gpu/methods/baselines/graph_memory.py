@@ -301,4 +301,5 @@ STAGE = Stage(
     writes=("graph_entities", "graph_relations"),
     settings=GraphSettings,
     depends=(*LLM_IDENTITY, *EMBEDDER_IDENTITY),
+    uses=("llm", "encoder"),
 )

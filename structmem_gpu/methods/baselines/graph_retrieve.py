@@ -290,4 +290,5 @@ STAGE = Stage(
     writes=("retrievals",),
     settings=GraphRetrieveSettings,
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
+    uses=("encoder",),
 )

@@ -164,7 +164,8 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
 
 
 EMBED_STAGE = Stage(
-    name="embed", run=run_embed_turns, reads=("turns",), writes=(TABLE,), depends=EMBEDDER_IDENTITY
+    name="embed", run=run_embed_turns, reads=("turns",), writes=(TABLE,), depends=EMBEDDER_IDENTITY,
+    uses=("encoder",),
 )
 RETRIEVE_STAGE = Stage(
     name="retrieve",
@@ -173,4 +174,5 @@ RETRIEVE_STAGE = Stage(
     writes=("retrievals",),
     settings=TurnRetrieveSettings,
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
+    uses=("encoder",),
 )

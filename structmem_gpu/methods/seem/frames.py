@@ -110,4 +110,5 @@ def run_frames(ctx: StageContext) -> dict[str, pl.DataFrame]:
 STAGE = Stage(
     name=STAGE_NAME, run=run_frames, reads=("turns",), writes=("passages", "frames_extracted"),
     settings=FrameSettings, depends=LLM_IDENTITY,
+    uses=("llm",),
 )

@@ -301,4 +301,5 @@ def run_fusion(ctx: StageContext) -> dict[str, pl.DataFrame]:
 STAGE = Stage(
     name="fusion", run=run_fusion, reads=("passages", "frames_extracted"), writes=("frames", "frame_of"),
     settings=FusionSettings, depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
+    uses=("llm", "encoder"),
 )

@@ -130,4 +130,5 @@ STAGE = Stage(
     name="graph", run=run_graph, reads=("passages",),
     writes=("facts", "entities", "graph_nodes", "graph_edges"),
     settings=GraphSettings, depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
+    uses=("llm", "encoder"),
 )

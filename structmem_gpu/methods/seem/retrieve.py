@@ -240,4 +240,5 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
 STAGE = Stage(
     name=STAGE_NAME, run=run_retrieve, reads=("questions", *MEMORY_TABLES), writes=("retrievals",),
     settings=RetrieveSettings, depends=("benchmark.categories", *EMBEDDER_IDENTITY, *LLM_IDENTITY),
+    uses=("llm", "encoder"),
 )

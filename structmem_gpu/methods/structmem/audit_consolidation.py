@@ -279,4 +279,5 @@ STAGE = Stage(
     settings=ConsolidationAuditSettings,
     depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     extra_fingerprint=judge_panel_identity,
+    uses=("llm", "judges"),
 )

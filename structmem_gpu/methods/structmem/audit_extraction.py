@@ -208,4 +208,5 @@ STAGE = Stage(
     settings=ExtractionAuditSettings,
     depends=LLM_IDENTITY,
     extra_fingerprint=judge_panel_identity,
+    uses=("judges",),
 )

@@ -311,4 +311,5 @@ STAGE = Stage(
     depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     version="2",  # 2: the seed query is encoded as an entry (no query instruction)
     extra_fingerprint=reference_fingerprint,
+    uses=("llm", "encoder"),
 )

@@ -135,4 +135,5 @@ STAGE = Stage(
     reads=("entries",),
     writes=("entry_embeddings",),
     depends=EMBEDDER_IDENTITY,
+    uses=("encoder",),
 )

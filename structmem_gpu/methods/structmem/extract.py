@@ -374,4 +374,5 @@ STAGE = Stage(
     settings=ExtractSettings,
     depends=LLM_IDENTITY,
     extra_fingerprint=reference_fingerprint,
+    uses=("llm",),
 )

@@ -182,4 +182,5 @@ STAGE = Stage(
     writes=("retrievals",),
     settings=RetrieveSettings,
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
+    uses=("encoder",),
 )
