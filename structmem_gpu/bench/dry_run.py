@@ -59,6 +59,29 @@ class StageEstimate:
     prompt_tokens: int | None
     completion_tokens: int | None
     basis: str
+    # requests the context guard would not send (llm/context_guard.py); None = not estimated
+    over_context: int | None = None
+    window_plan: str | None = None  # extract: digest of the windows (the job's manifest shows it)
+
+
+class ContextCheck:
+    """The context guard's rule for one llm config, without a server: the configured context
+    (`llm.n_ctx` / `llm.max_model_len`) and the guard's own prompt counter."""
+
+    def __init__(self, llm_cfg: Any) -> None:
+        from structmem_gpu.llm.context_guard import configured_limit, guard_counter
+        from structmem_gpu.llm.factory import resolve_config
+
+        c = resolve_config(llm_cfg if llm_cfg is not None else {"backend": "scripted"})
+        self.limit = configured_limit(c)
+        self.counter = guard_counter(c)
+
+    def over(self, messages: Sequence[Message], max_tokens: int) -> bool:
+        from structmem_gpu.llm.context_guard import count_prompt
+
+        if self.limit.tokens is None:
+            return False
+        return count_prompt(self.counter, messages) + max_tokens > self.limit.tokens
 
 
 class TokenCounter:
@@ -123,19 +146,25 @@ def load_turns_questions(cfg: DictConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
     return apply_shard(turns, questions, int(cfg.shard_index), int(cfg.num_shards))
 
 
-def estimate_extract(cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter) -> StageEstimate:
+def estimate_extract(
+    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter, check: ContextCheck | None = None
+) -> StageEstimate:
     from structmem_gpu.methods.structmem.extract import (
         ExtractSettings,
         build_request,
         plan_from_settings,
+        window_plan_hash,
     )
 
     s = ExtractSettings.from_cfg(cfg)
     windows, packer = plan_from_settings(turns, s, OmegaConf.select(cfg, "llm", default=None))
-    prompt = completion = n = 0
+    prompt = completion = n = over = 0
+    plan = window_plan_hash(windows)
     for kind in s.perspectives:
         for w in windows:
-            prompt += counter.messages(build_request(w, kind, s).messages)
+            req = build_request(w, kind, s)
+            prompt += counter.messages(req.messages)
+            over += check is not None and check.over(req.messages, req.sampling.max_tokens)
             # One item per turn restating it (capped by the schema), plus the JSON framing.
             mean_chars = sum(len(t.text) for t in w.turns) / max(len(w.turns), 1)
             item_tokens = min(mean_chars, s.max_item_chars) / CHARS_PER_TOKEN + 8
@@ -148,12 +177,15 @@ def estimate_extract(cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter
         prompt,
         completion,
         f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts"
-        + (f"; packed to {s.window_tokens} tokens by {packer})" if s.window_tokens else ")"),
+        + (f"; packed to {s.window_tokens} tokens by {packer}" if s.window_tokens else "")
+        + f"; window plan {plan})",
+        None if check is None else over,
+        plan,
     )
 
 
 def estimate_consolidate(
-    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter
+    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter, check: ContextCheck | None = None
 ) -> StageEstimate:
     from structmem_gpu.methods.structmem.consolidate import ConsolidateSettings
     from structmem_gpu.methods.structmem.windows import windows_by_conversation
@@ -165,7 +197,7 @@ def estimate_consolidate(
     kinds = [str(k) for k in cfg.extract.perspectives]
     cap = int(cfg.extract.max_item_chars)
     frame = turns.rename({"session_time": "event_time"})
-    prompt = n = 0
+    prompt = n = over = 0
     for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
         recs = [
             synthesis.Record(r["event_time"], r["speaker"], k, (r["text"] or "")[:cap])
@@ -183,7 +215,9 @@ def estimate_consolidate(
             if not s.seed_exclude_buffer:
                 pool = pool + buffer
             context = pool[-s.seed_k * per :] if s.seed_k else []
-            prompt += counter.messages(synthesis.build_messages(s.prompt_variant, buffer, context))
+            msgs = synthesis.build_messages(s.prompt_variant, buffer, context)
+            prompt += counter.messages(msgs)
+            over += check is not None and check.over(msgs, s.max_tokens)
             n += 1
     return StageEstimate(
         "consolidate",
@@ -191,6 +225,7 @@ def estimate_consolidate(
         prompt,
         n * min(s.max_tokens, SYNTHESIS_COMPLETION),
         "greedy windows over turn times; turns stand in for entries",
+        None if check is None else over,
     )
 
 
@@ -201,7 +236,11 @@ def _selected(cfg: DictConfig, questions: pl.DataFrame) -> pl.DataFrame:
 
 
 def estimate_answer(
-    cfg: DictConfig, turns: pl.DataFrame, questions: pl.DataFrame, counter: TokenCounter
+    cfg: DictConfig,
+    turns: pl.DataFrame,
+    questions: pl.DataFrame,
+    counter: TokenCounter,
+    check: ContextCheck | None = None,
 ) -> StageEstimate:
     from structmem_gpu.prompts import answer_structmem as P
 
@@ -210,7 +249,9 @@ def estimate_answer(
     sk = int(OmegaConf.select(cfg, "retrieve.syntheses_k", default=0) or 0)
     if not bool(OmegaConf.select(cfg, "consolidate.enabled", default=False)):
         sk = 0
-    texts = turns["text"].to_list()
+    # Entries are extraction items, at most extract.max_item_chars long (the reply schema).
+    cap = OmegaConf.select(cfg, "extract.max_item_chars", default=None)
+    texts = [(x or "")[: int(cap)] if cap else x for x in turns["text"].to_list()]
     t = datetime(2023, 5, 8)
     entries = (
         [
@@ -233,14 +274,12 @@ def estimate_answer(
             A.render_entries([A.PaperEntry(e.speaker, e.time, e.text) for e in entries]),
             A.render_summaries([s.text for s in synth]),
         ]
-        prompt = sum(
-            counter.messages(A.build_messages(q, block)) for q in qs["question"].to_list()
-        )
+        prompts = [A.build_messages(q, block) for q in qs["question"].to_list()]
     else:
-        prompt = sum(
-            counter.messages(P.build_messages(q, entries, synth))
-            for q in qs["question"].to_list()
-        )
+        prompts = [P.build_messages(q, entries, synth) for q in qs["question"].to_list()]
+    prompt = sum(counter.messages(m) for m in prompts)
+    max_tokens = int(cfg.answer.max_tokens)
+    over = None if check is None else sum(check.over(m, max_tokens) for m in prompts)
     note = (
         ""
         if str(OmegaConf.select(cfg, "answer.prompt", default="")) == STRUCTMEM_READER
@@ -253,11 +292,13 @@ def estimate_answer(
         prompt,
         qs.height * comp,
         f"1 per selected question; {k} entries + {sk} syntheses{note}",
+        over,
     )
 
 
 def estimate_judge(
-    cfg: DictConfig, questions: pl.DataFrame, counter: TokenCounter
+    cfg: DictConfig, questions: pl.DataFrame, counter: TokenCounter,
+    check: ContextCheck | None = None,
 ) -> StageEstimate:
     from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
     from structmem_gpu.prompts import judge_locomo, judge_locomo_paper
@@ -267,9 +308,13 @@ def estimate_judge(
     judges = len(panel) if panel else 1
     paper = str(OmegaConf.select(cfg, "judge.protocol", default="paper")) == "paper"
     build = judge_locomo_paper.build_messages if paper else judge_locomo.build_messages
-    prompt = sum(
-        counter.messages(build(q, a or "", "a short generated answer"))
+    prompts = [
+        build(q, a or "", "a short generated answer")
         for q, a in qs.select("question", "answer").iter_rows()
+    ]
+    prompt = sum(counter.messages(m) for m in prompts)
+    over = None if check is None else judges * sum(
+        check.over(m, int(cfg.judge.max_tokens)) for m in prompts
     )
     comp = min(int(cfg.judge.max_tokens), JUDGE_PAPER_COMPLETION if paper else JUDGE_COMPLETION)
     return StageEstimate(
@@ -278,6 +323,7 @@ def estimate_judge(
         prompt * judges,
         qs.height * judges * comp,
         f"1 per selected question (category 5 by rule) x {judges} judge(s)",
+        over,
     )
 
 
@@ -294,19 +340,23 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
             f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
         )
     turns, questions = load_turns_questions(cfg)
-    counter = token_counter(OmegaConf.select(cfg, "llm", default=None))
+    llm_cfg = OmegaConf.select(cfg, "llm", default=None)
+    counter = token_counter(llm_cfg)
+    check = ContextCheck(llm_cfg)
+    judge_llm = OmegaConf.select(cfg, "judge.llm", default=None)
+    judge_check = check if judge_llm is None else ContextCheck(judge_llm)
     rows: list[StageEstimate] = []
     for name in names:
         if name in NO_LLM_STAGES:
-            rows.append(StageEstimate(name, 0, 0, 0, "no LLM"))
+            rows.append(StageEstimate(name, 0, 0, 0, "no LLM", 0))
         elif name == "extract":
-            rows.append(estimate_extract(cfg, turns, counter))
+            rows.append(estimate_extract(cfg, turns, counter, check))
         elif name == "consolidate":
-            rows.append(estimate_consolidate(cfg, turns, counter))
+            rows.append(estimate_consolidate(cfg, turns, counter, check))
         elif name == "answer":
-            rows.append(estimate_answer(cfg, turns, questions, counter))
+            rows.append(estimate_answer(cfg, turns, questions, counter, check))
         elif name == "judge":
-            rows.append(estimate_judge(cfg, questions, counter))
+            rows.append(estimate_judge(cfg, questions, counter, judge_check))
         else:
             rows.append(StageEstimate(name, None, None, None, "LLM stage: not estimated"))
     known = [r for r in rows if r.requests is not None]
@@ -318,6 +368,8 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
         "questions": questions.height,
         "questions_selected": _selected(cfg, questions).height,
         "tokenizer": counter.name,
+        "context": {"tokens": check.limit.tokens, "source": check.limit.source,
+                    "counter": check.counter.name},
         "stages": [asdict(r) for r in rows],
         "total": {
             k: sum(getattr(r, k) or 0 for r in known)
@@ -358,6 +410,7 @@ def format_estimate(est: dict[str, Any]) -> str:
             f"{r['stage']:<14}{f(r['requests']):>10}{f(r['prompt_tokens']):>14}"
             f"{f(r['completion_tokens']):>16}  {r['basis']}"
         )
+    lines += over_context_lines(est)
     b = est.get("build") or {}
     if b.get("requests"):
         lines += [
@@ -374,6 +427,19 @@ def format_estimate(est: dict[str, Any]) -> str:
             "output tokens"
         )
     return "\n".join(lines)
+
+
+def over_context_lines(est: dict[str, Any]) -> list[str]:
+    """The stages with requests the context guard would not send, by name (none: one line)."""
+    ctx = est.get("context") or {}
+    if ctx.get("tokens") is None:
+        return ["", "model context unknown: over-context requests not checked"]
+    over = [r for r in est["stages"] if r.get("over_context")]
+    head = f"over the model's context ({ctx['tokens']:,} tokens, {ctx['source']}; counted by {ctx['counter']}):"
+    if not over:
+        return ["", f"{head} 0 requests"]
+    listed = ", ".join(f"{r['stage']} {r['over_context']:,} of {r['requests']:,}" for r in over)
+    return ["", f"{head} {listed} requests would not be sent (recorded as over_context failures)"]
 
 
 def print_dry_run(cfg: DictConfig) -> dict[str, Any]:
