@@ -69,19 +69,14 @@ class ContextCheck:
     (`llm.n_ctx` / `llm.max_model_len`) and the guard's own prompt counter."""
 
     def __init__(self, llm_cfg: Any) -> None:
-        from structmem_gpu.llm.context_guard import configured_limit, guard_counter
-        from structmem_gpu.llm.factory import resolve_config
+        from structmem_gpu.llm.factory import config_guard
 
-        c = resolve_config(llm_cfg if llm_cfg is not None else {"backend": "scripted"})
-        self.limit = configured_limit(c)
-        self.counter = guard_counter(c)
+        self.guard = config_guard(llm_cfg)
+        self.limit = self.guard.limit
+        self.counter = self.guard.counter
 
     def over(self, messages: Sequence[Message], max_tokens: int) -> bool:
-        from structmem_gpu.llm.context_guard import count_prompt
-
-        if self.limit.tokens is None:
-            return False
-        return count_prompt(self.counter, messages) + max_tokens > self.limit.tokens
+        return not self.guard.fits(messages, max_tokens)
 
 
 class TokenCounter:

@@ -129,6 +129,11 @@ class ContextGuard:
     def __repr__(self) -> str:
         return f"ContextGuard({self.limit.tokens} by {self.counter.name})"
 
+    def fits(self, messages: Sequence[Message], max_tokens: int) -> bool:
+        return self.limit.tokens is None or (
+            count_prompt(self.counter, messages) + max_tokens <= self.limit.tokens
+        )
+
     def refusal(self, req: LLMRequest, model: str) -> LLMResult | None:
         if self.limit.tokens is None:
             return None
@@ -138,3 +143,4 @@ class ContextGuard:
         self.refused += 1
         return refused(req, n, over_context_error(n, req.sampling.max_tokens, self.limit,
                                                   self.counter.name), model)
+

@@ -274,6 +274,19 @@ def open_llm(
             yield DedupBackend(inner, guard)  # identical requests of a batch still go out once
 
 
+def config_guard(llm_cfg: Any) -> Any:
+    """The context guard of an llm config as configured (no server asked): the dry run's and
+    the readers' view of the context (None config = no limit)."""
+    from structmem_gpu.llm.context_guard import (
+        ContextGuard, ContextLimit, configured_limit, guard_counter,
+    )
+
+    if llm_cfg is None:
+        return ContextGuard(ContextLimit(None, "unknown"), guard_counter({}))
+    c = resolve_config(llm_cfg)
+    return ContextGuard(configured_limit(c), guard_counter(c))
+
+
 def context_guard(c: Mapping[str, Any], launched_url: str | None = None) -> Any:
     """The context guard of llm config `c` (llm/context_guard.py): an attached server's own
     report of its context wins over the config's (a launched one runs what the config says,

@@ -319,3 +319,96 @@ def test_over_context_requests_are_counted_in_the_manifest_and_report(tmp_path: 
     from structmem_gpu.eval.report import over_context_counts
 
     assert over_context_counts(run.read_table("requests")) == {"extract": n}
+
+
+# ---- reader contexts trimmed by the method's own order ---------------------------------------
+def _reader_inputs(n_entries: int, n_synth: int, text_chars: int, **llm: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    from structmem_gpu.eval.answer import AnswerInputs
+
+    when = __import__("datetime").datetime(2023, 5, 8)
+    cfg = OmegaConf.create({"answer": {"protocol": "paper", "max_tokens": 64, "entry_layout": "rank"},
+                            "llm": {"backend": "scripted", "tokenizer": "chars", **llm}})
+    q = pl.DataFrame({"question_id": ["c:q0"], "conv_id": ["c"], "question": ["Where?"],
+                      "question_time": [None], "category": [4], "is_abstention": [False]},
+                     schema_overrides={"question_time": pl.Datetime("us")})
+    eids = [f"e{i:03d}" for i in range(n_entries)]
+    sids = [f"s{i}" for i in range(n_synth)]
+    retrievals = pl.DataFrame({
+        "question_id": ["c:q0"] * (n_entries + n_synth),
+        "circuit": ["entries"] * n_entries + ["syntheses"] * n_synth,
+        "item_id": eids + sids,
+        "rank": list(range(n_entries)) + list(range(n_synth)),
+    })
+    entries = pl.DataFrame({
+        "entry_id": eids, "speaker": ["Ana"] * n_entries, "event_time": [when] * n_entries,
+        "text": [f"entry{i:03d} " + "x" * text_chars for i in range(n_entries)],
+        "session_index": [1] * n_entries, "turn_index": list(range(n_entries)),
+    })
+    syntheses = pl.DataFrame({"synth_id": sids, "window_start": [when] * n_synth,
+                              "window_end": [when] * n_synth,
+                              "text": [f"synth{i} " + "y" * 2000 for i in range(n_synth)]})
+    return AnswerInputs(cfg, q, {"retrievals": retrievals, "entries": entries, "syntheses": syntheses})
+
+
+def test_structmem_reader_drops_its_lowest_ranked_entries_and_syntheses_to_fit() -> None:
+    from structmem_gpu.llm.factory import config_guard
+    from structmem_gpu.methods.structmem.context import build_prompts
+
+    free = build_prompts(_reader_inputs(60, 5, 200))["c:q0"]
+    tight = _reader_inputs(60, 5, 200, max_model_len=4096)
+    got = build_prompts(tight)["c:q0"]
+    text = "".join(m.content for m in got.messages)
+    assert config_guard(tight.cfg.llm).fits(got.messages, 64)
+    assert not config_guard(tight.cfg.llm).fits(free.messages, 64)
+    kept = sorted(int(m) for m in re.findall(r"entry(\d{3})", text))
+    synths = sorted(int(m) for m in re.findall(r"synth(\d)", text))
+    assert kept == list(range(len(kept))) and 0 < len(kept) < 60  # the top of the ranking
+    assert synths == list(range(len(synths))) and len(synths) < 5
+    roomy = _reader_inputs(60, 5, 200, max_model_len=200_000)
+    assert build_prompts(roomy)["c:q0"].messages == free.messages  # fits: unchanged
+
+
+def test_fit_prompt_keeps_the_largest_share_that_fits() -> None:
+    from structmem_gpu.eval.context_fit import fit_prompt, keep_top
+
+    items = list(range(100))
+    built, cut = fit_prompt(lambda s: keep_top(items, s), lambda kept: len(kept) <= 37)
+    assert cut and built == list(range(37))
+    assert fit_prompt(lambda s: keep_top(items, s), lambda kept: True) == (items, False)
+
+
+def test_seem_reader_drops_rpe_passages_first_to_fit() -> None:
+    from structmem_gpu.eval.context_fit import fit_prompt
+    from structmem_gpu.methods.seem.context import Item, fit
+
+    items = ([Item("frames", 0, i, "F" * 400) for i in range(3)]
+             + [Item("facts", r, 10 + r, "f" * 100) for r in range(5)]
+             + [Item("turns", r, 20 + r, "t" * 300) for r in range(10)])  # ranks 5-9: RPE
+    kept, cut = fit_prompt(lambda s: fit(items, int(10_000 * s)),
+                           lambda k: sum(len(i.text) + 1 for i in k) <= 3000)
+    turns = sorted(i.rank for i in kept if i.circuit == "turns")
+    assert cut and turns == list(range(len(turns))) and len(turns) < 10
+    assert sum(i.circuit == "frames" for i in kept) == 3 and sum(i.circuit == "facts" for i in kept) == 5
+
+
+def test_full_context_history_shrinks_to_fit() -> None:
+    from omegaconf import OmegaConf
+
+    from structmem_gpu.eval.answer import AnswerInputs
+    from structmem_gpu.llm.factory import config_guard
+    from structmem_gpu.methods.baselines.full_context import build_prompts
+
+    turns, questions = load_benchmark("sample", None, None, None)
+    answer = {"context_tokens": 6000, "max_tokens": 48}
+    cfg = OmegaConf.create({"answer": answer, "llm": {"backend": "llamacpp", "n_ctx": 1024, "tokenizer": "chars"}})
+    guard = config_guard(cfg.llm)
+    before = build_prompts(AnswerInputs(OmegaConf.create({"answer": answer}), questions, {"turns": turns}))
+    assert not all(guard.fits(p.messages, 48) for p in before.values())
+    after = build_prompts(AnswerInputs(cfg, questions, {"turns": turns}))
+    assert all(guard.fits(p.messages, 48) for p in after.values())
+    # the newest session stays first: the history lost its oldest part
+    q = next(iter(after))
+    newest = before[q].messages[-1].content.split("Session ")[1][:3]
+    assert after[q].messages[-1].content.split("Session ")[1][:3] == newest
