@@ -87,7 +87,13 @@ def text_counter(
             f"{key}={spec!r} needs the transformers package ({e}); install it or set {key}={CHARS}"
         ) from None
     except (OSError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        elif spec.startswith((".", "/", "~")) or path.exists():
+            reason = "no such folder"
+        else:
+            reason = "not in the local Hugging Face cache"
         raise ConfigError(
             f"{key}={spec!r}: tokenizer not available locally ({reason}); fetch it with "
             f"`{FETCH_HINT}` or set {key}={CHARS} (characters / 4)"
