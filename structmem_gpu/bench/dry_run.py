@@ -15,7 +15,7 @@ Loads the benchmark (and applies the shard), then per stage of the method:
   rule, times the judges of the panel); prompts of the real answer / judge templates filled
   with stand-ins of the configured sizes (entries_k entries, syntheses_k syntheses);
 - stages without an LLM: 0; other LLM stages (SEEM, graph_memory): "not estimated".
-Tokens come from the model's tokenizer when `llm.model` is a local folder (or an HF id already
+Tokens come from `llm.tokenizer` when it is on this machine (a local folder or an HF id already
 in the local cache), with its chat template; otherwise characters / 4 + 4 per message.
 """
 
@@ -25,7 +25,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -90,42 +89,20 @@ class TokenCounter:
         return self._count(messages)
 
 
-def _chars(messages: Sequence[Message]) -> int:
-    return sum(len(m.content) for m in messages) // CHARS_PER_TOKEN + 4 * len(messages)
-
-
 def token_counter(llm_cfg: Any) -> TokenCounter:
-    """The model's tokenizer when it is on disk (no download), else characters / 4."""
-    model = llm_cfg.get("model") if llm_cfg is not None else None
-    if not model or str(model).endswith(".gguf"):
-        # A GGUF's tokenizer loads through transformers in ~20 s: not worth it
-        # (docs/design.md "Backend notes").
-        return TokenCounter("chars/4", _chars)
-    try:
-        from transformers import AutoTokenizer
+    """`llm.tokenizer` when it is on this machine (with its chat template), else characters / 4
+    + 4 per message: an estimate, so a missing tokenizer is no error here (the windows are
+    another matter: extract.window_tokenizer)."""
+    from structmem_gpu.llm.tokens import CHARS_COUNTER, optional_counter
 
-        # local_files_only: a dry run never downloads (a folder, or an HF id already cached).
-        tok = AutoTokenizer.from_pretrained(
-            str(Path(str(model)).expanduser())
-            if Path(str(model)).expanduser().is_dir()
-            else str(model),
-            local_files_only=True,
-            revision=llm_cfg.get("revision"),
-        )
-    except (OSError, ValueError, ImportError) as e:
-        log.info("dry run: no local tokenizer for %s (%s); counting characters / 4", model, e)
-        return TokenCounter("chars/4", _chars)
-
-    def count(messages: Sequence[Message]) -> int:
-        msgs = [m.as_dict() for m in messages]
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return len(ids)
-        return sum(len(tok.encode(m["content"], add_special_tokens=False)) + 4 for m in msgs)
-
-    return TokenCounter(f"tokenizer:{model}", count)
+    get = (lambda k: llm_cfg.get(k)) if llm_cfg is not None else (lambda k: None)
+    spec = get("tokenizer") if get("tokenizer") is not None else get("model")
+    found = None
+    if spec not in (None, "chars"):
+        found = optional_counter(str(spec), get("revision") if spec == get("model") else None)
+    if found is None:
+        return TokenCounter("chars/4", CHARS_COUNTER.messages)
+    return TokenCounter(f"tokenizer:{spec}", found.messages)
 
 
 def load_turns_questions(cfg: DictConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -430,7 +407,8 @@ def over_context_lines(est: dict[str, Any]) -> list[str]:
     if ctx.get("tokens") is None:
         return ["", "model context unknown: over-context requests not checked"]
     over = [r for r in est["stages"] if r.get("over_context")]
-    head = f"over the model's context ({ctx['tokens']:,} tokens, {ctx['source']}; counted by {ctx['counter']}):"
+    head = (f"over the model's context ({ctx['tokens']:,} tokens, {ctx['source']}; "
+            f"counted by {ctx['counter']}):")
     if not over:
         return ["", f"{head} 0 requests"]
     listed = ", ".join(f"{r['stage']} {r['over_context']:,} of {r['requests']:,}" for r in over)

@@ -205,7 +205,8 @@ def over_context_counts(requests: pl.DataFrame | None) -> dict[str, int]:
     if requests is None or not requests.height:
         return {}
     over = requests.filter(pl.col("finish_reason") == OVER_CONTEXT)
-    return {str(s): int(n) for s, n in over.group_by("stage", maintain_order=True).len().iter_rows()}
+    per_stage = over.group_by("stage", maintain_order=True).len()
+    return {str(s): int(n) for s, n in per_stage.iter_rows()}
 
 
 def judge_failure_rates(judgments: pl.DataFrame) -> dict[str, float]:

@@ -219,7 +219,8 @@ def quality_section(rep: Mapping[str, Any]) -> list[str]:
     over = rep.get("over_context") or {}
     if over:  # not sent: their content is missing from this run (counted as parse failures)
         listed = ", ".join(f"{s}: {n}" for s, n in over.items())
-        out += ["", f"**Requests over the model's context, not sent** (their content is missing): {listed}."]
+        out += ["", "**Requests over the model's context, not sent** (their content is "
+                f"missing): {listed}."]
     return out
 
 

@@ -47,8 +47,9 @@ def _safe_count(messages: Sequence[Message]) -> int:
 
 
 def guard_counter(c: Mapping[str, Any]) -> TextCounter:
-    """The prompt counter of llm config `c`: its tokenizer when local, else the safe estimate."""
-    tok = c.get("tokenizer")
+    """The prompt counter of llm config `c`: its tokenizer (`llm.tokenizer`, unset = the
+    model's) when local, else the safe estimate."""
+    tok = c.get("tokenizer") if c.get("tokenizer") is not None else c.get("model")
     counter = None
     if tok not in (None, "chars"):
         counter = optional_counter(str(tok), c.get("revision") if tok == c.get("model") else None)
@@ -77,14 +78,17 @@ def reported_limit(base_url: str, api_key: str | None = None, timeout_s: float =
     llama.cpp's `/props` n_ctx; None when it says neither (or does not answer)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     root = base_url.rstrip("/")
-    for url, pick in (
-        (f"{root}/models", lambda d: next((m.get("max_model_len") for m in d.get("data") or []
-                                           if isinstance(m, dict) and m.get("max_model_len")), None)),
-        (f"{root.removesuffix('/v1')}/props",
-         lambda d: (d.get("default_generation_settings") or {}).get("n_ctx") or d.get("n_ctx")),
-    ):
+    def served(d: dict[str, Any]) -> Any:  # vLLM: data[].max_model_len
+        lens = [m.get("max_model_len") for m in d.get("data") or [] if isinstance(m, dict)]
+        return next((n for n in lens if n), None)
+
+    def props(d: dict[str, Any]) -> Any:  # llama.cpp server
+        return (d.get("default_generation_settings") or {}).get("n_ctx") or d.get("n_ctx")
+
+    for url, pick in ((f"{root}/models", served), (f"{root.removesuffix('/v1')}/props", props)):
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as r:
+            req = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 value = pick(json.loads(r.read().decode("utf-8")))
         except (OSError, ValueError, AttributeError):
             continue

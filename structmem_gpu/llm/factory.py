@@ -44,7 +44,8 @@ DEFAULTS: dict[str, Any] = {
     "progress": True,
     "n_ctx": 8192,
     # What counts this model's tokens (extract.window_tokenizer's default, the context guard):
-    # chars = characters / 4, or an HF tokenizer id / local folder (None = chars).
+    # chars = characters / 4, or an HF tokenizer id / local folder (None = the model's own
+    # when it is local, else chars).
     "tokenizer": None,
     "n_threads": 2,
     "tensor_parallel_size": 1,

@@ -100,7 +100,8 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     histories: dict[str, History] = {}
     fits = reader_fits(inputs.cfg)
     longest: dict[str, tuple[str, Any]] = {}  # conv -> its longest question (with its time)
-    for conv, question, now in inputs.questions.select("conv_id", "question", "question_time").iter_rows():
+    asked = inputs.questions.select("conv_id", "question", "question_time")
+    for conv, question, now in asked.iter_rows():
         if len(question) >= len(longest.get(conv, ("", None))[0]):
             longest[conv] = (question, now)
     trimmed = 0

@@ -83,7 +83,8 @@ def paper_prompts(
             # the same share of each list (rendered blocks stay whole).
             blocks = [A.render_entries(keep_top(top, share), layout, groups)]
             for b in extras:
-                blocks.append(A.render_summaries(keep_top(b, share)) if isinstance(b, list) else str(b))
+                kept = A.render_summaries(keep_top(b, share)) if isinstance(b, list) else str(b)
+                blocks.append(kept)
             return A.build_messages(question, blocks, now, abstain, memory_note)
 
         msgs, cut = fit_prompt(build, fits)

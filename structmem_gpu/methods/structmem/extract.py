@@ -16,9 +16,9 @@ that turn's event. One entry row:
              request_id="extract:9b1d...", prompt_version="factual/2", model="smollm2|...")
 
 ctx.notes: windows, window_tokenizer, window_plan (digest of the windows; the dry run prints
-the same), split_turns (turns longer than the window budget, sent in parts), prompt_variant, requests, parse_failures, truncated,
-salvaged (cut replies whose complete items were kept), rejected_items (unknown turn number),
-empty_items, duplicate_items, entries, entries_fact / entries_relation, turns, turns_covered.
+the same), split_turns (turns longer than the window budget, sent in parts), prompt_variant,
+requests, parse_failures, truncated, salvaged (cut replies whose complete items were kept),
+rejected_items (unknown turn number), empty_items, duplicate_items, entries, entries_fact / entries_relation, turns, turns_covered.
 """
 
 from __future__ import annotations
@@ -153,6 +153,11 @@ def _line(v: TurnView) -> str:
     return f"{v.speaker}: {v.text}"
 
 
+def _line_counter(speaker: str, count_tokens: Callable[[str], int]) -> Callable[[str], int]:
+    """Tokens of a text as its "Speaker: text" line (what a window's budget counts)."""
+    return lambda text: count_tokens(f"{speaker}: {text}")
+
+
 def split_long_turns(
     views: Sequence[TurnView], budget: int, count_tokens: Callable[[str], int]
 ) -> list[TurnView]:
@@ -163,7 +168,7 @@ def split_long_turns(
         if count_tokens(_line(v)) <= budget:
             out.append(v)
             continue
-        pieces = split_text(v.text, budget, lambda t: count_tokens(f"{v.speaker}: {t}"))
+        pieces = split_text(v.text, budget, _line_counter(v.speaker, count_tokens))
         out.extend(replace(v, text=p, part=i) for i, p in enumerate(pieces, 1))
     return out
 
@@ -178,7 +183,7 @@ def bound_context(
         if not v.part:
             out.append(v)
         elif i + 1 == len(context) or context[i + 1].event_id != v.event_id:
-            tail = split_text(v.text, budget // 2, lambda t: count_tokens(_line(replace(v, text=t))))[-1]
+            tail = split_text(v.text, budget // 2, _line_counter(v.speaker, count_tokens))[-1]
             out.append(replace(v, text=tail))
     return tuple(out)
 
@@ -227,7 +232,9 @@ def plan_windows(
     return out
 
 
-def window_counter(s: ExtractSettings, llm_cfg: Any = None, *, convert: bool = False) -> TextCounter:
+def window_counter(
+    s: ExtractSettings, llm_cfg: Any = None, *, convert: bool = False
+) -> TextCounter:
     """What counts the window budget: `extract.window_tokenizer` (ConfigError when it names a
     tokenizer that is not on this machine); chars when windows are fixed turn counts.
 

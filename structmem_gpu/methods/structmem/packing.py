@@ -10,8 +10,9 @@ We pack consecutive turns of ONE session up to a token budget instead (never acr
 
 Among the packings with the fewest windows (greedy's count), the smallest per-window budget
 that still achieves that count is used, so a session of 900 tokens becomes two windows of
-about 450 rather than 850 + 50. A turn longer than the budget is first cut into parts of at most the budget (`split_text`;
-extract.py keeps each part's turn id and speaker), so no window exceeds it.
+about 450 rather than 850 + 50. A turn longer than the budget is first cut into parts of at
+most the budget (`split_text`; extract.py keeps each part's turn id and speaker), so no window
+exceeds it.
 
 Tokens are counted by `extract.window_tokenizer` (structmem_gpu/llm/tokens.py): `chars`
 (characters / 4) or an HF tokenizer that must be on this machine, so every machine cuts the
