@@ -82,6 +82,7 @@ class LLMSettings(Settings):
     seed: int | None = knob(Int(ge=0, null=True), None)
     progress: bool | None = knob(BOOL, None)
     n_ctx: int | None = knob(Int(ge=256), None)
+    tokenizer: str | None = knob(STR_OR_NULL, None)  # chars | HF tokenizer id / folder
     n_threads: int | None = knob(SIZE, None)
     tensor_parallel_size: int | None = knob(SIZE, None)
     data_parallel_size: int | None = knob(SIZE, None)

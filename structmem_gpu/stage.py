@@ -277,6 +277,11 @@ class StageContext:
         if len(results) != len(requests):
             raise RuntimeError(f"backend returned {len(results)} results for {len(requests)} requests")
         self.request_frames.append(to_frame(requests, results))
+        from structmem_gpu.llm.context_guard import OVER_CONTEXT
+
+        over = sum(r.finish_reason == OVER_CONTEXT for r in results)
+        if over:  # not sent (llm/context_guard.py): counted in the manifest, never dropped
+            self.notes["over_context"] = self.notes.get("over_context", 0) + over
         if any(r.unanswered for r in results):
             self.unanswered_endpoints.add(endpoint_of(be))
         return results

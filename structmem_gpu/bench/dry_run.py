@@ -15,7 +15,7 @@ Loads the benchmark (and applies the shard), then per stage of the method:
   rule, times the judges of the panel); prompts of the real answer / judge templates filled
   with stand-ins of the configured sizes (entries_k entries, syntheses_k syntheses);
 - stages without an LLM: 0; other LLM stages (SEEM, graph_memory): "not estimated".
-Tokens come from the model's tokenizer when `llm.model` is a local folder (or an HF id already
+Tokens come from `llm.tokenizer` when it is on this machine (a local folder or an HF id already
 in the local cache), with its chat template; otherwise characters / 4 + 4 per message.
 Then the GPU memory plan (structmem_gpu/gpu_plan.py): per stage, what each GPU holds; a plan
 that cannot fit ends the dry run with its one-line refusal (exit 2).
@@ -27,7 +27,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -61,6 +60,24 @@ class StageEstimate:
     prompt_tokens: int | None
     completion_tokens: int | None
     basis: str
+    # requests the context guard would not send (llm/context_guard.py); None = not estimated
+    over_context: int | None = None
+    window_plan: str | None = None  # extract: digest of the windows (the job's manifest shows it)
+
+
+class ContextCheck:
+    """The context guard's rule for one llm config, without a server: the configured context
+    (`llm.n_ctx` / `llm.max_model_len`) and the guard's own prompt counter."""
+
+    def __init__(self, llm_cfg: Any) -> None:
+        from structmem_gpu.llm.factory import config_guard
+
+        self.guard = config_guard(llm_cfg)
+        self.limit = self.guard.limit
+        self.counter = self.guard.counter
+
+    def over(self, messages: Sequence[Message], max_tokens: int) -> bool:
+        return not self.guard.fits(messages, max_tokens)
 
 
 class TokenCounter:
@@ -74,42 +91,20 @@ class TokenCounter:
         return self._count(messages)
 
 
-def _chars(messages: Sequence[Message]) -> int:
-    return sum(len(m.content) for m in messages) // CHARS_PER_TOKEN + 4 * len(messages)
-
-
 def token_counter(llm_cfg: Any) -> TokenCounter:
-    """The model's tokenizer when it is on disk (no download), else characters / 4."""
-    model = llm_cfg.get("model") if llm_cfg is not None else None
-    if not model or str(model).endswith(".gguf"):
-        # A GGUF's tokenizer loads through transformers in ~20 s: not worth it
-        # (docs/design.md "Backend notes").
-        return TokenCounter("chars/4", _chars)
-    try:
-        from transformers import AutoTokenizer
+    """`llm.tokenizer` when it is on this machine (with its chat template), else characters / 4
+    + 4 per message: an estimate, so a missing tokenizer is no error here (the windows are
+    another matter: extract.window_tokenizer)."""
+    from structmem_gpu.llm.tokens import CHARS_COUNTER, optional_counter
 
-        # local_files_only: a dry run never downloads (a folder, or an HF id already cached).
-        tok = AutoTokenizer.from_pretrained(
-            str(Path(str(model)).expanduser())
-            if Path(str(model)).expanduser().is_dir()
-            else str(model),
-            local_files_only=True,
-            revision=llm_cfg.get("revision"),
-        )
-    except (OSError, ValueError, ImportError) as e:
-        log.info("dry run: no local tokenizer for %s (%s); counting characters / 4", model, e)
-        return TokenCounter("chars/4", _chars)
-
-    def count(messages: Sequence[Message]) -> int:
-        msgs = [m.as_dict() for m in messages]
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return len(ids)
-        return sum(len(tok.encode(m["content"], add_special_tokens=False)) + 4 for m in msgs)
-
-    return TokenCounter(f"tokenizer:{model}", count)
+    get = (lambda k: llm_cfg.get(k)) if llm_cfg is not None else (lambda k: None)
+    spec = get("tokenizer") if get("tokenizer") is not None else get("model")
+    found = None
+    if spec not in (None, "chars"):
+        found = optional_counter(str(spec), get("revision") if spec == get("model") else None)
+    if found is None:
+        return TokenCounter("chars/4", CHARS_COUNTER.messages)
+    return TokenCounter(f"tokenizer:{spec}", found.messages)
 
 
 def load_turns_questions(cfg: DictConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -125,19 +120,25 @@ def load_turns_questions(cfg: DictConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
     return apply_shard(turns, questions, int(cfg.shard_index), int(cfg.num_shards))
 
 
-def estimate_extract(cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter) -> StageEstimate:
+def estimate_extract(
+    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter, check: ContextCheck | None = None
+) -> StageEstimate:
     from structmem_gpu.methods.structmem.extract import (
         ExtractSettings,
         build_request,
         plan_from_settings,
+        window_plan_hash,
     )
 
     s = ExtractSettings.from_cfg(cfg)
     windows, packer = plan_from_settings(turns, s, OmegaConf.select(cfg, "llm", default=None))
-    prompt = completion = n = 0
+    prompt = completion = n = over = 0
+    plan = window_plan_hash(windows)
     for kind in s.perspectives:
         for w in windows:
-            prompt += counter.messages(build_request(w, kind, s).messages)
+            req = build_request(w, kind, s)
+            prompt += counter.messages(req.messages)
+            over += check is not None and check.over(req.messages, req.sampling.max_tokens)
             # One item per turn restating it (capped by the schema), plus the JSON framing.
             mean_chars = sum(len(t.text) for t in w.turns) / max(len(w.turns), 1)
             item_tokens = min(mean_chars, s.max_item_chars) / CHARS_PER_TOKEN + 8
@@ -150,12 +151,15 @@ def estimate_extract(cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter
         prompt,
         completion,
         f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts"
-        + (f"; packed to {s.window_tokens} tokens by {packer})" if s.window_tokens else ")"),
+        + (f"; packed to {s.window_tokens} tokens by {packer}" if s.window_tokens else "")
+        + f"; window plan {plan})",
+        None if check is None else over,
+        plan,
     )
 
 
 def estimate_consolidate(
-    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter
+    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter, check: ContextCheck | None = None
 ) -> StageEstimate:
     from structmem_gpu.methods.structmem.consolidate import ConsolidateSettings
     from structmem_gpu.methods.structmem.windows import windows_by_conversation
@@ -167,7 +171,7 @@ def estimate_consolidate(
     kinds = [str(k) for k in cfg.extract.perspectives]
     cap = int(cfg.extract.max_item_chars)
     frame = turns.rename({"session_time": "event_time"})
-    prompt = n = 0
+    prompt = n = over = 0
     for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
         recs = [
             synthesis.Record(r["event_time"], r["speaker"], k, (r["text"] or "")[:cap])
@@ -185,7 +189,9 @@ def estimate_consolidate(
             if not s.seed_exclude_buffer:
                 pool = pool + buffer
             context = pool[-s.seed_k * per :] if s.seed_k else []
-            prompt += counter.messages(synthesis.build_messages(s.prompt_variant, buffer, context))
+            msgs = synthesis.build_messages(s.prompt_variant, buffer, context)
+            prompt += counter.messages(msgs)
+            over += check is not None and check.over(msgs, s.max_tokens)
             n += 1
     return StageEstimate(
         "consolidate",
@@ -193,6 +199,7 @@ def estimate_consolidate(
         prompt,
         n * min(s.max_tokens, SYNTHESIS_COMPLETION),
         "greedy windows over turn times; turns stand in for entries",
+        None if check is None else over,
     )
 
 
@@ -203,7 +210,11 @@ def _selected(cfg: DictConfig, questions: pl.DataFrame) -> pl.DataFrame:
 
 
 def estimate_answer(
-    cfg: DictConfig, turns: pl.DataFrame, questions: pl.DataFrame, counter: TokenCounter
+    cfg: DictConfig,
+    turns: pl.DataFrame,
+    questions: pl.DataFrame,
+    counter: TokenCounter,
+    check: ContextCheck | None = None,
 ) -> StageEstimate:
     from structmem_gpu.prompts import answer_structmem as P
 
@@ -212,7 +223,9 @@ def estimate_answer(
     sk = int(OmegaConf.select(cfg, "retrieve.syntheses_k", default=0) or 0)
     if not bool(OmegaConf.select(cfg, "consolidate.enabled", default=False)):
         sk = 0
-    texts = turns["text"].to_list()
+    # Entries are extraction items, at most extract.max_item_chars long (the reply schema).
+    cap = OmegaConf.select(cfg, "extract.max_item_chars", default=None)
+    texts = [(x or "")[: int(cap)] if cap else x for x in turns["text"].to_list()]
     t = datetime(2023, 5, 8)
     entries = (
         [
@@ -235,14 +248,12 @@ def estimate_answer(
             A.render_entries([A.PaperEntry(e.speaker, e.time, e.text) for e in entries]),
             A.render_summaries([s.text for s in synth]),
         ]
-        prompt = sum(
-            counter.messages(A.build_messages(q, block)) for q in qs["question"].to_list()
-        )
+        prompts = [A.build_messages(q, block) for q in qs["question"].to_list()]
     else:
-        prompt = sum(
-            counter.messages(P.build_messages(q, entries, synth))
-            for q in qs["question"].to_list()
-        )
+        prompts = [P.build_messages(q, entries, synth) for q in qs["question"].to_list()]
+    prompt = sum(counter.messages(m) for m in prompts)
+    max_tokens = int(cfg.answer.max_tokens)
+    over = None if check is None else sum(check.over(m, max_tokens) for m in prompts)
     note = (
         ""
         if str(OmegaConf.select(cfg, "answer.prompt", default="")) == STRUCTMEM_READER
@@ -255,11 +266,13 @@ def estimate_answer(
         prompt,
         qs.height * comp,
         f"1 per selected question; {k} entries + {sk} syntheses{note}",
+        over,
     )
 
 
 def estimate_judge(
-    cfg: DictConfig, questions: pl.DataFrame, counter: TokenCounter
+    cfg: DictConfig, questions: pl.DataFrame, counter: TokenCounter,
+    check: ContextCheck | None = None,
 ) -> StageEstimate:
     from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
     from structmem_gpu.prompts import judge_locomo, judge_locomo_paper
@@ -274,9 +287,13 @@ def estimate_judge(
              and str(OmegaConf.select(cfg, "answer.protocol", default="paper")) == "paper")
     reply_tokens = min(int(cfg.answer.max_tokens), ANSWER_PAPER_COMPLETION)
     stand_in = "word " * int(reply_tokens * 0.75) if whole else "a short generated answer"
-    prompt = sum(
-        counter.messages(build(q, a or "", stand_in))
+    prompts = [
+        build(q, a or "", stand_in)
         for q, a in qs.select("question", "answer").iter_rows()
+    ]
+    prompt = sum(counter.messages(m) for m in prompts)
+    over = None if check is None else judges * sum(
+        check.over(m, int(cfg.judge.max_tokens)) for m in prompts
     )
     comp = min(int(cfg.judge.max_tokens), JUDGE_PAPER_COMPLETION if paper else JUDGE_COMPLETION)
     return StageEstimate(
@@ -285,6 +302,7 @@ def estimate_judge(
         prompt * judges,
         qs.height * judges * comp,
         f"1 per selected question (category 5 by rule) x {judges} judge(s)",
+        over,
     )
 
 
@@ -301,19 +319,23 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
             f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
         )
     turns, questions = load_turns_questions(cfg)
-    counter = token_counter(OmegaConf.select(cfg, "llm", default=None))
+    llm_cfg = OmegaConf.select(cfg, "llm", default=None)
+    counter = token_counter(llm_cfg)
+    check = ContextCheck(llm_cfg)
+    judge_llm = OmegaConf.select(cfg, "judge.llm", default=None)
+    judge_check = check if judge_llm is None else ContextCheck(judge_llm)
     rows: list[StageEstimate] = []
     for name in names:
         if name in NO_LLM_STAGES:
-            rows.append(StageEstimate(name, 0, 0, 0, "no LLM"))
+            rows.append(StageEstimate(name, 0, 0, 0, "no LLM", 0))
         elif name == "extract":
-            rows.append(estimate_extract(cfg, turns, counter))
+            rows.append(estimate_extract(cfg, turns, counter, check))
         elif name == "consolidate":
-            rows.append(estimate_consolidate(cfg, turns, counter))
+            rows.append(estimate_consolidate(cfg, turns, counter, check))
         elif name == "answer":
-            rows.append(estimate_answer(cfg, turns, questions, counter))
+            rows.append(estimate_answer(cfg, turns, questions, counter, check))
         elif name == "judge":
-            rows.append(estimate_judge(cfg, questions, counter))
+            rows.append(estimate_judge(cfg, questions, counter, judge_check))
         else:
             rows.append(StageEstimate(name, None, None, None, "LLM stage: not estimated"))
     known = [r for r in rows if r.requests is not None]
@@ -325,6 +347,8 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
         "questions": questions.height,
         "questions_selected": _selected(cfg, questions).height,
         "tokenizer": counter.name,
+        "context": {"tokens": check.limit.tokens, "source": check.limit.source,
+                    "counter": check.counter.name},
         "stages": [asdict(r) for r in rows],
         "total": {
             k: sum(getattr(r, k) or 0 for r in known)
@@ -365,6 +389,7 @@ def format_estimate(est: dict[str, Any]) -> str:
             f"{r['stage']:<14}{f(r['requests']):>10}{f(r['prompt_tokens']):>14}"
             f"{f(r['completion_tokens']):>16}  {r['basis']}"
         )
+    lines += over_context_lines(est)
     b = est.get("build") or {}
     if b.get("requests"):
         lines += [
@@ -381,6 +406,20 @@ def format_estimate(est: dict[str, Any]) -> str:
             "output tokens"
         )
     return "\n".join(lines)
+
+
+def over_context_lines(est: dict[str, Any]) -> list[str]:
+    """The stages with requests the context guard would not send, by name (none: one line)."""
+    ctx = est.get("context") or {}
+    if ctx.get("tokens") is None:
+        return ["", "model context unknown: over-context requests not checked"]
+    over = [r for r in est["stages"] if r.get("over_context")]
+    head = (f"over the model's context ({ctx['tokens']:,} tokens, {ctx['source']}; "
+            f"counted by {ctx['counter']}):")
+    if not over:
+        return ["", f"{head} 0 requests"]
+    listed = ", ".join(f"{r['stage']} {r['over_context']:,} of {r['requests']:,}" for r in over)
+    return ["", f"{head} {listed} requests would not be sent (recorded as over_context failures)"]
 
 
 def print_dry_run(cfg: DictConfig) -> dict[str, Any]:

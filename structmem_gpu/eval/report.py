@@ -200,6 +200,18 @@ def stage_rates(
     return parse, trunc
 
 
+def over_context_counts(requests: pl.DataFrame | None) -> dict[str, int]:
+    """Requests per stage that were not sent because they exceed the model's context
+    (llm/context_guard.py); stages without any are left out."""
+    from structmem_gpu.llm.context_guard import OVER_CONTEXT
+
+    if requests is None or not requests.height:
+        return {}
+    over = requests.filter(pl.col("finish_reason") == OVER_CONTEXT)
+    per_stage = over.group_by("stage", maintain_order=True).len()
+    return {str(s): int(n) for s, n in per_stage.iter_rows()}
+
+
 def judge_failure_rates(judgments: pl.DataFrame) -> dict[str, float]:
     asked = judgments.filter(~pl.col("judge_model").str.starts_with("rule:"))
     if asked.height == 0:
@@ -285,6 +297,7 @@ def build_report(
         "category_names": {str(k): v for k, v in sorted(names.items())},
         "parse_failure_rate": parse,
         "truncation_rate": trunc,
+        "over_context": over_context_counts(requests),
         "build_cost": build_costs(manifest, requests, order),
         "evidence_recall_excluded": int(
             rows.filter(pl.col("judge_name") == head)["evidence_recall"].is_null().sum()

@@ -214,9 +214,15 @@ def quality_section(rep: Mapping[str, Any]) -> list[str]:
         for s in stages
     ]
     limit = pct(rep["settings"]["max_parse_failure_rate"], 0)
-    return [f"## LLM output quality (limit: parse failures ≤ {limit}%)", ""] + _table(
+    out = [f"## LLM output quality (limit: parse failures ≤ {limit}%)", ""] + _table(
         ["stage", "parse failure %", "truncated %"], rows
     )
+    over = rep.get("over_context") or {}
+    if over:  # not sent: their content is missing from this run (counted as parse failures)
+        listed = ", ".join(f"{s}: {n}" for s, n in over.items())
+        out += ["", "**Requests over the model's context, not sent** (their content is "
+                f"missing): {listed}."]
+    return out
 
 
 def cost_section(rep: Mapping[str, Any]) -> list[str]:

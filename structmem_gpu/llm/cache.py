@@ -306,9 +306,10 @@ class CachedBackend:
     """Wraps any backend: answers from the cache, sends only the misses (each distinct
     request once), and writes every successful result the moment it arrives."""
 
-    def __init__(self, inner: LLMBackend, cache: ResponseCache) -> None:
+    def __init__(self, inner: LLMBackend, cache: ResponseCache, guard: Any = None) -> None:
         self.inner = inner
         self.cache = cache
+        self.guard = guard  # llm/context_guard.py; None = no context check
         self.model_id = inner.model_id
         self.hits = 0
         self.misses = 0
@@ -342,7 +343,8 @@ class CachedBackend:
 
         try:
             sent = send_distinct(
-                self.inner, requests, keys, results, desc=desc, on_result=on_result, on_sent=store
+                self.inner, requests, keys, results, desc=desc, on_result=on_result,
+                on_sent=store, guard=self.guard,
             )
         finally:
             self.cache.flush()  # every reply that arrived is on disk when generate ends

@@ -53,16 +53,30 @@ def send_distinct(
     desc: str = "",
     on_result: OnResult | None = None,
     on_sent: OnResult | None = None,
+    guard: Any = None,
 ) -> int:
     """Fill every empty slot of `results`: each distinct key among them is sent to `inner` once
     (the first copy), the copies share its result. Slots already filled (e.g. cache hits) are
     left alone. `on_sent(i, result)` sees each result that came from the server, before
-    `on_result`. Returns the number of requests sent."""
+    `on_result`. `guard` (llm/context_guard.py) answers a request over the model's context
+    with its over_context failure instead of sending it. Returns the number of requests sent."""
     first_of: dict[str, int] = {}  # key -> index of the copy that is actually sent
     for i, key in enumerate(keys):
         if results[i] is None:
             first_of.setdefault(key, i)
-    send = list(first_of.values())
+    send = []
+    for i in first_of.values():
+        no = guard.refusal(requests[i], inner.model_id) if guard is not None else None
+        if no is None:
+            send.append(i)
+            continue
+        results[i] = no
+        if on_result is not None:
+            on_result(i, no)
+    if len(send) < len(first_of):
+        first = next(results[i] for i in first_of.values() if results[i] is not None)
+        logger.warning("%s: %d of %d requests over the model's context, not sent (first: %s)",
+                       desc or "llm", len(first_of) - len(send), len(first_of), first.error)
 
     def store(j: int, res: LLMResult) -> None:
         i = send[j]
@@ -102,8 +116,9 @@ class DedupBackend:
     """Wraps any backend: sends each distinct request of a batch once. Attributes it does not
     define (server, cache_params, ...) are the inner backend's."""
 
-    def __init__(self, inner: LLMBackend) -> None:
+    def __init__(self, inner: LLMBackend, guard: Any = None) -> None:
         self.inner = inner
+        self.guard = guard  # llm/context_guard.py; None = no context check
         self.model_id = inner.model_id
         self.sent = 0  # distinct requests passed to the inner backend
         self.shared = 0  # copies answered from a sent request of the same batch
@@ -120,7 +135,9 @@ class DedupBackend:
         params = getattr(self.inner, "cache_params", {})
         keys = [cache_key(self.model_id, r, params) for r in requests]
         results: list[LLMResult | None] = [None] * len(requests)
-        sent = send_distinct(self.inner, requests, keys, results, desc=desc, on_result=on_result)
+        sent = send_distinct(
+            self.inner, requests, keys, results, desc=desc, on_result=on_result, guard=self.guard
+        )
         self.sent += sent
         self.shared += len(requests) - sent
         if sent < len(requests):

@@ -43,6 +43,10 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "progress": True,
     "n_ctx": 8192,
+    # What counts this model's tokens (extract.window_tokenizer's default, the context guard):
+    # chars = characters / 4, or an HF tokenizer id / local folder (None = the model's own
+    # when it is local, else chars).
+    "tokenizer": None,
     "n_threads": 2,
     "tensor_parallel_size": 1,
     "data_parallel_size": 1,
@@ -261,13 +265,43 @@ def open_llm(
             http = _http_backend(c, srv.base_url)
             http.server = srv  # the client fails fast once this process is gone
             inner = SupervisedBackend(http, sup)  # ... and a dead server is replaced
+        guard = context_guard(c, getattr(getattr(inner, "server", None), "base_url", None))
         if cache_dir is not None:
             from structmem_gpu.llm.cache import CachedBackend, ResponseCache
 
             cache = ResponseCache(Path(cache_dir))
             stack.callback(cache.close)
-            yield CachedBackend(inner, cache)  # sends each distinct miss of a batch once
+            yield CachedBackend(inner, cache, guard)  # sends each distinct miss of a batch once
         else:
             from structmem_gpu.llm.dedup import DedupBackend
 
-            yield DedupBackend(inner)  # identical requests of a batch still go out once
+            yield DedupBackend(inner, guard)  # identical requests of a batch still go out once
+
+
+def config_guard(llm_cfg: Any) -> Any:
+    """The context guard of an llm config as configured (no server asked): the dry run's and
+    the readers' view of the context (None config = no limit)."""
+    from structmem_gpu.llm.context_guard import (
+        ContextGuard, ContextLimit, configured_limit, guard_counter,
+    )
+
+    if llm_cfg is None:
+        return ContextGuard(ContextLimit(None, "unknown"), guard_counter({}))
+    c = resolve_config(llm_cfg)
+    return ContextGuard(configured_limit(c), guard_counter(c))
+
+
+def context_guard(c: Mapping[str, Any], launched_url: str | None = None) -> Any:
+    """The context guard of llm config `c` (llm/context_guard.py): an attached server's own
+    report of its context wins over the config's (a launched one runs what the config says,
+    asked only when the config leaves it open)."""
+    from structmem_gpu.llm.client import api_key_from_env
+    from structmem_gpu.llm.context_guard import (
+        ContextGuard, configured_limit, context_limit, guard_counter,
+    )
+
+    limit = configured_limit(c)
+    url = c["base_url"] or (launched_url if limit.tokens is None else None)
+    if url:
+        limit = context_limit(c, str(url), api_key_from_env(c["api_key_env"]))
+    return ContextGuard(limit, guard_counter(c))

@@ -7,7 +7,9 @@ The history is cut to `answer.context_tokens`, estimated as characters / 4 (the 
 for English with Llama/Qwen/SmolLM tokenizers; no tokenizer is loaded, so the estimate is
 model-independent and free). The oldest sessions are dropped first; the first session that
 does not fit keeps its latest turns that do. Each conversation is rendered once and shared by
-its questions (LoCoMo: ~200 questions per conversation). One rendered block:
+its questions (LoCoMo: ~200 questions per conversation); a history whose prompt (with the
+conversation's longest question) is over the answer model's context gets a smaller budget
+(eval/context_fit.py). One rendered block:
 
     Session 5 (7:05 pm on 17 March 2024):
     Tomas: Here he is on his first walk! [image: a photo of a small beagle puppy]
@@ -19,11 +21,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
 from structmem_gpu.data.common import display_text
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
+from structmem_gpu.eval.context_fit import fit_prompt, reader_fits, trim_note
 from structmem_gpu.prompts import answer_full_context as P
 
 log = logging.getLogger(__name__)
@@ -94,8 +98,25 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     context_tokens = int(inputs.cfg.answer.context_tokens)
     convs = inputs.questions["conv_id"].unique().to_list()
     histories: dict[str, History] = {}
+    fits = reader_fits(inputs.cfg)
+    longest: dict[str, tuple[str, Any]] = {}  # conv -> its longest question (with its time)
+    asked = inputs.questions.select("conv_id", "question", "question_time")
+    for conv, question, now in asked.iter_rows():
+        if len(question) >= len(longest.get(conv, ("", None))[0]):
+            longest[conv] = (question, now)
+    trimmed = 0
     for (conv,), conv_turns in turns.filter(pl.col("conv_id").is_in(convs)).group_by(["conv_id"]):
-        histories[conv] = render_history(conv_turns, context_tokens)
+        # Over the model's context: a smaller history budget, oldest sessions still first out.
+        def build(share: float, conv_turns: pl.DataFrame = conv_turns) -> History:
+            return render_history(conv_turns, int(context_tokens * share))
+
+        q, now = longest.get(conv, ("", None))
+        histories[conv], over = fit_prompt(
+            build, lambda h, q=q, now=now: fits(P.build_messages(q, h.text, now))
+        )
+        trimmed += over
+    if note := trim_note("full_context", trimmed, len(histories)):
+        log.warning("%s (oldest sessions first)", note)
     cut = sum(h.truncated for h in histories.values())
     if cut:
         log.info(

@@ -7,7 +7,8 @@ event_ids) and turns.parquet (session numbers), so the shared answer stage's fin
 (its `answer` config plus those tables) covers every ablation switch. Per question: facts in
 rank order, frames and passages chronological (`context_order`), cut to
 `answer.context_tokens` (characters / 4) by dropping the lowest-ranked passages first (RPE
-passages before P_ret), then facts; frames are never dropped. One frame header:
+passages before P_ret), then facts; frames are never dropped. A prompt still over the answer
+model's context gets a smaller budget, dropped in the same order (eval/context_fit.py). One frame header:
 `[Memory 2] sessions 3-5, 2024-03-17 to 2024-04-02`.
 
 The shared answer stage finds this builder by name (structmem_gpu/eval/answer.py).
@@ -18,11 +19,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
 from structmem_gpu.errors import MissingTableError
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
+from structmem_gpu.eval.context_fit import fit_prompt, reader_fits, trim_note
 from structmem_gpu.prompts import seem_answer as P
 
 log = logging.getLogger(__name__)
@@ -96,15 +99,25 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     budget = int(inputs.cfg.answer.context_tokens) * CHARS_PER_TOKEN
     ret = ret.filter(pl.col("in_context"))
     by_q = {str(q): g for (q,), g in ret.group_by("question_id")}
-    out, cut = {}, 0
+    fits = reader_fits(inputs.cfg)
+    out, cut, trimmed = {}, 0, 0
     for qid, question, now in inputs.questions.select("question_id", "question", "question_time").iter_rows():
         items = _items(by_q.get(qid, ret.clear()), sessions)
-        kept = fit(items, budget)
-        cut += len(kept) < len(items)
-        blocks = {c: [i.text for i in sorted((k for k in kept if k.circuit == c), key=lambda i: i.order)]
-                  for c in ("facts", "frames", "turns")}
-        out[qid] = AnswerPrompt(P.build_messages(question, blocks["facts"], blocks["frames"], blocks["turns"], now),
-                                P.VERSION)
+
+        def build(share: float) -> tuple[Any, int]:
+            # Over the model's context: a smaller budget, dropped in fit's order (RPE passages,
+            # then P_ret passages, then facts).
+            kept = fit(items, int(budget * share))
+            blocks = {c: [i.text for i in sorted((k for k in kept if k.circuit == c), key=lambda i: i.order)]
+                      for c in ("facts", "frames", "turns")}
+            return P.build_messages(question, blocks["facts"], blocks["frames"], blocks["turns"], now), len(kept)
+
+        (msgs, kept_n), over = fit_prompt(build, lambda built: fits(built[0]))
+        cut += kept_n < len(items)
+        trimmed += over
+        out[qid] = AnswerPrompt(msgs, P.VERSION)
+    if note := trim_note("seem answer", trimmed, len(out)):
+        log.warning("%s (RPE passages first, then passages, then facts)", note)
     if cut:
         log.info("seem answer: %d of %d contexts cut to ~%d tokens", cut, len(out), budget // CHARS_PER_TOKEN)
     return out

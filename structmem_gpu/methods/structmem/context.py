@@ -5,7 +5,9 @@ Protocol `paper` (default): retrieved entries by speaker (answer.entry_layout /
 answer.speaker_groups, rank order) plus the retrieved syntheses as plain lines
 (prompts/answer_paper.py); `reasoned`: chronological entries under dates and dated syntheses
 (prompts/answer_structmem.py). `paper_prompts` and `entry_lines` are shared with the flat and
-graph-memory readers, which show StructMem's entries too.
+graph-memory readers, which show StructMem's entries too. A `paper` prompt over the answer
+model's context drops its lowest-ranked entries and syntheses first until it fits
+(eval/context_fit.py); ordinary prompts are unchanged.
 
 With a LightMem source (`prompts.sources.lightmem`, README "Official texts") the `paper` reader
 of a LoCoMo-format benchmark is LightMem's own text instead: `ANSWER_PROMPT_StructMem` here,
@@ -23,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol, wants_abstention
+from structmem_gpu.eval.context_fit import fit_prompt, keep_top, reader_fits, trim_note
 from structmem_gpu.prompts import official
 from structmem_gpu.prompts.official import source_spec
 
@@ -96,15 +99,28 @@ def paper_prompts(
         raise ConfigError(f"answer.speaker_groups={groups} must be >= 1")
     ranked = ranked_entries(retrievals, entries, A.PaperEntry)
     abstain = wants_abstention(inputs.questions)
+    fits = reader_fits(inputs.cfg)
     out: dict[str, AnswerPrompt] = {}
+    trimmed = 0
     for qid, question, now in inputs.questions.select(
         "question_id", "question", "question_time"
     ).iter_rows():
-        blocks = [A.render_entries(ranked.get(qid, []), layout, groups)]
-        for b in extra(qid):
-            blocks.append(A.render_summaries(b) if isinstance(b, list) else str(b))
-        msgs = A.build_messages(question, blocks, now, abstain, memory_note)
+        top, extras = ranked.get(qid, []), extra(qid)
+
+        def build(share: float) -> Any:
+            # Over the model's context: the lowest-ranked entries and syntheses go first,
+            # the same share of each list (rendered blocks stay whole).
+            blocks = [A.render_entries(keep_top(top, share), layout, groups)]
+            for b in extras:
+                kept = A.render_summaries(keep_top(b, share)) if isinstance(b, list) else str(b)
+                blocks.append(kept)
+            return A.build_messages(question, blocks, now, abstain, memory_note)
+
+        msgs, cut = fit_prompt(build, fits)
+        trimmed += cut
         out[qid] = AnswerPrompt(msgs, A.VERSION, reasoned_reply=True)
+    if note := trim_note("answer", trimmed, len(out)):
+        log.warning("%s (lowest-ranked entries and syntheses dropped)", note)
     return out
 
 

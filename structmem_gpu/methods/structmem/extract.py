@@ -15,9 +15,10 @@ that turn's event. One entry row:
              speaker="Tomas", kind="fact", text="Tomas adopted a beagle puppy named Biscuit.",
              request_id="extract:9b1d...", prompt_version="factual/2", model="smollm2|...")
 
-ctx.notes: windows, window_tokenizer, prompt_variant, requests, parse_failures, truncated,
-salvaged (cut replies whose complete items were kept), rejected_items (unknown turn number),
-empty_items, duplicate_items, entries, entries_fact / entries_relation, turns, turns_covered.
+ctx.notes: windows, window_tokenizer, window_plan (digest of the windows; the dry run prints
+the same), split_turns (turns longer than the window budget, sent in parts), prompt_variant,
+requests, parse_failures, truncated, salvaged (cut replies whose complete items were kept),
+rejected_items (unknown turn number), empty_items, duplicate_items, entries, entries_fact / entries_relation, turns, turns_covered.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -34,9 +35,11 @@ from omegaconf import OmegaConf
 
 from structmem_gpu import schemas
 from structmem_gpu.data import display_text
+from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
-from structmem_gpu.methods.structmem.packing import chars_tokens, pack_lengths, text_token_counter
+from structmem_gpu.llm.tokens import CHARS_COUNTER, TextCounter, chars_tokens, text_counter
+from structmem_gpu.methods.structmem.packing import pack_lengths, split_text
 from structmem_gpu.prompts import extraction_prompt, extraction_schema, render_window
 from structmem_gpu.prompts.reference import reference_fingerprint
 from structmem_gpu.settings import (
@@ -60,6 +63,7 @@ class TurnView:
     session_time: datetime
     speaker: str
     text: str
+    part: int = 0  # 1.. = a part of a turn longer than the window budget; 0 = the whole turn
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ class ExtractSettings(Settings):
     prompt_variant: str = knob(Enum("default", "grounded"), "default")
     # token budget per window (None = turns_per_request only)
     window_tokens: int | None = knob(Int(ge=1, null=True, note="null = fixed turn windows"), None)
+    # what counts window_tokens: "chars" (characters / 4) or an HF tokenizer id / local folder
+    window_tokenizer: str | None = knob(STR_OR_NULL, "chars")  # null = chars
     # a LightMem checkout: its prompts (prompts/reference.py)
     reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
     worked_example: bool = knob(BOOL, True)  # the default prompts' worked examples (off for tiny models)
@@ -144,6 +150,45 @@ def _turn_view(row: dict[str, Any]) -> TurnView:
     )
 
 
+def _line(v: TurnView) -> str:
+    return f"{v.speaker}: {v.text}"
+
+
+def _line_counter(speaker: str, count_tokens: Callable[[str], int]) -> Callable[[str], int]:
+    """Tokens of a text as its "Speaker: text" line (what a window's budget counts)."""
+    return lambda text: count_tokens(f"{speaker}: {text}")
+
+
+def split_long_turns(
+    views: Sequence[TurnView], budget: int, count_tokens: Callable[[str], int]
+) -> list[TurnView]:
+    """Each turn longer than `budget` tokens as consecutive parts that fit it, each keeping the
+    turn's ids and speaker (an entry from any part cites the turn); other turns unchanged."""
+    out: list[TurnView] = []
+    for v in views:
+        if count_tokens(_line(v)) <= budget:
+            out.append(v)
+            continue
+        pieces = split_text(v.text, budget, _line_counter(v.speaker, count_tokens))
+        out.extend(replace(v, text=p, part=i) for i, p in enumerate(pieces, 1))
+    return out
+
+
+def bound_context(
+    context: Sequence[TurnView], budget: int, count_tokens: Callable[[str], int]
+) -> tuple[TurnView, ...]:
+    """Context turns as shown: a split turn (its parts) appears once, as the tail of its last
+    part of at most budget / 2 tokens (what directly precedes the window); whole turns as is."""
+    out: list[TurnView] = []
+    for i, v in enumerate(context):
+        if not v.part:
+            out.append(v)
+        elif i + 1 == len(context) or context[i + 1].event_id != v.event_id:
+            tail = split_text(v.text, budget // 2, _line_counter(v.speaker, count_tokens))[-1]
+            out.append(replace(v, text=tail))
+    return tuple(out)
+
+
 def plan_windows(
     turns: pl.DataFrame,
     per_request: int | None,
@@ -153,7 +198,9 @@ def plan_windows(
 ) -> list[ExtractionWindow]:
     """Windows of consecutive turns inside each session, in (conv_id, session, turn) order:
     `per_request` turns each, or (with `window_tokens`) packed up to that many tokens of
-    "Speaker: text" lines, at most `per_request` turns when that is set too."""
+    "Speaker: text" lines, at most `per_request` turns when that is set too. With
+    `window_tokens`, a longer turn is split into parts first, so every window stays within
+    the budget, and a split turn in the context is a bounded excerpt (`bound_context`)."""
     if per_request is None and window_tokens is None:
         raise ValueError("plan_windows needs per_request or window_tokens")
     ordered = turns.sort("conv_id", "session_index", "turn_index")
@@ -167,29 +214,79 @@ def plan_windows(
             assert per_request is not None
             spans = [(a, a + per_request) for a in range(0, len(views), per_request)]
         else:
-            lengths = [count_tokens(f"{v.speaker}: {v.text}") for v in views]
+            views = split_long_turns(views, window_tokens, count_tokens)
+            lengths = [count_tokens(_line(v)) for v in views]
             spans = pack_lengths(lengths, window_tokens, per_request)
         for start, end in spans:
+            context = views[max(0, start - context_turns) : start]
+            if window_tokens is not None:
+                context = bound_context(context, window_tokens, count_tokens)
             out.append(
                 ExtractionWindow(
                     conv_id,
                     session_index,
                     views[0].session_time,
                     tuple(views[start:end]),
-                    tuple(views[max(0, start - context_turns) : start]),
+                    tuple(context),
                 )
             )
     return out
 
 
+def window_counter(
+    s: ExtractSettings, llm_cfg: Any = None, *, convert: bool = False
+) -> TextCounter:
+    """What counts the window budget: `extract.window_tokenizer` (ConfigError when it names a
+    tokenizer that is not on this machine); chars when windows are fixed turn counts.
+
+    The vllm_cpu profile's tokenizer is its converted model folder (`llm.convert_from_gguf`):
+    with `convert` (the job, which converts it a moment later anyway to serve it) a missing
+    folder is made first; the dry run writes nothing and names the command instead."""
+    if s.window_tokens is None:
+        return CHARS_COUNTER
+    get = (lambda k: llm_cfg.get(k)) if llm_cfg is not None else (lambda k: None)
+    own = get("model") is not None and str(get("model")) == s.window_tokenizer
+    source = get("convert_from_gguf") if own else None
+    if source and not get("base_url"):
+        from pathlib import Path
+
+        from structmem_gpu.llm.convert import ensure_hf_model, is_converted
+
+        folder = Path(s.window_tokenizer).expanduser()
+        if not is_converted(folder):
+            if not convert:
+                raise ConfigError(
+                    f"extract.window_tokenizer={s.window_tokenizer!r}: the model folder is not "
+                    "converted yet; make it with `python jobs/data.py smollm2-hf` (or run the "
+                    "job, which converts it) or set extract.window_tokenizer=chars"
+                )
+            ensure_hf_model(folder, source, python=get("server_python"))
+    return text_counter(
+        s.window_tokenizer, get("revision") if own else None, key="extract.window_tokenizer"
+    )
+
+
 def plan_from_settings(
-    turns: pl.DataFrame, s: ExtractSettings, llm_cfg: Any
+    turns: pl.DataFrame, s: ExtractSettings, llm_cfg: Any, *, convert: bool = False
 ) -> tuple[list[ExtractionWindow], str]:
-    """The stage's windows for its settings, and the name of the token counter used."""
-    name, count = ("chars/4", chars_tokens)
-    if s.window_tokens is not None:
-        name, count = text_token_counter(llm_cfg)
-    return plan_windows(turns, s.turns_per_request, s.context_turns, s.window_tokens, count), name
+    """The stage's windows for its settings, and the name of the token counter used (the dry
+    run calls this too, so both cut the same windows)."""
+    counter = window_counter(s, llm_cfg, convert=convert)
+    windows = plan_windows(turns, s.turns_per_request, s.context_turns, s.window_tokens, counter)
+    return windows, counter.name
+
+
+def window_plan_hash(windows: Sequence[ExtractionWindow]) -> str:
+    """A digest of the windows (turns, parts and their texts): equal digests = the same windows
+    (the manifest's extract notes and the dry run both show it)."""
+    return stable_hash(
+        [
+            [w.conv_id, w.session_index, [[t.event_id, t.part, t.text] for t in w.turns],
+             [[t.event_id, t.part, t.text] for t in w.context]]
+            for w in windows
+        ],
+        length=16,
+    )
 
 
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
@@ -345,7 +442,7 @@ def collect_entries(
 def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s: ExtractSettings = ctx.settings
     turns = ctx.read("turns")
-    windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"))
+    windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"), convert=True)
     # Grouped by perspective: consecutive requests share the system prompt, which llama.cpp
     # (one slot, reuses the previous prompt's common prefix) then evaluates once per group.
     plan = [(w, kind, build_request(w, kind, s)) for kind in s.perspectives for w in windows]
@@ -355,6 +452,8 @@ def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     ctx.notes.update(
         windows=len(windows),
         window_tokenizer=counter,
+        window_plan=window_plan_hash(windows),
+        split_turns=len({t.event_id for w in windows for t in w.turns if t.part}),
         prompt_variant="reference" if s.reference_dir else s.prompt_variant,
         requests=len(plan),
         entries=len(rows),

@@ -10,22 +10,18 @@ We pack consecutive turns of ONE session up to a token budget instead (never acr
 
 Among the packings with the fewest windows (greedy's count), the smallest per-window budget
 that still achieves that count is used, so a session of 900 tokens becomes two windows of
-about 450 rather than 850 + 50. A single turn longer than the budget is a window of its own.
+about 450 rather than 850 + 50. A turn longer than the budget is first cut into parts of at
+most the budget (`split_text`; extract.py keeps each part's turn id and speaker), so no window
+exceeds it.
 
-Tokens are counted by the model's tokenizer when it is on disk (`llm.model` a local folder or
-an HF id in the local cache), otherwise as characters / 4 (GGUF models, API endpoints).
+Tokens are counted by `extract.window_tokenizer` (structmem_gpu/llm/tokens.py): `chars`
+(characters / 4) or an HF tokenizer that must be on this machine, so every machine cuts the
+same windows (README "Extraction windows").
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
-
-log = logging.getLogger(__name__)
-
-CHARS_PER_TOKEN = 4
 
 
 def _greedy(lengths: Sequence[int], budget: int, max_turns: int | None) -> list[tuple[int, int]]:
@@ -62,25 +58,36 @@ def pack_lengths(
     return _greedy(lengths, lo, max_turns)
 
 
-def chars_tokens(text: str) -> int:
-    return max(1, len(text) // CHARS_PER_TOKEN)
+def _cut_near(text: str, pos: int, lo: int) -> int:
+    """A cut at or before `pos` (after `lo`): just after a newline, else after a space, looked
+    for in the last eighth of the piece; `pos` itself when the text has neither there."""
+    floor = max(lo + 1, pos - max(1, (pos - lo) // 8))
+    for sep in ("\n", " "):
+        at = text.rfind(sep, floor, pos)
+        if at >= 0:
+            return at + 1
+    return pos
 
 
-def text_token_counter(llm_cfg: Any) -> tuple[str, Callable[[str], int]]:
-    """(name, count): the model's tokenizer when it is on disk (no download), else chars/4."""
-    model = llm_cfg.get("model") if llm_cfg is not None else None
-    if not model or str(model).endswith(".gguf"):
-        return "chars/4", chars_tokens
-    try:
-        from transformers import AutoTokenizer
+def split_text(text: str, budget: int, count: Callable[[str], int]) -> list[str]:
+    """`text` as consecutive pieces of at most `budget` tokens by `count` (fewest even pieces
+    the count allows, cut at whitespace where possible); the pieces joined are the text
+    (whitespace at a cut aside):
 
-        path = Path(str(model)).expanduser()
-        tok = AutoTokenizer.from_pretrained(
-            str(path) if path.is_dir() else str(model),
-            local_files_only=True,
-            revision=llm_cfg.get("revision"),
-        )
-    except (OSError, ValueError, ImportError) as e:
-        log.info("window packing: no local tokenizer for %s (%s); counting chars / 4", model, e)
-        return "chars/4", chars_tokens
-    return f"tokenizer:{model}", lambda t: len(tok.encode(t, add_special_tokens=False))
+        >>> split_text("aaaa bbbb cccc dddd", 2, lambda t: len(t) // 4)
+        ['aaaa bbbb', 'cccc dddd']
+    """
+    budget = max(1, budget)
+    if count(text) <= budget:
+        return [text]
+    n = -(-count(text) // budget)
+    while True:
+        cuts: list[int] = [0]
+        for i in range(1, n):
+            cuts.append(max(cuts[-1] + 1, _cut_near(text, round(i * len(text) / n), cuts[-1])))
+        cuts.append(len(text))
+        pieces = [text[a:b].strip() for a, b in zip(cuts, cuts[1:], strict=False)]
+        pieces = [p for p in pieces if p]
+        if n >= len(text) or all(count(p) <= budget for p in pieces):
+            return pieces
+        n = min(len(text), n + max(1, n // 10))
