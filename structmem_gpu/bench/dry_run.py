@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.llm.tokens import CHARS
 from structmem_gpu.llm.types import Message
 
 log = logging.getLogger(__name__)
@@ -131,9 +133,18 @@ def estimate_extract(
     )
 
     s = ExtractSettings.from_cfg(cfg)
-    windows, packer = plan_from_settings(turns, s, OmegaConf.select(cfg, "llm", default=None))
+    llm_cfg = OmegaConf.select(cfg, "llm", default=None)
+    try:
+        windows, packer = plan_from_settings(turns, s, llm_cfg)
+        plan: str | None = window_plan_hash(windows)
+        missing = None
+    except ConfigError as err:
+        # The window tokenizer is not on this machine (a login node before `jobs/data.py
+        # models`, a CI machine): the job stops on it (preflight); the dry run still plans,
+        # by characters / 4, and says these are not the job's windows.
+        windows, packer = plan_from_settings(turns, replace(s, window_tokenizer=CHARS), llm_cfg)
+        plan, missing = None, str(err)
     prompt = completion = n = over = 0
-    plan = window_plan_hash(windows)
     for kind in s.perspectives:
         for w in windows:
             req = build_request(w, kind, s)
@@ -152,7 +163,8 @@ def estimate_extract(
         completion,
         f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts"
         + (f"; packed to {s.window_tokens} tokens by {packer}" if s.window_tokens else "")
-        + f"; window plan {plan})",
+        + (f"; window plan {plan})" if plan else
+           f"; APPROXIMATE: not the job's windows, a real job stops on: {missing})"),
         None if check is None else over,
         plan,
     )

@@ -185,7 +185,7 @@ def test_models_downloads_each_missing_model_then_check_passes(
 
     calls: list[dict] = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download(calls))
-    args = ["debug=scripted", "embedder=qwen3_embedding_0_6b", "+extract.window_tokenizer=org/tok"]
+    args = ["debug=scripted", "embedder=qwen3_embedding_0_6b", "extract.window_tokenizer=org/tok"]
     assert job.main(["models", *args]) == 0, capsys.readouterr()
     assert [(c["repo"], c["allow_patterns"] is None) for c in calls] == [
         ("Qwen/Qwen3-Embedding-0.6B", True), ("org/tok", False)]

@@ -118,7 +118,7 @@ def test_entries_from_any_part_cite_the_turn(long_turn_file: tuple[Path, str]) -
     path, event = long_turn_file
     turns, _ = load_benchmark("locomo", str(path), None, None)
     wins = [w for w in plan_windows(turns, 64, 2, 850) if any(t.event_id == event for t in w.turns)]
-    s = ExtractSettings(64, 2, ("fact",), 256, 8, 200, 0.0, window_tokens=850)
+    s = ExtractSettings(64, 2, ("fact",), 256, 8, 200, 0.0, 1.0, window_tokens=850)
     for w in wins:
         n = next(i for i, t in enumerate(w.turns, 1) if t.event_id == event)
         mapped = map_items(w, "fact", build_request(w, "fact", s), result({"entries": [{"turn": n, "text": "x"}]}))
@@ -168,11 +168,19 @@ def test_profiles_name_their_window_tokenizer() -> None:
     assert cfg_for("debug=scripted").extract.window_tokenizer == "chars"
 
 
-def test_dry_run_and_job_stop_on_a_missing_tokenizer(tmp_path: Path) -> None:
+def test_job_stops_and_dry_run_says_so_on_a_missing_tokenizer(tmp_path: Path) -> None:
+    from structmem_gpu import preflight
+
     missing = f"extract.window_tokenizer={tmp_path / 'gone'}"
     cfg = cfg_for("debug=scripted", "embedder=minilm", missing)
-    with pytest.raises(ConfigError, match="window_tokenizer"):
-        estimate(cfg)
+    # The dry run still plans (a login node before `jobs/data.py models`), by chars / 4, and
+    # says these are not the job's windows; the preflight names the tokenizer as a problem.
+    extract = next(r for r in estimate(cfg)["stages"] if r["stage"] == "extract")
+    assert extract["window_plan"] is None
+    assert "APPROXIMATE" in extract["basis"] and "window_tokenizer" in extract["basis"]
+    registry = stage_registry(cfg)
+    found = preflight.check(cfg, [registry[n] for n in cfg.method.stages], tmp_path / "run")
+    assert any("window tokenizer" in f.line() and f.fatal for f in found), found
     job = cfg_for("debug=scripted", "embedder=minilm", missing, "stages=[load,extract]",
                   f"paths.cache_dir={tmp_path / 'cache'}")
     with pytest.raises(ConfigError, match="window_tokenizer"):
@@ -210,7 +218,7 @@ def test_dry_run_and_job_cut_identical_windows(tmp_path: Path, tokenizer: str) -
 
 def test_tokenizers_cut_different_windows_so_the_plan_names_them() -> None:
     turns, _ = load_benchmark("sample", None, None, None)
-    s = ExtractSettings(64, 2, ("fact",), 256, 8, 200, 0.0, window_tokens=60)
+    s = ExtractSettings(64, 2, ("fact",), 256, 8, 200, 0.0, 1.0, window_tokens=60)
     a, _ = plan_from_settings(turns, s, None)
     b, name = plan_from_settings(turns, ExtractSettings(**{**s.__dict__, "window_tokenizer": str(MINILM)}), None)
     assert name == str(MINILM) and window_plan_hash(a) != window_plan_hash(b)

@@ -139,20 +139,22 @@ def test_named_models_follow_roles_judges_and_the_scripted_profile() -> None:
     scripted = compose_job("experiment=judge_robustness", "debug=scripted")
     assert [r.key for r in model_refs.named_models(scripted, stages_of(scripted))] == ["embedder.model"]
     attached = compose_job("llm=vllm_qwen2_5_7b", "llm.base_url=http://gpu-3:8000/v1")
-    assert [r.key for r in model_refs.named_models(attached, stages_of(attached))] == ["embedder.model"]
+    # an attached server needs no weights here, but extract still packs by its tokenizer
+    assert [r.key for r in model_refs.named_models(attached, stages_of(attached))] == [
+        "embedder.model", "extract.window_tokenizer"]
 
 
 def test_window_tokenizer_is_named_only_when_extract_packs_by_a_tokenizer() -> None:
-    cfg = compose_job("llm=vllm_qwen2_5_7b", "+extract.window_tokenizer=Qwen/Qwen2.5-7B-Instruct")
+    cfg = compose_job("llm=vllm_qwen2_5_7b", "extract.window_tokenizer=Qwen/Qwen2.5-7B-Instruct")
     ref = model_refs.window_tokenizer(cfg, ["load", "extract"])
     assert ref is not None and ref.tokenizer_only and ref.key == "extract.window_tokenizer"
     assert model_refs.window_tokenizer(cfg, ["answer"]) is None
     # the same repo as the answer model: one full download, which has the tokenizer files
     both = model_refs.named_models(cfg, [_Uses("extract", ("llm",))])
     assert [(r.name, r.tokenizer_only) for r in both] == [("Qwen/Qwen2.5-7B-Instruct", False)]
-    chars = compose_job("+extract.window_tokenizer=chars")
+    chars = compose_job("extract.window_tokenizer=chars")
     assert model_refs.window_tokenizer(chars, ["extract"]) is None
-    assert model_refs.window_tokenizer(compose_job(), ["extract"]) is None  # knob absent
+    assert model_refs.window_tokenizer(compose_job(), ["extract"]) is None  # CPU profile: chars
 
 
 # ---- the local Hugging Face cache ----------------------------------------------------------
