@@ -80,6 +80,7 @@ class LLMSettings(Settings):
     max_restarts: int | None = knob(Int(ge=0, note="0 = never replace a dead server"), None, **_LAUNCH)
     repair_attempts: int | None = knob(COUNT, None)
     seed: int | None = knob(Int(ge=0, null=True), None)
+    request_seed: bool | None = knob(BOOL, None)
     progress: bool | None = knob(BOOL, None)
     n_ctx: int | None = knob(Int(ge=256), None)
     tokenizer: str | None = knob(STR_OR_NULL, None)  # chars | HF tokenizer id / folder

@@ -70,7 +70,8 @@ HTTP_CALLS = _Counter()
 
 
 def request_body(
-    req: LLMRequest, *, served_name: str, flavor: str, extra_body: Mapping[str, Any] | None = None
+    req: LLMRequest, *, served_name: str, flavor: str, extra_body: Mapping[str, Any] | None = None,
+    request_seed: bool = True,
 ) -> dict[str, Any]:
     """The JSON body of POST /chat/completions for one request.
 
@@ -90,7 +91,7 @@ def request_body(
     }
     # vLLM deprecates max_tokens for chat; llama.cpp only knows max_tokens.
     body["max_completion_tokens" if flavor == "vllm" else "max_tokens"] = s.max_tokens
-    if s.seed is not None:
+    if s.seed is not None and request_seed:
         body["seed"] = s.seed
     if req.schema is not None:
         body["response_format"] = response_format(req.schema, flavor, name=_schema_name(req))
@@ -150,6 +151,7 @@ class HTTPBackend:
         extra_body: Mapping[str, Any] | None = None,
         api_key: str | None = None,
         progress: bool = True,
+        request_seed: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.served_name = served_name
@@ -161,6 +163,7 @@ class HTTPBackend:
         self.retry_backoff_s = float(retry_backoff_s)
         self.repair_attempts = int(repair_attempts)
         self.extra_body = dict(extra_body or {})
+        self.request_seed = bool(request_seed)  # llm.request_seed: send each request's seed
         self._api_key = api_key  # never logged
         self.progress = progress
         self.calls = 0  # HTTP requests sent by this backend (retries and repairs included)
@@ -300,7 +303,8 @@ class HTTPBackend:
     async def _send(self, client: aiohttp.ClientSession, req: LLMRequest) -> RawReply:
         """One reply, retrying transient failures; never raises for server/network trouble."""
         body = request_body(
-            req, served_name=self.served_name, flavor=self.flavor, extra_body=self.extra_body
+            req, served_name=self.served_name, flavor=self.flavor, extra_body=self.extra_body,
+            request_seed=self.request_seed
         )
         error = "no attempt made"
         spent = 0.0

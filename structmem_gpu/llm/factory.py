@@ -41,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
     "max_restarts": 3,  # launched servers: replacements after a crash, per job (0 = none)
     "repair_attempts": 1,
     "seed": 0,
+    # Send each request's sampling seed (reproducible sampled replies whatever the batching);
+    # false only where an engine cannot take one (conf/llm/vllm_cpu.yaml).
+    "request_seed": True,
     "progress": True,
     "n_ctx": 8192,
     # What counts this model's tokens (extract.window_tokenizer's default, the context guard):
@@ -152,6 +155,7 @@ def _http_backend(c: Mapping[str, Any], base_url: str) -> Any:
         extra_body=extra,
         api_key=api_key_from_env(c["api_key_env"]),
         progress=bool(c["progress"]),
+        request_seed=bool(c["request_seed"]),
     )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 from structmem_gpu.llm.client import HTTPBackend, parse_completion, request_body
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
 from tests.fixtures.llm import FakeServer, completion, echo_ok
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
@@ -62,6 +65,21 @@ def test_body_vllm_uses_json_schema_and_max_completion_tokens() -> None:
     assert body["response_format"]["json_schema"]["strict"] is True
     assert body["max_completion_tokens"] == 8 and "max_tokens" not in body
     assert (body["temperature"], body["top_p"], body["seed"]) == (0.0, 1.0, 0)
+
+
+def test_body_leaves_the_seed_out_when_the_profile_says_so() -> None:
+    """llm.request_seed=false (vllm_cpu: its engine dies on a seeded sampled request)."""
+    from omegaconf import OmegaConf
+
+    from structmem_gpu.llm.factory import _http_backend, resolve_config
+
+    [r] = reqs(1)
+    assert "seed" not in request_body(r, served_name="m", flavor="vllm", request_seed=False)
+    vcpu = OmegaConf.load(ROOT / "conf" / "llm" / "vllm_cpu.yaml")
+    assert vcpu.request_seed is False
+    be = _http_backend(resolve_config({"backend": "vllm_server", "model": "m",
+                                       "request_seed": False}), "http://127.0.0.1:1/v1")
+    assert be.request_seed is False
 
 
 def test_body_llamacpp_uses_json_object_schema() -> None:
