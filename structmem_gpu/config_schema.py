@@ -217,6 +217,22 @@ class PathsSettings(Settings):
     open_keys: ClassVar[Mapping[str, Any]] = {"*": STR}
 
 
+@dataclass(frozen=True)
+class TrackingSettings(Settings):
+    """`tracking:` (conf/tracking/*.yaml; analysis/tracking.py): where finished runs are logged
+    after they ended. Never changes a result (hashed=False in JobSettings)."""
+
+    node: ClassVar[str] = "tracking"
+
+    backend: str = knob(Enum("none", "mlflow"), "none")  # none = nothing leaves the run directory
+    # null = a local file store file:<paths.output_dir>/mlruns; a path = a file store there; a
+    # URI = that store (http://HOST:5000). Never mlflow's default SQLite file, which a shared
+    # filesystem's locks can corrupt; a sqlite: URI on a network filesystem is refused.
+    uri: str | None = knob(STR_OR_NULL, None)
+    experiment: str | None = knob(STR_OR_NULL, None)  # null = structmem-<benchmark>
+    artifacts: bool = knob(BOOL, True)  # upload report/ (md, json, figures): bytes vs a browsable UI
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSettings(Settings):
     """The nodes of every job's config that no stage owns (conf/config.yaml and its groups).
@@ -242,6 +258,8 @@ class JobSettings(Settings):
     embedder: EmbedderSettings = sub(EmbedderSettings)
     index: IndexSettings = sub(IndexSettings)
     gpu: GpuSettings | None = sub(GpuSettings, null=True, default=None, hashed=False)
+    tracking: TrackingSettings | None = sub(TrackingSettings, null=True, default=None,
+                                            hashed=False)
 
     def check(self) -> list[str]:
         if not 0 <= self.shard_index < self.num_shards:

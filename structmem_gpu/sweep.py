@@ -10,7 +10,11 @@ dict is the job's return value, which submitit hands back for SLURM sweeps):
 `SweepSummary` (a Hydra callback, conf/config.yaml `hydra.callbacks`) prints one table of
 every point when the multirun ends and writes it to `<sweep dir>/sweep_summary.md` and
 `.json`; `jobs/run.py` then exits 1 when any point failed. A point stopped by preemption
-still exits 75 itself, so a requeue goes on working.
+still exits 75 itself, so a requeue goes on working. With two or more finished points the
+summary adds the paired tests of every point against the first (and build-seed replicates
+for a sweep over `llm.seed`; analysis/comparison_stats.py, files paired.csv/.json and
+seeds.json in the sweep dir), and with `tracking=mlflow` the callback logs the sweep, on the
+launching host, as one parent run with a child per point (analysis/tracking.py).
 """
 
 from __future__ import annotations
@@ -92,6 +96,14 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         global _last_failed
         _last_failed = None
+        from structmem_gpu.analysis import tracking
+        from structmem_gpu.errors import StructMemError
+
+        try:  # before any point runs: mlflow installed, store allowed
+            tracking.check(config)
+        except StructMemError as err:
+            print(f"error: {err}", flush=True)
+            raise SystemExit(2) from err
         points = Path(str(config.hydra.sweep.dir)) / POINTS_DIR
         if points.is_dir():  # an earlier multirun into the same sweep dir
             shutil.rmtree(points)
@@ -104,5 +116,34 @@ class SweepSummary(Callback):
         atomic_write_text(sweep_dir / "sweep_summary.md", text)
         atomic_write_text(sweep_dir / "sweep_summary.json", json.dumps(points, indent=2) + "\n")
         _last_failed = sum(p["status"] != "ok" for p in points)
+        stats = sweep_stats(sweep_dir, points)
+        if stats:
+            text += "\n" + stats
+            atomic_write_text(sweep_dir / "sweep_summary.md", text)
         print("\n" + text + f"\nsweep summary: {sweep_dir / 'sweep_summary.md'}", flush=True)
         log.info("sweep of %d points ended, %d not ok", len(points), _last_failed)
+        from structmem_gpu.analysis import tracking
+
+        target = tracking.safe(tracking.target, config)
+        if target is not None:  # on this (the launching) host, from the run directories
+            files = [sweep_dir / n for n in ("sweep_summary.md", "sweep_summary.json",
+                                             "paired.csv", "paired.json", "seeds.json")]
+            tracking.safe(tracking.log_sweep, target, sweep_dir, points, files)
+
+
+def sweep_stats(sweep_dir: Path, points: Sequence[Mapping[str, Any]]) -> str:
+    """Paired tests (and build-seed replicates) of the finished points, "" with fewer than two;
+    a problem reading them is one line in the summary, never a lost summary."""
+    from structmem_gpu.analysis.compare import compare_runs
+    from structmem_gpu.analysis.comparison_stats import write_stats
+    from structmem_gpu.errors import StructMemError
+
+    done = [Path(p["run_dir"]) for p in points
+            if p["status"] == "ok" and (Path(p["run_dir"]) / "report" / "report.json").is_file()]
+    if len(done) < 2:
+        return ""
+    try:
+        text, _ = write_stats(compare_runs(done), sweep_dir)
+    except StructMemError as err:
+        return f"paired tests not computed: {err}\n"
+    return text

@@ -275,11 +275,16 @@ def open_llm(
 
             cache = ResponseCache(Path(cache_dir))
             stack.callback(cache.close)
-            yield CachedBackend(inner, cache, guard)  # sends each distinct miss of a batch once
+            outer: Any = CachedBackend(inner, cache, guard)  # each distinct miss sent once
         else:
             from structmem_gpu.llm.dedup import DedupBackend
 
-            yield DedupBackend(inner, guard)  # identical requests of a batch still go out once
+            outer = DedupBackend(inner, guard)  # identical requests of a batch still go out once
+        if c["seed"] not in (None, 0):  # requests carry seed 0 unless llm.seed says otherwise
+            from structmem_gpu.llm.seeded import SeededBackend
+
+            outer = SeededBackend(outer, int(c["seed"]))
+        yield outer
 
 
 def config_guard(llm_cfg: Any) -> Any:

@@ -67,9 +67,15 @@ class SchemaFaker:
     {'n': 2}
     """
 
-    def __init__(self, source: str, root: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, source: str, root: Mapping[str, Any] | None = None, salt: int | None = None
+    ) -> None:
         self.source = source
         self.root = root or {}
+        self.salt = salt  # None: the unsalted choices; an int: other choices per value
+
+    def _hash(self, path: str) -> int:
+        return _h(self.source, path) if self.salt is None else _h(self.source, path, self.salt)
 
     def make(self, schema: Mapping[str, Any], path: str = "$") -> Any:
         if schema.get("$defs") or schema.get("definitions"):
@@ -80,7 +86,7 @@ class SchemaFaker:
             return schema["const"]
         if "enum" in schema:
             options = list(schema["enum"])
-            return options[_h(self.source, path) % len(options)]
+            return options[self._hash(path) % len(options)]
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 # The first non-null alternative keeps replies informative.
@@ -117,7 +123,7 @@ class SchemaFaker:
     def _string(self, schema: Mapping[str, Any], path: str) -> str:
         return _snippet(
             self.source,
-            _h(self.source, path),
+            self._hash(path),
             int(schema.get("minLength", 0)),
             schema.get("maxLength"),
         )
@@ -130,26 +136,33 @@ class SchemaFaker:
         if "exclusiveMaximum" in schema:
             hi = min(hi, int(schema["exclusiveMaximum"]) - 1)
         lo, hi = int(lo), int(hi)
-        return lo + _h(self.source, path) % max(1, hi - lo + 1)
+        return lo + self._hash(path) % max(1, hi - lo + 1)
 
     def _number(self, schema: Mapping[str, Any], path: str) -> float:
         lo = float(schema.get("minimum", 0.0))
         hi = float(schema.get("maximum", lo + 1.0))
-        return lo + (hi - lo) * ((_h(self.source, path) % 1000) / 1000.0)
+        return lo + (hi - lo) * ((self._hash(path) % 1000) / 1000.0)
 
     def _boolean(self, schema: Mapping[str, Any], path: str) -> bool:
-        return _h(self.source, path) % 2 == 0
+        return self._hash(path) % 2 == 0
 
     def _null(self, schema: Mapping[str, Any], path: str) -> None:
         return None
 
 
 def fake_reply(req: LLMRequest) -> str:
-    """The default scripted reply: schema-valid JSON, or a snippet of the user message."""
+    """The default scripted reply: schema-valid JSON, or a snippet of the user message.
+
+    A sampled request (temperature > 0) with a seed other than 0 gets another deterministic
+    reply per seed, as a sampling model would (build-seed replicates, `llm.seed`); seed 0 and
+    greedy requests get the replies every test was written against."""
     source = _user_text(req)
+    seed = req.sampling.seed
+    salt = seed if req.sampling.temperature > 0 and seed not in (None, 0) else None
     if req.schema is None:
-        return _snippet(source, 0, 1, 200)
-    return json.dumps(SchemaFaker(source, req.schema).make(req.schema), ensure_ascii=False)
+        return _snippet(source, 0 if salt is None else _h(source, salt), 1, 200)
+    faker = SchemaFaker(source, req.schema, salt=salt)
+    return json.dumps(faker.make(req.schema), ensure_ascii=False)
 
 
 class ScriptedLLM:

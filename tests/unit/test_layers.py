@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # base: errors, hashes, table schemas, the run directory, locks, signals, config checks,
     # which keys change a result (run directory names, changed-keys log, sweep point records)
     ("errors", "hashing", "schemas", "artifacts", "runlock", "preempt", "config_schema",
-     "result_keys", "run_key", "run_changes", "sweep", "settings"),
+     "result_keys", "run_key", "run_changes", "settings"),
     # backends and inputs: LLM clients, encoders, indexes, benchmark loaders, prompt texts
     ("llm", "embed", "index", "data", "prompts"),
     # the stage contract (opens the LLM and encoder backends a stage asks for)
@@ -34,8 +34,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("methods",),
     # notebook-side analysis of finished runs (imported by nothing in a stage)
     ("analysis",),
-    # drivers: run stages, merge shards, benchmarks, the models a job names, its preflight, the GPU plan
-    ("pipeline", "merge", "bench", "model_refs", "preflight", "gpu_plan"),
+    # drivers: run stages, merge shards, benchmarks, the models a job names, its preflight, the GPU
+    # plan, the sweep summary (paired tests and tracking of a multirun's points)
+    ("pipeline", "merge", "bench", "model_refs", "preflight", "gpu_plan", "sweep"),
 )
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
