@@ -11,8 +11,9 @@ dict is the job's return value, which submitit hands back for SLURM sweeps):
 every point when the multirun ends and writes it to `<sweep dir>/sweep_summary.md` and
 `.json`; `jobs/run.py` then exits 1 when any point failed. A point stopped by preemption
 still exits 75 itself, so a requeue goes on working. With two or more finished points the
-summary adds the paired tests of every point against the first (and build-seed replicates
-for a sweep over `llm.seed`; analysis/comparison_stats.py, files paired.csv/.json and
+summary adds the paired tests of every point against the reference point (the first structmem
+point in the comparison's order, else the first; `jobs/report.py compare --reference` picks
+another) and build-seed replicates for a sweep over `llm.seed`; analysis/comparison_stats.py, files paired.csv/.json and
 seeds.json in the sweep dir), and with `tracking=mlflow` the callback logs the sweep, on the
 launching host, as one parent run with a child per point (analysis/tracking.py).
 """

@@ -2,7 +2,7 @@
 
     python jobs/run.py tracking=mlflow                               # one job -> one MLflow run
     python jobs/run.py -m tracking=mlflow retrieve.entries_k=10,20,40  # sweep -> parent + 3 children
-    mlflow ui --backend-store-uri file:$PWD/outputs/mlruns           # look at them
+    MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri file:$PWD/outputs/mlruns
 
 Off by default (`tracking: none`); `tracking=mlflow` needs the optional extra
 (`pip install -e '.[tracking]'`). What a run logs, read from its run directory after it ended:
@@ -19,7 +19,9 @@ The store is set explicitly, never mlflow's default (a SQLite file since mlflow 
 shared filesystem's locks can corrupt): `tracking.uri` null = a local file store
 `file:<paths.output_dir>/mlruns`; a path = a file store there; a URI (http://HOST:5000,
 databricks, file:...) = that store. A `sqlite:` URI whose file lies on a network filesystem
-(NFS, Lustre, GPFS, CIFS, ...) is refused with one line.
+(NFS, Lustre, GPFS, CIFS, ...) is refused with one line. mlflow 3.x keeps the file store in
+maintenance mode and refuses it unless MLFLOW_ALLOW_FILE_STORE=true, which the tracker sets for
+a file: store (and `mlflow ui` on it needs too).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from structmem_gpu.errors import ConfigError, InputError, StructMemError
 log = logging.getLogger(__name__)
 
 EXTRA = "tracking"  # the pyproject extra that installs mlflow
+ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"  # mlflow's opt-in to its file store
 NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "ceph", "fuse.sshfs",
               "beegfs", "glusterfs", "fuse.glusterfs", "panfs", "afs")
 _PARAM_KEY = re.compile(r"[^0-9A-Za-z_\-. /]")  # what mlflow accepts in a key
@@ -223,6 +227,10 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str) -> None:
         require_mlflow()
+        if uri.startswith("file:"):
+            # mlflow >= 3.x keeps its file store in maintenance mode and refuses it without
+            # this opt-in; the file store is our default on purpose (module doc).
+            os.environ.setdefault(ALLOW_FILE_STORE, "true")
         from mlflow.tracking import MlflowClient  # heavy import, only here
 
         self.uri = uri
@@ -253,9 +261,13 @@ class Tracker:
         first = {"mlflow.parentRunId": parent} if parent else {}  # a child from its creation
         run = self.client.create_run(self.experiment_id, run_name=name, tags=first)
         rid = run.info.run_id
-        self._batch(rid, config_params(run_dir), run_metrics(run_dir), tags)
+        # A point that did not finish logs its tags only: what its directory holds (an earlier
+        # job's report, a config written before the failure) is not this point's result.
+        ok = status == "FINISHED"
+        self._batch(rid, config_params(run_dir) if ok else {}, run_metrics(run_dir) if ok else {},
+                    tags)
         report = Path(run_dir) / "report"
-        if artifacts and report.is_dir():
+        if ok and artifacts and report.is_dir():
             self.client.log_artifacts(rid, str(report), "report")
         self.client.set_terminated(rid, status)
         return rid

@@ -142,9 +142,11 @@ def test_a_three_seed_build_reports_mean_sd_and_names_the_seeds(
 
 
 def test_the_sweep_is_one_mlflow_parent_run_with_a_child_per_point(
-    sweep: tuple[Path, Path, str]
+    sweep: tuple[Path, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3.x's file-store opt-in
 
     sweep_dir, store, printed = sweep
     assert "tracking: MLflow sweep run" in printed
@@ -178,3 +180,27 @@ def test_the_sweep_is_one_mlflow_parent_run_with_a_child_per_point(
         assert "report/report.json" in artifacts and "report/report.md" in artifacts
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "sweep_summary.md", "paired.json", "seeds.json"}
+
+
+def test_a_single_job_with_tracking_logs_one_run(
+    sweep: tuple[Path, Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    cache = sweep[0].parent / "cache"  # the sweep's seed-0 replies: no new LLM work
+    store = tmp_path / "store"
+    cmd = [sys.executable, str(ROOT / "jobs" / "run.py"), *SMALL, "tracking=mlflow",
+           f"tracking.uri={store}", f"paths.output_dir={tmp_path / 'out'}",
+           f"paths.cache_dir={cache}", "report.plots=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    exp = client.get_experiment_by_name("structmem-sample")  # the default experiment name
+    [run] = client.search_runs([exp.experiment_id])
+    assert "mlflow.parentRunId" not in run.data.tags and run.info.status == "FINISHED"
+    report = json.loads((Path(run.data.tags["run_dir"]) / "report" / "report.json").read_text())
+    assert run.data.params["llm.seed"] == "0" and run.data.params["tracking.backend"] == "mlflow"
+    assert run.data.metrics["overall/judge_accuracy"] == pytest.approx(
+        report["overall"]["judge_accuracy"])
