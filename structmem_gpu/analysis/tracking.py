@@ -5,7 +5,7 @@
     MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri file:$PWD/outputs/mlruns
 
 Off by default (`tracking: none`); `tracking=mlflow` needs the optional extra
-(`pip install -e '.[tracking]'`). What a run logs, read from its run directory after it ended:
+(`pip install -e '.[tracking]'`: mlflow-skinny, the client; `pip install mlflow` for `mlflow ui`). What a run logs, read from its run directory after it ended:
 its typed configuration (.hydra/config.yaml, every leaf a dotted parameter), its scores
 (report.json: judge accuracy with its 95% CI overall and per category, unjudged, F1, BLEU-1,
 evidence recall; LongMemEval's task-averaged and abstention accuracy), build cost and timings
@@ -64,7 +64,10 @@ def target(cfg: Any) -> Target | None:
     """The job's tracking target, None when tracking is off (`tracking: none` or no node)."""
     from omegaconf import OmegaConf
 
-    st = TrackingSettings.from_cfg(cfg)
+    node = OmegaConf.select(cfg, "tracking", default=None)  # only this node: at a multirun's
+    if OmegaConf.is_config(node):                           # start hydra.runtime is unset
+        node = OmegaConf.to_container(node, resolve=True)
+    st = TrackingSettings.from_cfg({"tracking": node})
     if st.backend == "none":
         return None
     out = str(OmegaConf.select(cfg, "paths.output_dir", default="outputs"))
@@ -116,7 +119,7 @@ def require_mlflow() -> None:
     if importlib.util.find_spec("mlflow") is None:
         raise ConfigError(
             f"config tracking=mlflow: mlflow is not installed; pip install -e '.[{EXTRA}]' "
-            f"(or pip install 'mlflow>=3.7')")
+            f"(or pip install 'mlflow-skinny>=3.7')")
 
 
 def check(cfg: Any) -> Target | None:
