@@ -204,3 +204,19 @@ def test_a_single_job_with_tracking_logs_one_run(
     assert run.data.params["llm.seed"] == "0" and run.data.params["tracking.backend"] == "mlflow"
     assert run.data.metrics["overall/judge_accuracy"] == pytest.approx(
         report["overall"]["judge_accuracy"])
+
+
+def test_report_track_logs_a_finished_sweep_after_the_fact(
+    sweep: tuple[Path, Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from jobs.report import main as report_main
+
+    store = tmp_path / "later"
+    assert report_main(["track", str(sweep[0]), "--uri", str(store)]) == 0
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("structmem-sample").experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(runs) == 4 and sorted(r.data.params["llm.seed"] for r in children) == ["0", "1", "2"]
