@@ -64,6 +64,7 @@ def target(cfg: Any) -> Target | None:
     """The job's tracking target, None when tracking is off (`tracking: none` or no node)."""
     from omegaconf import OmegaConf
 
+    cfg = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)  # a plain dict too
     node = OmegaConf.select(cfg, "tracking", default=None)  # only this node: at a multirun's
     if OmegaConf.is_config(node):                           # start hydra.runtime is unset
         node = OmegaConf.to_container(node, resolve=True)

@@ -20,7 +20,7 @@ from tests.fixtures.pipeline import CONF_DIR, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("benchmark", "method", "llm", "embedder", "index", "judge", "audit", "debug",
-          "experiment", "paths")
+          "experiment", "paths", "tracking")
 
 
 def _job_stages(cfg: dict) -> list:

@@ -220,3 +220,20 @@ def test_report_track_logs_a_finished_sweep_after_the_fact(
     runs = client.search_runs([client.get_experiment_by_name("structmem-sample").experiment_id])
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 4 and sorted(r.data.params["llm.seed"] for r in children) == ["0", "1", "2"]
+
+
+def test_tracking_config_errors_are_one_line_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    import structmem_gpu.analysis.tracking as tracking
+
+    with pytest.raises(ConfigError, match=r"tracking.backend='wandb'"):
+        TrackingSettings.from_cfg({"tracking": {"backend": "wandb"}})
+    assert tracking.check({"tracking": {"backend": "none"}}) is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[tracking\]'"):
+        tracking.check({"tracking": {"backend": "mlflow"}, "paths": {"output_dir": "o"}})
