@@ -221,3 +221,17 @@ def test_runs_without_tables_are_named_not_paired(tmp_path: Path) -> None:
     (b / "tables" / "judgments.parquet").unlink()
     rows, refused = paired_comparison(a, [a, b])
     assert rows == [] and len(refused) == 1 and "judgments.parquet" in refused[0]
+
+
+def test_reference_option_takes_a_run_directory(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    write_run(sweep, "seed_k=0", {"j": REF}, overrides=["consolidate.seed_k=0"])
+    b = write_run(sweep, "seed_k=5", {"j": RUN}, overrides=["consolidate.seed_k=5"])
+    out = tmp_path / "cmp"
+    assert report_main(["compare", str(out), str(sweep), "--reference", str(b)]) == 0
+    rows = json.loads((out / "paired.json").read_text())["rows"]
+    assert {r["reference"] for r in rows} == {str(b)}
+    overall = next(r for r in rows if r["group"] == "overall")
+    assert overall["diff"] == pytest.approx(-1 / 9)  # the same pairs, seen from the other side
+    assert (overall["b_ref_only"], overall["c_run_only"]) == (3, 2)
+    assert "Reference: seed_k=5" in (out / "comparison.md").read_text()
