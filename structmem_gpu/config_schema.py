@@ -230,7 +230,7 @@ class TrackingSettings(Settings):
     # filesystem's locks can corrupt; a sqlite: URI on a network filesystem is refused.
     uri: str | None = knob(STR_OR_NULL, None)
     experiment: str | None = knob(STR_OR_NULL, None)  # null = structmem-<benchmark>
-    artifacts: bool = knob(BOOL, True)  # upload report/ (md, json, figures): bytes vs a browsable UI
+    artifacts: bool = knob(BOOL, True)  # upload report/ (md, json, figures): bytes vs browsing
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,9 +13,10 @@ every point when the multirun ends and writes it to `<sweep dir>/sweep_summary.m
 still exits 75 itself, so a requeue goes on working. With two or more finished points the
 summary adds the paired tests of every point against the reference point (the first structmem
 point in the comparison's order, else the first; `jobs/report.py compare --reference` picks
-another) and build-seed replicates for a sweep over `llm.seed`; analysis/comparison_stats.py, files paired.csv/.json and
-seeds.json in the sweep dir), and with `tracking=mlflow` the callback logs the sweep, on the
-launching host, as one parent run with a child per point (analysis/tracking.py).
+another) and build-seed replicates for a sweep over `llm.seed` (analysis/comparison_stats.py;
+files paired.csv/.json and seeds.json in the sweep dir), and with `tracking=mlflow` the
+callback logs the sweep, on the launching host, as one parent run with a child per point
+(analysis/tracking.py).
 """
 
 from __future__ import annotations

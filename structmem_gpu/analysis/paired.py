@@ -266,7 +266,8 @@ def paired_markdown(
                 d = r.get(f"{prefix}diff")
                 if d is None:
                     return "–"
-                return f"{_pp(d)} [{_pp(r.get(f'{prefix}ci_low'))}, {_pp(r.get(f'{prefix}ci_high'))}]"
+                lo, hi = r.get(f"{prefix}ci_low"), r.get(f"{prefix}ci_high")
+                return f"{_pp(d)} [{_pp(lo)}, {_pp(hi)}]"
 
             judge = str(r["judge"]) + (" (models differ)" if r.get("judge_models_differ") else "")
             acc_ref = "–" if r["acc_ref"] is None else f"{100 * r['acc_ref']:.1f}"

@@ -125,7 +125,7 @@ def seeds_markdown(groups: Sequence[Mapping[str, Any]]) -> str:
         need = g.get("seeds_needed") or {}
         cells = [config, ", ".join(str(s) for s in g["seeds"]),
                  _pm(g["acc_overall_mean"], g["acc_overall_sd"]),
-                 *(_pm(g["by_category"].get(c, {}).get("mean"), g["by_category"].get(c, {}).get("sd"))
+                 *(_pm(*(g["by_category"].get(c, {}).get(k) for k in ("mean", "sd")))
                    for c in cats),
                  builds, *(str(need.get(f"{d:g}", "–")) for d in DIFFS_PP)]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")

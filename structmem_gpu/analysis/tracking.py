@@ -1,11 +1,12 @@
 """Log finished runs to an experiment tracker (MLflow), from their run directories only.
 
-    python jobs/run.py tracking=mlflow                               # one job -> one MLflow run
-    python jobs/run.py -m tracking=mlflow retrieve.entries_k=10,20,40  # sweep -> parent + 3 children
+    python jobs/run.py tracking=mlflow                        # one job -> one MLflow run
+    python jobs/run.py -m tracking=mlflow retrieve.entries_k=10,20,40   # parent + 3 children
     MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri file:$PWD/outputs/mlruns
 
 Off by default (`tracking: none`); `tracking=mlflow` needs the optional extra
-(`pip install -e '.[tracking]'`: mlflow-skinny, the client; `pip install mlflow` for `mlflow ui`). What a run logs, read from its run directory after it ended:
+(`pip install -e '.[tracking]'`: mlflow-skinny, the client; `pip install mlflow` adds
+`mlflow ui`). What a run logs, read from its run directory after it ended:
 its typed configuration (.hydra/config.yaml, every leaf a dotted parameter), its scores
 (report.json: judge accuracy with its 95% CI overall and per category, unjudged, F1, BLEU-1,
 evidence recall; LongMemEval's task-averaged and abstention accuracy), build cost and timings
@@ -89,7 +90,8 @@ def _mount_type(path: Path) -> str | None:
         if len(parts) < 3:
             continue
         mount = parts[1].replace("\\040", " ")
-        if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > len(best):
             best, kind = mount, parts[2]
     return kind
 

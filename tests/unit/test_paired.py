@@ -141,8 +141,9 @@ def _hand(ref: list[bool | None], run: list[bool | None], idx: list[int]) -> dic
     pairs = [(ref[i], run[i]) for i in idx if ref[i] is not None and run[i] is not None]
     b = sum(1 for a, r in pairs if a and not r)
     c = sum(1 for a, r in pairs if r and not a)
-    return {"n": len(pairs), "diff": (sum(r for _, r in pairs) - sum(a for a, _ in pairs)) / len(pairs),
-            "b": b, "c": c, "p": binomtest(c, b + c, 0.5).pvalue if b + c else 1.0}
+    diff = (sum(r for _, r in pairs) - sum(a for a, _ in pairs)) / len(pairs)
+    p = binomtest(c, b + c, 0.5).pvalue if b + c else 1.0
+    return {"n": len(pairs), "diff": diff, "b": b, "c": c, "p": p}
 
 
 def test_compare_prints_paired_difference_ci_and_mcnemar_per_category(
