@@ -136,14 +136,14 @@ class SweepSummary(Callback):
 def sweep_stats(sweep_dir: Path, points: Sequence[Mapping[str, Any]]) -> str:
     """Paired tests (and build-seed replicates) of the finished points, "" with fewer than two;
     a problem reading them is one line in the summary, never a lost summary."""
-    from structmem_gpu.analysis.compare import compare_runs
-    from structmem_gpu.analysis.comparison_stats import write_stats
-    from structmem_gpu.errors import StructMemError
-
     done = [Path(p["run_dir"]) for p in points
             if p["status"] == "ok" and (Path(p["run_dir"]) / "report" / "report.json").is_file()]
     if len(done) < 2:
         return ""
+    from structmem_gpu.analysis.compare import compare_runs
+    from structmem_gpu.analysis.comparison_stats import write_stats
+    from structmem_gpu.errors import StructMemError
+
     try:
         text, _ = write_stats(compare_runs(done), sweep_dir)
     except StructMemError as err:

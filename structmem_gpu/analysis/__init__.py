@@ -4,7 +4,9 @@
 
 Modules: run (Run, answers table), provenance (per-question / per-conversation views),
 inspect (sweeps; re-exports the two), compare (one row per run), sweep_plots (figures of a
-sweep). One run's figures, the curves behind them and judge agreement are the report's, in
+sweep), paired (paired tests of two runs on the same questions), seeds (build-seed replicates),
+comparison_stats (both as sections of a comparison or sweep summary), tracking (finished runs
+and sweeps logged to MLflow). One run's figures, the curves behind them and judge agreement are the report's, in
 structmem_gpu.eval (plots, curves, agreement).
 
 Rule: nothing in a pipeline stage imports this package, and it imports no method
