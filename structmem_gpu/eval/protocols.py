@@ -106,11 +106,11 @@ def protocols_for(
                 out.append(Protocol(pid, "judge", _USED_BY[text], text, inp, c5))
     if not longmemeval:
         out += [
-            Protocol("f1_locomo", "lexical", "LoCoMo task_eval/evaluation.py (SEEM)",
+            Protocol("f1_locomo", "lexical", "LoCoMo task_eval/evaluation.py",
                      metric="f1_locomo"),
             Protocol("f1_mem0", "lexical", "mem0 / A-Mem evaluation/metrics/utils.py",
                      metric="f1_mem0"),
-            Protocol("bleu1", "lexical", "mem0 / A-Mem evaluation/metrics/utils.py (SEEM)",
+            Protocol("bleu1", "lexical", "mem0 / A-Mem evaluation/metrics/utils.py",
                      metric="bleu1"),
         ]
     return out

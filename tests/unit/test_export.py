@@ -61,8 +61,8 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: Any, judge: An
     monkeypatch.setattr("structmem_gpu.llm.factory.open_llm", fake_open)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            "debug=scripted", "method=full_context", f"paths.cache_dir={tmp_path / 'c'}",
-            *overrides])
+            "debug=scripted", "method=full_context", "report.plots=false",
+            f"paths.cache_dir={tmp_path / 'c'}", *overrides])
     run_dir = tmp_path / "run"
     run_stages(cfg, run_dir, stage_registry(cfg))
     return run_dir, cfg
@@ -75,8 +75,8 @@ _PREDS = ["Biscuit, a beagle.", "On 16 March 2024", "She finished in 1 hour 56 m
 
 
 def _locomo_answer(req: LLMRequest) -> str:
-    question = req.messages[-1].content.rsplit("Question: ", 1)[-1]
-    return _PREDS[sum(map(ord, question)) % len(_PREDS)]
+    text = req.messages[-1].content  # differs per question: its question
+    return _PREDS[sum(map(ord, text)) % len(_PREDS)]
 
 
 def _locomo_judge(req: LLMRequest) -> str:

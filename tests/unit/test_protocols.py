@@ -75,7 +75,8 @@ def _judge(req: LLMRequest) -> str:
 def _build(tmp_path: Path, calls: dict[str, Any], overrides: list[str]) -> tuple[Path, list[str]]:
     calls["table"].update(answer=_answer, judge=_judge)
     run_dir = tmp_path / "run"
-    ov = ["debug=scripted", "method=full_context", f"paths.cache_dir={tmp_path / 'c'}", *overrides]
+    ov = ["debug=scripted", "method=full_context", "report.plots=false",
+          f"paths.cache_dir={tmp_path / 'c'}", *overrides]
     cfg = _compose(ov)
     run_stages(cfg, run_dir, stage_registry(cfg))
     # give the replies a reasoning part before the answer line, as the paper reader's have
@@ -183,7 +184,7 @@ def test_longmemeval_rows(tmp_path: Path, calls: dict[str, Any],
                           judge=lambda req: "yes" if "Northwind" in req.messages[-1].content
                           else "no")
     run_dir = tmp_path / "run"
-    ov = ["debug=scripted", "method=full_context", "benchmark=longmemeval",
+    ov = ["debug=scripted", "method=full_context", "report.plots=false", "benchmark=longmemeval",
           f"benchmark.path={longmemeval_example_path}", f"paths.cache_dir={tmp_path / 'c'}"]
     cfg = _compose(ov)
     run_stages(cfg, run_dir, stage_registry(cfg))
