@@ -175,7 +175,7 @@ def score_protocols(cfg: DictConfig, run_dir: Path, judge: str | None = None
     names = [n for n, _ in members]
     if judge is not None and judge not in names:
         raise StructMemError(f"protocols: --judge {judge!r} is not a judge of the run ({names})")
-    name, llm_cfg = next((m for m in members if m[0] == (judge or names[0])))
+    name, llm_cfg = next(m for m in members if m[0] == (judge or names[0]))
     s = J.JudgeSettings.from_cfg(cfg)
     samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
 
@@ -269,10 +269,10 @@ def markdown(summary: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     lines = [
         f"# One run under every published protocol ({context['benchmark']})",
         "",
-        f"Run `{context['run']}`; judge `{context['judge_name']}` "
-        f"({context.get('judge_model')}). The same predictions scored under each protocol; "
-        f"95% CI: percentile bootstrap over questions ({summary['bootstrap_resamples']} "
-        f"resamples, seed {summary['bootstrap_seed']}). Unjudged replies count as wrong.",
+        (f"Run `{context['run']}`; judge `{context['judge_name']}` "
+         f"({context.get('judge_model')}). The same predictions scored under each protocol; "
+         f"95% CI: percentile bootstrap over questions ({summary['bootstrap_resamples']} "
+         f"resamples, seed {summary['bootstrap_seed']}). Unjudged replies count as wrong."),
         "",
         "| protocol | used by | n | score (%) | 95% CI | unjudged | sent |",
         "|---|---|---:|---:|---|---:|---:|",
@@ -296,18 +296,19 @@ def markdown(summary: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     lines += ["", "Spread (max - min over the same predictions):", ""]
     for kind, sp in summary["spread"].items():
         lines.append(f"- {kind}: {_pct(sp['spread'])} points (`{sp['min']}` .. `{sp['max']}`)")
-    lines += ["", "## Notes", "",
-              "- `judge:TEXT/INPUT[/cat5-RULE]`: TEXT = the judge wording (mem0 / lightmem / "
-              "longmemeval: the official text read from prompts.sources.*, each with its own "
-              "label parse; ours = our paraphrase), INPUT = what the judge reads (reply = the "
-              "reader's whole reply, answer = the extracted answer).",
-              f"- Category 5: {context['category_5']}."
-              + (f" Under `cat5-judge` the judge compares with \"{context['cat5_judge_gold']}\"; "
+    cat5 = f"- Category 5: {context['category_5']}."
+    if context.get("cat5_judge_gold"):
+        cat5 += (f" Under `cat5-judge` the judge compares with \"{context['cat5_judge_gold']}\"; "
                  "under `cat5-rule` LoCoMo's rule (the answer says \"not mentioned\" / \"no "
-                 "information available\") decides, no call." if context.get("cat5_judge_gold")
-                 else ""),
-              "- Lexical rows score the extracted answer over the run's categories (category 5 "
-              "by LoCoMo's rule); mem0's and LightMem's scripts skip category 5.",
+                 "information available\") decides, no call.")
+    lines += ["", "## Notes", "",
+              ("- `judge:TEXT/INPUT[/cat5-RULE]`: TEXT = the judge wording (mem0 / lightmem / "
+               "longmemeval: the official text read from prompts.sources.*, each with its own "
+               "label parse; ours = our paraphrase), INPUT = what the judge reads (reply = the "
+               "reader's whole reply, answer = the extracted answer)."),
+              cat5,
+              ("- Lexical rows score the extracted answer over the run's categories (category 5 "
+               "by LoCoMo's rule); mem0's and LightMem's scripts skip category 5."),
               f"- Requests: {summary['requests_sent']} sent, the rest from the response cache.",
               "", "### Category numbering", ""]
     lines += [f"- {who}: {how}" for who, how in summary["category_numbering"].items()]
@@ -324,7 +325,8 @@ def write_protocols(cfg: DictConfig, run_dir: Path, out: Path | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "protocols.json", json.dumps(summary, indent=2, default=str))
     atomic_write_text(out_dir / "protocols.md", markdown(summary, context))
-    summary["paths"] = {"md": str(out_dir / "protocols.md"), "json": str(out_dir / "protocols.json")}
+    summary["paths"] = {"md": str(out_dir / "protocols.md"),
+                        "json": str(out_dir / "protocols.json")}
     return summary
 
 

@@ -34,7 +34,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from structmem_gpu.artifacts import RunDir
-from structmem_gpu.eval.judge import JudgeItem, build_request, judge_items, official_judges
+from structmem_gpu.eval.judge import build_request, judge_items, official_judges
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, Sampling
 from structmem_gpu.methods.registry import stage_registry
@@ -101,7 +101,8 @@ def _take(module_text: str, names: set[str], namespace: dict[str, Any]) -> dict[
     tree = ast.parse(module_text)
     keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert {n.name for n in keep} == names, f"official module lacks {names}"
-    exec(compile(ast.Module(body=keep, type_ignores=[]), "<official>", "exec"), namespace)  # noqa: S102
+    code = compile(ast.Module(body=keep, type_ignores=[]), "<official>", "exec")
+    exec(code, namespace)  # noqa: S102 (the official code, run in the test only)
     return namespace
 
 
@@ -281,7 +282,7 @@ def test_longmemeval_export_scored_by_evaluate_qa(
            "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, str(tmp_path / "evaluate_qa.py"), "gpt-4o", str(hyp),
                            str(longmemeval_example_path)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path)
+                          env=env, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((run_dir / "report" / "report.json").read_text())["longmemeval"]
     accuracy = next(line for line in done.stdout.splitlines() if line.startswith("Accuracy:"))
@@ -292,7 +293,7 @@ def test_longmemeval_export_scored_by_evaluate_qa(
     assert got == {q: bool(v) for q, v in labels.items()}
     done = subprocess.run([sys.executable, str(tmp_path / "print_qa_metrics.py"), str(results),
                            str(longmemeval_example_path)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path)
+                          env=env, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     overall = next(x for x in done.stdout.splitlines() if x.startswith("Overall Accuracy:"))
     assert float(overall.split()[-1]) == pytest.approx(report["overall_accuracy"], abs=1e-4)
