@@ -146,6 +146,9 @@ class Scored:
     unjudged: int = 0
     requests: int = 0
     sent: int = 0  # replies not served from the response cache
+    # of those, replies that did not parse: the cache keeps only parsed replies, so these
+    # are asked again on the next call (the project's rule for unparseable model output)
+    sent_unparsed: int = 0
 
 
 def _cat5_for_judge(item: J.JudgeItem) -> J.JudgeItem:
@@ -204,11 +207,14 @@ def score_protocols(cfg: DictConfig, run_dir: Path, judge: str | None = None
             frames = ctx.request_frames[before:]
             reqs = pl.concat(frames) if frames else None
             labels = [v[2] for v in verdicts]
+            fresh = None if reqs is None else reqs.filter(~pl.col("cache_hit").fill_null(False))
             out.append(Scored(
                 p, [1.0 if lab else 0.0 for lab in labels],
                 unjudged=sum(lab is None for lab in labels),
                 requests=0 if reqs is None else reqs.height,
-                sent=0 if reqs is None else int((~reqs["cache_hit"].fill_null(False)).sum()),
+                sent=0 if fresh is None else fresh.height,
+                sent_unparsed=0 if fresh is None
+                else int((~fresh["parse_ok"].fill_null(False)).sum()),
             ))
     context = {
         "run": str(run_dir),
@@ -245,6 +251,7 @@ def summarise(questions: pl.DataFrame, scored: Sequence[Scored], st: ReportSetti
             "unjudged": sc.unjudged if sc.protocol.kind == "judge" else None,
             "requests": sc.requests,
             "sent": sc.sent,
+            "sent_unparsed": sc.sent_unparsed,
             "by_category": by_cat,
         })
     spread: dict[str, Any] = {}
@@ -256,6 +263,7 @@ def summarise(questions: pl.DataFrame, scored: Sequence[Scored], st: ReportSetti
             spread[kind] = {"spread": hi["score"] - lo["score"], "min": lo["id"], "max": hi["id"]}
     return {"protocols": rows, "spread": spread,
             "requests_sent": sum(r["sent"] for r in rows),
+            "requests_sent_unparsed": sum(r["sent_unparsed"] for r in rows),
             "bootstrap_resamples": st.bootstrap_resamples, "bootstrap_seed": st.bootstrap_seed,
             "category_numbering": CATEGORY_NUMBERING}
 
@@ -309,7 +317,9 @@ def markdown(summary: Mapping[str, Any], context: Mapping[str, Any]) -> str:
               cat5,
               ("- Lexical rows score the extracted answer over the run's categories (category 5 "
                "by LoCoMo's rule); mem0's and LightMem's scripts skip category 5."),
-              f"- Requests: {summary['requests_sent']} sent, the rest from the response cache.",
+              (f"- Requests: {summary['requests_sent']} sent (of which "
+               f"{summary['requests_sent_unparsed']} replies did not parse, and are asked again "
+               "next time), the rest from the response cache."),
               "", "### Category numbering", ""]
     lines += [f"- {who}: {how}" for who, how in summary["category_numbering"].items()]
     return "\n".join(lines) + "\n"

@@ -49,5 +49,10 @@ def test_protocols_on_the_sample_run_second_call_sends_nothing(
 
     assert main(argv) == 0
     second = json.loads((tmp_path / "protocols.json").read_text())
-    assert second["requests_sent"] == 0, [(r["id"], r["sent"]) for r in second["protocols"]]
+    print(f"protocols: second call sent {second['requests_sent']} "
+          f"({second['requests_sent_unparsed']} unparseable replies re-asked)")
+    # nothing that parsed is sent again; the cache keeps no unparseable reply (SmolLM2 under
+    # llama.cpp's JSON grammar produces none at 40 tokens: then this is 0 == 0)
+    assert second["requests_sent"] == second["requests_sent_unparsed"]
+    assert second["requests_sent"] <= first["requests_sent_unparsed"]
     assert [r["score"] for r in second["protocols"]] == [r["score"] for r in rows]

@@ -147,6 +147,7 @@ def test_locomo_protocol_rows_scores_and_no_request_on_second_call(
     second = json.loads((out / "protocols.json").read_text())
     assert calls["n"] == produced  # not one reply produced: everything came from the cache
     assert second["requests_sent"] == 0 and all(r["sent"] == 0 for r in second["protocols"])
+    assert first["requests_sent_unparsed"] == 0
     assert [r["score"] for r in second["protocols"]] == [r["score"] for r in first["protocols"]]
     assert "judge:ours/answer/cat5-judge" in capsys.readouterr().out
 
@@ -177,6 +178,29 @@ def test_official_judge_texts_add_rows_sharing_one_cache_entry(
     assert rows["judge:mem0/reply"]["score"] == rows["judge:lightmem/reply"]["score"]
     recs = summary["context"]["official_texts"]
     assert recs["mem0"]["locomo/judge_locomo"]["commit"].startswith("b3ede5b")
+
+
+def test_an_unparseable_reply_is_the_only_thing_asked_again(
+    tmp_path: Path, calls: dict[str, Any]
+) -> None:
+    run_dir, ov = _build(tmp_path, calls, [])
+
+    def judge(req: LLMRequest) -> str:  # one question's judge reply never parses
+        user = next(m.content for m in req.messages if m.role == "user")
+        return "CORRECT, I think" if "Priya's stall" in user else _judge(req)
+
+    calls["table"]["judge"] = judge
+    out = tmp_path / "p"
+    assert _report(["protocols", str(run_dir), "--out", str(out), "--override", *ov]) == 0
+    first = json.loads((out / "protocols.json").read_text())
+    # that question under input reply (under input answer, the run's own judge stage had
+    # cached a parsed reply before the responder changed)
+    assert first["requests_sent_unparsed"] == 1
+    assert _report(["protocols", str(run_dir), "--out", str(out), "--override", *ov]) == 0
+    second = json.loads((out / "protocols.json").read_text())
+    assert second["requests_sent"] == second["requests_sent_unparsed"] == 1
+    rows = {r["id"]: r for r in second["protocols"]}
+    assert rows["judge:ours/reply"]["unjudged"] == 1 and rows["judge:ours/reply"]["sent"] == 1
 
 
 def test_longmemeval_rows(tmp_path: Path, calls: dict[str, Any],
