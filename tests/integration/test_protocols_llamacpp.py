@@ -4,8 +4,9 @@ and our paraphrase, on the reply and on the extracted answer, plus the three lex
 
 Uncached LLM budget: mem0's and LightMem's judge texts are character-identical, so they share
 their replies; our paraphrase on the reply is the run's own judge stage (cached); a reply equal
-to its prediction (SmolLM2's cut replies usually are) shares the answer-input request. At most
-3 x 18 = 54 requests, about 20-40 in practice; the second call sends none.
+to its prediction shares the answer-input request. At most 3 x 18 = 54 requests (asserted);
+the second call sends none (a reply that did not parse is never cached and would be asked
+again: counted apart, and none is expected under llama.cpp's JSON grammar).
 """
 
 from __future__ import annotations
