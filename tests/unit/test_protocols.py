@@ -203,16 +203,40 @@ def test_an_unparseable_reply_is_the_only_thing_asked_again(
     assert rows["judge:ours/reply"]["unjudged"] == 1 and rows["judge:ours/reply"]["sent"] == 1
 
 
-def test_longmemeval_rows(tmp_path: Path, calls: dict[str, Any],
-                         longmemeval_example_path: Path) -> None:
+def _lme_run(tmp_path: Path, calls: dict[str, Any], example: Path) -> tuple[Path, list[str]]:
     calls["table"].update(answer=lambda req: "Northwind",
                           judge=lambda req: "yes" if "Northwind" in req.messages[-1].content
                           else "no")
     run_dir = tmp_path / "run"
     ov = ["debug=scripted", "method=full_context", "report.plots=false", "benchmark=longmemeval",
-          f"benchmark.path={longmemeval_example_path}", f"paths.cache_dir={tmp_path / 'c'}"]
+          f"benchmark.path={example}", f"paths.cache_dir={tmp_path / 'c'}"]
     cfg = _compose(ov)
     run_stages(cfg, run_dir, stage_registry(cfg))
+    return run_dir, ov
+
+
+def test_longmemeval_official_per_type_judge_rows(
+    tmp_path: Path, calls: dict[str, Any], longmemeval_example_path: Path
+) -> None:
+    lme = official_repos.spec("longmemeval")
+    run_dir, ov = _lme_run(tmp_path, calls, longmemeval_example_path)
+    out = tmp_path / "p"
+    ov = [*ov, f"prompts.sources.longmemeval={lme}"]
+    assert _report(["protocols", str(run_dir), "--out", str(out), "--override", *ov]) == 0
+    summary = json.loads((out / "protocols.json").read_text())
+    rows = {r["id"]: r for r in summary["protocols"]}
+    assert set(rows) == {f"judge:{t}/{i}" for t in ("longmemeval", "ours")
+                         for i in ("reply", "answer")}
+    # evaluate_qa.py's templates are new prompts: sent once, then cached
+    assert rows["judge:longmemeval/reply"]["sent"] == rows["judge:longmemeval/reply"]["n"] == 2
+    assert rows["judge:longmemeval/reply"]["score"] == 1.0  # every reply is "Northwind"
+    assert set(summary["context"]["official_texts"]["longmemeval"]) >= {
+        "longmemeval/knowledge-update", "longmemeval/abstention"}
+
+
+def test_longmemeval_rows(tmp_path: Path, calls: dict[str, Any],
+                         longmemeval_example_path: Path) -> None:
+    run_dir, ov = _lme_run(tmp_path, calls, longmemeval_example_path)
     out = tmp_path / "p"
     assert _report(["protocols", str(run_dir), "--out", str(out), "--override", *ov]) == 0
     rows = {r["id"]: r for r in json.loads((out / "protocols.json").read_text())["protocols"]}
