@@ -12,6 +12,10 @@
     python jobs/report.py track outputs/multirun/sample/2026-05-01_12-00-00 --uri file:/abs/mlruns
     # Cohen's kappa per judge pair + Fleiss' kappa (judge=panel_example runs)
     python jobs/report.py agreement outputs/runs/locomo/structmem
+    # one run's answers scored under every published protocol -> report/protocols.md/.json
+    python jobs/report.py protocols outputs/runs/locomo/structmem
+    # predictions in the files an official scorer reads (LongMemEval, mem0, LightMem)
+    python jobs/report.py export outputs/runs/locomo/structmem --format mem0
 
 A folder that is not itself a run directory (a multirun sweep dir) stands for the run
 directories below it. Expected errors (a missing shard, shards of different configs) print
@@ -115,6 +119,24 @@ def cmd_track(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_protocols(args: argparse.Namespace) -> int:
+    from structmem_gpu.eval.protocols import run_config, write_protocols
+
+    cfg = run_config(args.run_dir, args.override, _compose)
+    summary = write_protocols(cfg, args.run_dir, args.out, args.judge)
+    print(Path(summary["paths"]["md"]).read_text(encoding="utf-8"))
+    print(f"written: {summary['paths']['md']}, {summary['paths']['json']}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from structmem_gpu.eval.export import export_run
+
+    for path in export_run(args.run_dir, args.format, args.out):
+        print(f"written: {path}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -152,6 +174,19 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--uri", default=None, help="tracking store (default file:outputs/mlruns)")
     t.add_argument("--experiment", default=None, help="default structmem-<benchmark>")
     t.set_defaults(fn=cmd_track)
+    p = sub.add_parser("protocols", help="score a run under every published protocol")
+    p.add_argument("run_dir", type=Path, help="finished run directory (answers.parquet)")
+    p.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report")
+    p.add_argument("--judge", default=None, help="judge name of the run (default: the first)")
+    p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="on top of RUN_DIR/.hydra/config.yaml (or the run's overrides when it "
+                        "has none), e.g. prompts.sources.mem0=PATH@b3ede5b")
+    p.set_defaults(fn=cmd_protocols)
+    e = sub.add_parser("export", help="predictions in the format an official scorer reads")
+    e.add_argument("run_dir", type=Path, help="finished run directory (answers, judgments)")
+    e.add_argument("--format", required=True, choices=("longmemeval", "mem0", "lightmem"))
+    e.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report/export/FORMAT")
+    e.set_defaults(fn=cmd_export)
     return ap
 
 

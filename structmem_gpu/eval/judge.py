@@ -328,9 +328,10 @@ def _labels_for(item: JudgeItem) -> tuple[str, str]:
 Verdict = tuple[str, str, bool | None, str | None]  # judge_model, prompt_version, label, reply_raw
 
 
-def rule_verdict(item: JudgeItem) -> Verdict | None:
-    """The verdict of an item that needs no LLM call, else None."""
-    if item.category == LOCOMO_ADVERSARIAL:
+def rule_verdict(item: JudgeItem, llm_cat5: bool = False) -> Verdict | None:
+    """The verdict of an item that needs no LLM call, else None. `llm_cat5`: LoCoMo category 5
+    goes to the LLM judge too (eval/protocols.py scores that protocol beside the rule)."""
+    if item.category == LOCOMO_ADVERSARIAL and not llm_cat5:
         return RULE_CAT5, RULE_CAT5_VERSION, says_not_mentioned(item.prediction), None
     if not item.prediction.strip():
         # The answer request failed or returned nothing: the method gave no answer -> WRONG.
@@ -346,9 +347,10 @@ def judge_with(
     samp: Sampling,
     protocol: str = "paper",
     texts: OfficialJudges | None = None,
+    llm_cat5: bool = False,
 ) -> list[Verdict]:
     """One verdict per item, in item order; the LLM part goes out as one batch."""
-    verdicts: list[Verdict | None] = [rule_verdict(it) for it in items]
+    verdicts: list[Verdict | None] = [rule_verdict(it, llm_cat5) for it in items]
     ask = [i for i, v in enumerate(verdicts) if v is None]
     requests = [build_request(items[i], name, samp, protocol, texts) for i in ask]
     results = ctx.generate(requests, backend=backend, desc=f"judge:{name}")

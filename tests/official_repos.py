@@ -1,0 +1,42 @@
+"""The official reference repositories for tests that score with official code or texts.
+
+STRUCTMEM_OFFICIAL_DIR names a folder of bare repositories (`.ci/run`: ../shared/official):
+lightmem.git, mem0.git, longmemeval.git, read at the commits below. Unset: the test is skipped
+with that reason; set but missing a repository or commit: the test fails (CI never skips).
+Files are read with `git show COMMIT:PATH` at test time; nothing of them is stored here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ENV = "STRUCTMEM_OFFICIAL_DIR"
+COMMITS = {"lightmem": "8fc9a91", "mem0": "b3ede5b", "longmemeval": "9e0b455"}
+
+
+def repo(name: str) -> Path:
+    value = os.environ.get(ENV)
+    if not value:
+        pytest.skip(f"{ENV} not set: no official {name} repository to score with")
+    path = Path(value) / f"{name}.git"
+    assert path.is_dir(), f"{ENV}={value}: {path} does not exist"
+    return path
+
+
+def spec(name: str) -> str:
+    """`PATH@COMMIT`, the form prompts.sources.* take."""
+    return f"{repo(name)}@{COMMITS[name]}"
+
+
+def show(name: str, file: str) -> str:
+    """The text of `file` at the pinned commit."""
+    out = subprocess.run(
+        ["git", "-c", "safe.directory=*", "--git-dir", str(repo(name)), "show",
+         f"{COMMITS[name]}:{file}"],
+        capture_output=True, text=True, check=True,
+    )
+    return out.stdout
