@@ -60,15 +60,21 @@ from structmem_gpu.data.common import (
     gold_text,
     parse_time,
     questions_frame,
-    read_json_list,
     require,
     require_str,
     session_turns,
-    turns_frame,
 )
+from structmem_gpu.data.jsonstream import iter_json_list
 from structmem_gpu.errors import InputError
+from structmem_gpu.turns_store import CompactTurns, SessionStore
 
-__all__ = ["DATE_FORMAT", "REPEAT_MARK", "load_longmemeval", "repeated_sessions"]
+__all__ = [
+    "DATE_FORMAT",
+    "REPEAT_MARK",
+    "load_longmemeval",
+    "load_longmemeval_compact",
+    "repeated_sessions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,46 +106,58 @@ def load_longmemeval(
     first N haystack sessions; an instance whose evidence is empty or not entirely inside them
     is dropped together with its turns (its conversation exists only for that question).
     Raises InputError naming the file and record for malformed input; pure (writes nothing).
+    The plain frame repeats every shared session per haystack: for LongMemEval-M use
+    `load_longmemeval_compact`, which the load stage writes.
     """
+    compact, questions = load_longmemeval_compact(path, question_ids, max_sessions)
+    return compact.expand(), questions
+
+
+def load_longmemeval_compact(
+    path: str | Path,
+    question_ids: Sequence[str] | None = None,
+    max_sessions: int | None = None,
+) -> tuple[CompactTurns, pl.DataFrame]:
+    """As `load_longmemeval`, with the turns in the compact layout (turns_store.py): the file
+    is streamed one instance at a time and each distinct session's turns are kept once, so
+    memory grows with distinct sessions, not with haystack length x questions."""
     p = Path(path)
     check_max_sessions(max_sessions)
-    data, _ = read_json_list(p)
-    records = [
-        require(p, r, ("question_id",), f"record {i}", "instance") for i, r in enumerate(data)
-    ]
-    ids = [
-        require_str(p, r["question_id"], "question_id", f"record {i}")
-        for i, r in enumerate(records)
-    ]
+    wanted = set(question_ids) if question_ids is not None else None
+    ids: list[str] = []
     seen: set[str] = set()
-    for qid in ids:
+    store = SessionStore()
+    questions: list[Question] = []
+    dropped = 0
+    for i, record in enumerate(iter_json_list(p)):
+        record = require(p, record, ("question_id",), f"record {i}", "instance")
+        qid = require_str(p, record["question_id"], "question_id", f"record {i}")
         if qid in seen:
             raise InputError(p, "duplicate question_id", qid)
         seen.add(qid)
-    check_selection(p, question_ids, ids, "question")
-    wanted = set(question_ids) if question_ids is not None else None
-
-    turns: list[Turn] = []
-    questions: list[Question] = []
-    dropped = 0
-    for qid, record in zip(ids, records, strict=True):
+        ids.append(qid)
         if wanted is not None and qid not in wanted:
             continue
-        inst_turns, question = _load_instance(p, qid, record, max_sessions)
+        per_session, question = _load_instance(p, qid, record, max_sessions)
         if question is None:
             dropped += 1
             continue
-        turns.extend(inst_turns)
+        for sess in per_session:
+            store.add(qid, sess[0].session_index, sess)
         questions.append(question)
+    check_selection(p, question_ids, ids, "question")
+    compact = store.finish()
     log.info(
-        "%s: %d instances, %d turns; %d instances dropped by max_sessions=%s",
+        "%s: %d instances, %d turns (%d in distinct sessions); %d instances dropped by "
+        "max_sessions=%s",
         p.name,
         len(questions),
-        len(turns),
+        compact.turn_count,
+        compact.sessions.height,
         dropped,
         max_sessions,
     )
-    return turns_frame(turns), questions_frame(questions)
+    return compact, questions_frame(questions)
 
 
 def repeated_sessions(turns: pl.DataFrame) -> int:
@@ -158,7 +176,7 @@ def _str_list(path: Path, value: Any, what: str, record: str) -> list[Any]:
 
 def _load_instance(
     path: Path, qid: str, rec: Mapping[str, Any], max_sessions: int | None
-) -> tuple[list[Turn], Question | None]:
+) -> tuple[list[list[Turn]], Question | None]:
     rec = require(path, rec, _REQUIRED, qid, "instance")
     qtype = require_str(path, rec["question_type"], "question_type", qid)
     if qtype not in LONGMEMEVAL_TYPES:
@@ -233,7 +251,7 @@ def _load_instance(
         question_time=question_time,
         is_abstention=qid.endswith(ABSTENTION_SUFFIX),
     )
-    return [t for sess in per_session for t in sess], q
+    return per_session, q
 
 
 def _load_session(
