@@ -173,6 +173,14 @@ class SessionStore:
         self._hay["session_key"].append(key)
         return key
 
+    def add_known(self, conv_id: str, session_index: int, key: str) -> None:
+        """Map `conv_id`'s session `session_index` to a session stored already."""
+        if key not in self._keys:
+            raise KeyError(f"session_key {key!r} is not stored")
+        self._hay["conv_id"].append(conv_id)
+        self._hay["session_index"].append(session_index)
+        self._hay["session_key"].append(key)
+
     def _flush(self) -> None:
         if self._cols["session_key"]:
             self._frames.append(pl.DataFrame(self._cols, schema=dict(schemas.TURN_SESSIONS)))
