@@ -3,8 +3,10 @@ layout gives exactly the plain layout's run (scripted LLM, hashing encoder, no s
 
 The plain run stands for main's layout: the load stage writes the expanded turns.parquet as
 before (test_turns_store.py shows that expansion equals main's loader output row for row);
-every later stage then reads `turns` through RunDir.read_table in both runs. Request ids,
-every table the stages write and the report's scores must be identical.
+every later stage then reads `turns` through RunDir.read_table in both runs. Extraction runs
+once per distinct session in the compact layout: fewer requests, the same entries (their
+request_id names the shared request). Every other request id, every table the stages write
+and the report's scores must be identical.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from structmem_gpu.methods import load as load_stage
 
 # 20 questions x 12 sessions of 4 turns from a pool of 60: sessions shared by ~4 haystacks.
 SPEC = HaystackFileSpec(questions=20, sessions=12, pool=60, turns_per_session=4)
-TABLES = ("questions", "entries", "entry_embeddings", "syntheses", "synthesis_embeddings",
+TABLES = ("questions", "entry_embeddings", "syntheses", "synthesis_embeddings",
           "retrievals", "answers", "judgments")
 
 
@@ -54,10 +56,28 @@ def test_layouts_store_what_they_should(two_runs) -> None:
     assert stored < plain.read_table("turns").height  # shared sessions stored once
 
 
+def test_extraction_once_per_distinct_session(two_runs) -> None:
+    compact, plain = (RunDir(r) for r in two_runs)
+    sent = {r.root.name: r.read_table("requests").filter(pl.col("stage") == "extract")
+            for r in (compact, plain)}
+    notes = compact.stage_entry("extract")["notes"]
+    assert sent["compact"].height == notes["requests"] == 2 * notes["windows"]
+    assert notes["window_occurrences"] == plain.stage_entry("extract")["notes"]["windows"]
+    assert sent["compact"].height < sent["plain"].height  # shared sessions sent once
+    assert sent["compact"]["conv_id"].null_count() == sent["compact"].height
+    # The same entries, bound to every conversation that lists the session, in the same
+    # order with the same ids; only request_id names the one shared request.
+    e_c, e_p = compact.read_table("entries"), plain.read_table("entries")
+    assert e_c.height > 0
+    assert_frame_equal(e_c.drop("request_id"), e_p.drop("request_id"), check_exact=True)
+    assert set(e_c["request_id"]) <= set(sent["compact"]["request_id"])
+
+
 def test_same_requests_tables_and_scores(two_runs) -> None:
     compact, plain = (RunDir(r) for r in two_runs)
-    req_c, req_p = compact.read_table("requests"), plain.read_table("requests")
-    cols = ["stage", "request_id"]
+    req_c, req_p = (r.read_table("requests").filter(pl.col("stage") != "extract")
+                    for r in (compact, plain))
+    cols = ["stage", "request_id", "conv_id"]
     assert req_c.height == req_p.height > 0
     assert_frame_equal(req_c.select(cols), req_p.select(cols))
     for name in TABLES:
