@@ -9,9 +9,9 @@
     python jobs/bench.py --profile gpu llm=vllm_server llm.model=Qwen/Qwen2.5-7B-Instruct \\
         llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see README "Benchmarking")
 
-Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-load (default: all). Other
-arguments of the form key=value are Hydra overrides of conf/ applied to every pipeline run. Writes
-bench.json and bench.md into --out; exit code 1 when a part failed. Logic lives in
+Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-load (default: all).
+Other arguments of the form key=value are Hydra overrides of conf/ applied to every pipeline run.
+Writes bench.json and bench.md into --out; exit code 1 when a part failed. Logic lives in
 structmem_gpu/bench/; this is the CLI only.
 """
 

@@ -111,7 +111,8 @@ class RunDir:
             from structmem_gpu import turns_store
             from structmem_gpu.hashing import stable_hash
 
-            return stable_hash("compact", [file_sha256(self.table_path(p)) for p in turns_store.PARTS], length=64)
+            parts = [file_sha256(self.table_path(p)) for p in turns_store.PARTS]
+            return stable_hash("compact", parts, length=64)
         return None
 
     def read_table(self, name: str, *, needed_by: str | None = None) -> pl.DataFrame:

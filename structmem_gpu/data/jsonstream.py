@@ -51,7 +51,7 @@ class _Reader:
             raise InputError(path, f"cannot read file: {exc.strerror or exc}") from None
 
     def fill(self, at_least: int = 0) -> bool:
-        """Append more text (at least `at_least` characters when the file has them); False at EOF."""
+        """Append more text (at least `at_least` characters if the file has them); False at EOF."""
         if self.eof:
             return False
         want = max(self.chunk, at_least)
@@ -107,7 +107,8 @@ def iter_json_list(path: str | Path, chunk_chars: int = CHUNK_CHARS) -> Iterator
             if first in "{\"-0123456789tfn":
                 kind = kinds.get(first, "number")
                 raise InputError(p, f"top level must be a JSON list of records, got {kind}")
-            raise InputError(p, f"invalid JSON: unexpected {first!r} (character offset {r.offset()})")
+            raise InputError(
+                p, f"invalid JSON: unexpected {first!r} (character offset {r.offset()})")
         r.pos += 1
         index = 0
         if r.skip_ws() == "]":
@@ -129,7 +130,8 @@ def iter_json_list(path: str | Path, chunk_chars: int = CHUNK_CHARS) -> Iterator
                     f"(character offset {r.offset()})")
         tail = r.skip_ws()
         if tail:
-            raise InputError(p, f"invalid JSON: extra data after the list (character offset {r.offset()})")
+            raise InputError(
+                p, f"invalid JSON: extra data after the list (character offset {r.offset()})")
     finally:
         r.f.close()
 
@@ -146,7 +148,8 @@ def _decode_one(r: _Reader, dec: json.JSONDecoder, p: Path, index: int) -> Any:
             if r.fill(at_least=len(r.buf)):
                 continue
             raise InputError(
-                p, f"invalid JSON: {exc.msg} (character offset {r.consumed + exc.pos})", f"record {index}"
+                p, f"invalid JSON: {exc.msg} (character offset {r.consumed + exc.pos})",
+                f"record {index}",
             ) from None
         # A number (or true/false/null) cut by the buffer's end decodes as a shorter value
         # ("-2" of "-2.5"): it is complete only when a separator or blank follows it.

@@ -145,7 +145,8 @@ def test_shards_same_in_both_layouts(num_shards: int) -> None:
 def _random_value(rng: random.Random, depth: int = 0):
     r = rng.random()
     if depth > 3 or r < 0.3:
-        return rng.choice([1, -2.5, 1e-7, 'x"\\]', True, False, None, "", 12345678901234567890, "日本語"])
+        return rng.choice([1, -2.5, 1e-7, 'x"\\]', True, False, None, "", 12345678901234567890,
+                           "日本語"])
     if r < 0.6:
         return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
     return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randint(0, 4))}
@@ -205,3 +206,14 @@ def test_merge_compact_shards(tmp_path: Path, compose_config) -> None:
     sessions = merged.read_table("turn_sessions")
     assert sessions.select("session_key", "turn_index").is_unique().all()
     assert merged.stage_entry("load")["outputs"]["turns"]["rows"] == expected.height
+
+
+def test_lme_load_bench_part(tmp_path: Path) -> None:
+    """jobs/bench.py lme-load: a child process loads an M-shaped file and reports its peak."""
+    from structmem_gpu.bench.lme_load import run_lme_load
+
+    out = run_lme_load(tmp_path / "data", tmp_path / "out", [(3, 6, 12)], turns_per_session=2)
+    (point,) = out["points"]
+    assert point["questions_loaded"] == 3 and point["turn_rows_plain"] == 3 * 6 * 2
+    assert 0 < point["turn_rows_stored"] <= point["turn_rows_plain"]
+    assert point["peak_rss_mb"] > 10 and point["load_s"] >= 0
