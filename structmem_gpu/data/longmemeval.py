@@ -33,6 +33,10 @@ Rules (docs/evaluation.md "LongMemEval loader rules"):
   in list order as distinct sessions: the later copy's session_id becomes
   `<id>#repeat<n>` (n = 2, 3, ...), so its dia_ids are unique; one warning line per affected
   instance; the load stage's notes count them (`repeated_sessions`).
+- The file is streamed one instance at a time (data/jsonstream.py) and each distinct session
+  is stored once (turns_store.py, the compact layout the load stage writes); an equal raw
+  session seen again is not parsed again (`_Memo`). `load_longmemeval` returns the plain
+  frame (the expansion, exactly the rows the whole-file loader gave).
 - Unknown keys (the example's `_note`) are ignored. A turn whose `content` is missing or blank
   is an InputError (LongMemEval has no image turns that could carry it), and so is a role
   other than `user` / `assistant` (the only two the benchmark has; any other would silently
