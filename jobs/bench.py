@@ -5,12 +5,13 @@
     python jobs/bench.py client                 # client ceiling vs a zero-latency mock (no LLM)
     python jobs/bench.py --tiny llm.base_url=http://127.0.0.1:8080/v1     # CI smoke sizes
     python jobs/bench.py cost --run-dir outputs/runs/locomo/structmem
+    python jobs/bench.py lme-load --lme-questions 100,500   # LongMemEval-M-shaped load memory
     python jobs/bench.py --profile gpu llm=vllm_server llm.model=Qwen/Qwen2.5-7B-Instruct \\
         llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see README "Benchmarking")
 
-Parts: client, llm, build, schedule, components, cost, scale, dry-run (default: all). Other
-arguments of the form key=value are Hydra overrides of conf/ applied to every pipeline run. Writes
-bench.json and bench.md into --out; exit code 1 when a part failed. Logic lives in
+Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-load (default: all).
+Other arguments of the form key=value are Hydra overrides of conf/ applied to every pipeline run.
+Writes bench.json and bench.md into --out; exit code 1 when a part failed. Logic lives in
 structmem_gpu/bench/; this is the CLI only.
 """
 
@@ -77,6 +78,12 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
         help="`schedule`: N,M = first N conversations, M sessions (default: the build's data "
         "on cpu, 2,6 on gpu; 0,0 = the build's data)",
     )
+    ap.add_argument(
+        "--lme-questions",
+        default=None,
+        help="`lme-load`: question counts of the LongMemEval-M-shaped files (500 sessions each "
+        "from a pool of 20,000), e.g. 100,500 (default: 100; tiny: 4)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_intermixed_args(argv)  # parts, options and overrides in any order
     overrides = [i for i in args.items if "=" in i]
@@ -114,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes=sizes,
         scale_encoder=args.scale_encoder,
         schedule_slice=cut,
+        lme_questions=tuple(int(x) for x in args.lme_questions.split(","))
+        if args.lme_questions
+        else None,
     )  # type: ignore[arg-type]
     bench = run_suite(settings, opts)
     print((out / "bench.md").read_text())

@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from structmem_gpu.errors import MissingTableError, StructMemError
 from structmem_gpu.hashing import file_sha256
 from structmem_gpu.schemas import REQUESTS, TABLES, conform, empty
+
+if TYPE_CHECKING:
+    from structmem_gpu.turns_store import CompactTurns
 
 MANIFEST = "manifest.json"
 _PACKAGES = ("structmem-gpu", "polars", "pyarrow", "hydra-core", "torch", "transformers",
@@ -89,10 +92,36 @@ class RunDir:
         return self.tables_dir / f"{name}.parquet"
 
     def has_table(self, name: str) -> bool:
-        return self.table_path(name).exists()
+        return self.table_path(name).exists() or self._compact(name)
+
+    def _compact(self, name: str) -> bool:
+        """True when `name` is stored in the compact layout (turns_store.py: `turns` of a
+        LongMemEval run, as turn_sessions + turn_haystacks)."""
+        from structmem_gpu import turns_store
+
+        return name == turns_store.LOGICAL and turns_store.has_compact(self)
+
+    def table_sha256(self, name: str) -> str | None:
+        """The table's content hash (stage fingerprints, intact outputs); None when absent.
+        A plain table: its file's sha256; the compact turns: a hash of its parts' sha256s."""
+        path = self.table_path(name)
+        if path.exists():
+            return file_sha256(path)
+        if self._compact(name):
+            from structmem_gpu import turns_store
+            from structmem_gpu.hashing import stable_hash
+
+            parts = [file_sha256(self.table_path(p)) for p in turns_store.PARTS]
+            return stable_hash("compact", parts, length=64)
+        return None
 
     def read_table(self, name: str, *, needed_by: str | None = None) -> pl.DataFrame:
         path = self.table_path(name)
+        if not path.exists() and self._compact(name):
+            # The one accessor for the compact turns layout: every reader gets the plain frame.
+            from structmem_gpu import turns_store
+
+            return turns_store.read_compact(self).expand()
         if not path.exists():
             who = f"stage '{needed_by}' needs" if needed_by else "missing"
             raise MissingTableError(
@@ -103,8 +132,21 @@ class RunDir:
         # (".../benchmark.conversations=[conv-26],..."), and [..] is a glob character class.
         return pl.read_parquet(path, glob=False)
 
-    def write_table(self, name: str, df: pl.DataFrame) -> Path:
-        """Conform to the table's schema constant (when it has one) and write atomically."""
+    def write_table(self, name: str, df: "pl.DataFrame | CompactTurns") -> Path:
+        """Conform to the table's schema constant (when it has one) and write atomically.
+
+        `turns` may come as turns_store.CompactTurns (written as its two part files); writing
+        one layout removes the other's files, so a reader never sees a stale layout."""
+        from structmem_gpu import turns_store
+
+        if name == turns_store.LOGICAL:
+            if isinstance(df, turns_store.CompactTurns):
+                for part, frame in zip(turns_store.PARTS, (df.sessions, df.haystacks), strict=True):
+                    self.write_table(part, frame)
+                self.table_path(name).unlink(missing_ok=True)
+                return self.table_path(turns_store.PARTS[1])
+            for part in turns_store.PARTS:
+                self.table_path(part).unlink(missing_ok=True)
         if name in TABLES:
             df = conform(df, TABLES[name])
         path = self.table_path(name)
@@ -149,14 +191,20 @@ class RunDir:
     def outputs_intact(self, entry: Mapping[str, Any]) -> bool:
         """True when every output table recorded in `entry` exists with its recorded hash."""
         for name, info in entry.get("outputs", {}).items():
-            path = self.table_path(name)
-            if not path.exists() or file_sha256(path) != info.get("sha256"):
+            if self.table_sha256(name) != info.get("sha256"):
                 return False
         return True
 
     def output_info(self, names: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
         info = {}
         for name in names:
+            if not self.table_path(name).exists() and self._compact(name):
+                from structmem_gpu import turns_store
+
+                compact = turns_store.read_compact(self)
+                info[name] = {"sha256": self.table_sha256(name), "rows": compact.turn_count,
+                              "layout": "compact", "distinct_session_rows": compact.sessions.height}
+                continue
             path = self.table_path(name)
             info[name] = {"sha256": file_sha256(path), "rows": pl.scan_parquet(path, glob=False).select(pl.len()).collect().item()}
         return info

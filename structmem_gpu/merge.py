@@ -32,6 +32,7 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from structmem_gpu import turns_store
 from structmem_gpu.artifacts import MANIFEST, RunDir, now_iso
 from structmem_gpu.errors import StructMemError
 from structmem_gpu.hashing import stable_hash
@@ -188,15 +189,20 @@ def _merge_table(name: str, shards: Sequence[Shard]) -> pl.DataFrame:
     try:
         # Known tables share one schema by construction; other tables (method-specific) are
         # allowed to widen, e.g. an all-null column of an empty shard.
-        return pl.concat(frames, how="diagonal_relaxed")
+        merged = pl.concat(frames, how="diagonal_relaxed")
+        if name == turns_store.PARTS[0]:
+            # Compact turns (turns_store.py): a session shared by haystacks of two shards is
+            # stored in both; keep one copy (equal key = equal rows).
+            merged = merged.unique(["session_key", "turn_index"], keep="first", maintain_order=True)
+        return merged
     except pl.exceptions.PolarsError as exc:
         raise MergeError(f"table '{name}' cannot be concatenated across shards: {exc}") from exc
 
 
-def _check_disjoint(turns: Sequence[tuple[Shard, pl.DataFrame]]) -> None:
+def _check_disjoint(turns: Sequence[tuple[Shard, list[str]]]) -> None:
     owner: dict[str, Shard] = {}
-    for shard, df in turns:
-        for conv in df["conv_id"].unique().to_list():
+    for shard, convs in turns:
+        for conv in convs:
             if conv in owner:
                 raise MergeError(
                     f"conversation '{conv}' is in both {owner[conv].label()} and "
@@ -278,8 +284,8 @@ def write_merged(
     check_shards(shards)
     names = sorted({p.stem for s in shards for p in RunDir(s.run_dir).tables_dir.glob("*.parquet")})
     merged = {name: _merge_table(name, shards) for name in names}
-    if "turns" in names:
-        _check_disjoint([(s, RunDir(s.run_dir).read_table("turns")) for s in shards])
+    if "turns" in names or turns_store.PARTS[1] in names:  # either layout (turns_store.py)
+        _check_disjoint([(s, turns_store.turn_conversations(RunDir(s.run_dir))) for s in shards])
     run = _prepare_out(out_dir, shards, overwrite)
     for name, df in merged.items():
         run.write_table(name, df)

@@ -24,7 +24,7 @@ from structmem_gpu.artifacts import RunDir, git_commit, now_iso, package_version
 from structmem_gpu import preempt
 from structmem_gpu.config_schema import hashed_view
 from structmem_gpu.errors import ConfigError, GpuPlanError, MissingTableError, StageIncompleteError
-from structmem_gpu.hashing import file_sha256, stable_hash
+from structmem_gpu.hashing import stable_hash
 from structmem_gpu.prompts.official import manifest as official_manifest
 from structmem_gpu.runlock import hold_run_dir
 from structmem_gpu.settings import externals, fingerprint_dict, to_plain
@@ -58,16 +58,16 @@ def stage_config(stage: Stage, cfg: DictConfig) -> dict[str, Any]:
 def fingerprint(stage: Stage, cfg: DictConfig, run: RunDir) -> str:
     inputs = {}
     for name in stage.reads:
-        path = run.table_path(name)
-        if not path.exists():
+        digest = run.table_sha256(name)  # either layout of `turns` (turns_store.py)
+        if digest is None:
             raise MissingTableError(
-                f"stage '{stage.name}' needs table '{name}' ({path}), which no finished stage of "
-                f"this run directory wrote; run the stage that writes it first"
+                f"stage '{stage.name}' needs table '{name}' ({run.table_path(name)}), which no "
+                f"finished stage of this run directory wrote; run the stage that writes it first"
             )
-        inputs[name] = file_sha256(path)
+        inputs[name] = digest
     for name in stage.optional_reads:
         if run.has_table(name):
-            inputs[name] = file_sha256(run.table_path(name))
+            inputs[name] = run.table_sha256(name)
     values = stage_config(stage, cfg)
     extra = stage.extra_fingerprint(cfg) if stage.extra_fingerprint else None
     return stable_hash(stage.name, stage.version, values, inputs, extra)

@@ -39,6 +39,20 @@ TURNS: Schema = {
     "has_answer": _BOOL,  # LongMemEval evidence flag; null for LoCoMo
 }
 
+# The compact layout of `turns` (structmem_gpu/turns_store.py; LongMemEval): each distinct
+# session's turns once, and the conversation -> session map. Readers use
+# RunDir.read_table("turns"), which expands them to TURNS.
+TURN_SESSIONS: Schema = {
+    "session_key": _STR,  # hash of session_id, session_hash, dia_ids, has_answer flags
+    **{c: t for c, t in TURNS.items() if c not in ("conv_id", "session_index", "event_id")},
+}
+
+TURN_HAYSTACKS: Schema = {
+    "conv_id": _STR,
+    "session_index": _I32,  # 1-based position of the session in the conversation's haystack
+    "session_key": _STR,  # -> TURN_SESSIONS
+}
+
 QUESTIONS: Schema = {
     "conv_id": _STR,
     "question_id": _STR,  # LoCoMo "<sample_id>:q<index>"; LongMemEval question_id
@@ -147,6 +161,8 @@ JUDGMENTS: Schema = {
 
 TABLES: dict[str, Schema] = {
     "turns": TURNS,
+    "turn_sessions": TURN_SESSIONS,
+    "turn_haystacks": TURN_HAYSTACKS,
     "questions": QUESTIONS,
     "entries": ENTRIES,
     "entry_embeddings": EMBEDDINGS,

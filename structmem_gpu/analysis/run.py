@@ -60,7 +60,10 @@ class Run:
         return self.dir.has_table(name)
 
     def available(self) -> list[str]:
-        return sorted(p.stem for p in self.dir.tables_dir.glob("*.parquet"))
+        names = {p.stem for p in self.dir.tables_dir.glob("*.parquet")}
+        if self.dir.has_table("turns"):  # the compact layout's parts stand for it (turns_store.py)
+            names.add("turns")
+        return sorted(names)
 
     def table(self, name: str) -> pl.DataFrame:
         """The table, read once (MissingTableError naming the file when it does not exist)."""
@@ -75,6 +78,8 @@ class Run:
         """A lazy frame, for tables too large to read whole (glob=False: see RunDir)."""
         if not self.has(name):
             self.dir.read_table(name)  # raises the contract's MissingTableError message
+        if not self.dir.table_path(name).exists():  # compact turns: expanded (turns_store.py)
+            return self.table(name).lazy()
         return pl.scan_parquet(self.dir.table_path(name), glob=False)
 
     @property

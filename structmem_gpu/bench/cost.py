@@ -31,6 +31,8 @@ from typing import Any
 
 import polars as pl
 
+from structmem_gpu.artifacts import RunDir
+
 QA_STAGES = frozenset({"answer", "judge"})
 
 
@@ -133,11 +135,8 @@ def compare_to_paper(build_total: Mapping[str, float]) -> dict[str, float | None
 def run_counts(run_dir: Path) -> dict[str, int]:
     """Turns, conversations and answer calls of a run directory (for the extrapolation)."""
     tables = run_dir / "tables"
-    turns = (
-        pl.read_parquet(tables / "turns.parquet", glob=False)
-        if (tables / "turns.parquet").exists()
-        else None
-    )
+    run = RunDir(run_dir)
+    turns = run.read_table("turns") if run.has_table("turns") else None  # either layout
     out = {
         "turns": 0 if turns is None else turns.height,
         "conversations": 0 if turns is None else turns["conv_id"].n_unique(),

@@ -311,6 +311,12 @@ def _dry_run(p: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _lme_load(part: Mapping[str, Any]) -> list[str]:
+    from structmem_gpu.bench.lme_load import render
+
+    return render(dict(part))
+
+
 SECTIONS = (
     ("client", "LLM client ceiling (zero-latency mock server)", _client),
     ("llm", "LLM client throughput and overhead", _llm),
@@ -320,6 +326,7 @@ SECTIONS = (
     ("cost", "LLM cost", _cost),
     ("scale", "Scale", _scale),
     ("dry_run", "Dry-run estimates", _dry_run),
+    ("lme_load", "LongMemEval-M-shaped load (bounded memory)", _lme_load),
 )
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import polars as pl
 
+from structmem_gpu.artifacts import RunDir
+
 log = logging.getLogger(__name__)
 
 
@@ -93,6 +95,9 @@ def _counts(run_dir: Path) -> dict[str, int]:
         path = run_dir / "tables" / f"{table}.parquet"
         if path.exists():
             out[table] = pl.scan_parquet(path, glob=False).select(pl.len()).collect().item()
+    run = RunDir(run_dir)
+    if "turns" not in out and run.has_table("turns"):  # the compact layout (turns_store.py)
+        out["turns"] = run.output_info(["turns"])["turns"]["rows"]
     return out
 
 

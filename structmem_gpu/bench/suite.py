@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 # Execution order: the cheap LLM-free parts first (a broken environment fails fast), the
 # longest (schedule: every build request again, one at a time) last.
-PARTS = ("components", "dry-run", "client", "llm", "build", "cost", "scale", "schedule")
+PARTS = ("components", "dry-run", "lme-load", "client", "llm", "build", "cost", "scale",
+         "schedule")
 # Parts that never talk to the configured LLM: when only these run, no server is launched.
-NO_LLM_PARTS = frozenset({"components", "dry-run", "client", "cost"})
+NO_LLM_PARTS = frozenset({"components", "dry-run", "lme-load", "client", "cost"})
 
 SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
@@ -54,6 +55,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "client_in_flight": (1, 8, 64, 256, 1024),
         "client_requests": 2000,
         "client_rounds": 2,
+        # lme-load: (questions, sessions per haystack, pool): LongMemEval-M's shape
+        "lme_load": ((100, 500, 20_000),),
     },
     "gpu": {
         "llm_requests": 256,
@@ -72,6 +75,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "client_in_flight": (1, 8, 64, 256, 1024),
         "client_requests": 4000,
         "client_rounds": 2,
+        "lme_load": ((100, 500, 20_000), (500, 500, 20_000)),
     },
     "tiny": {
         "llm_requests": 2,
@@ -90,6 +94,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "client_in_flight": (1, 8),
         "client_requests": 40,
         "client_rounds": 1,
+        "lme_load": ((4, 10, 20),),
     },
 }
 PROFILE_OVERRIDES = {"cpu": ("debug=ci",), "gpu": ()}
@@ -107,10 +112,13 @@ class SuiteOptions:
     # schedule on (first N conversations, first M sessions); None = profile default; (0, 0) =
     # the build's data
     schedule_slice: tuple[int, int] | None = None
+    lme_questions: tuple[int, ...] | None = None  # lme-load question counts (None = profile's)
     size: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.size = dict(SIZES["tiny" if self.tiny else self.profile])
+        if self.lme_questions:
+            self.size["lme_load"] = tuple((q, 500, 20_000) for q in self.lme_questions)
         if self.sizes:
             self.size["sizes"] = self.sizes
         if self.scale_encoder:
@@ -186,7 +194,7 @@ class Suite:
         parts: dict[str, Callable[[], Any]] = {
             "client": self.part_client, "llm": self.part_llm, "build": self.part_build,
             "schedule": self.part_schedule, "components": self.part_components, "cost": self.part_cost,
-            "scale": self.part_scale, "dry-run": self.part_dry_run,
+            "scale": self.part_scale, "dry-run": self.part_dry_run, "lme-load": self.part_lme_load,
         }  # fmt: skip
         meta = self.bench["meta"]
         if {"build", "schedule", "components"} & set(self.opts.parts):
@@ -303,6 +311,13 @@ class Suite:
             timeout_s=sz["timeout_s"],
             spec=sz["spec"],
         )
+
+    def part_lme_load(self) -> dict[str, Any]:
+        from structmem_gpu.bench import lme_load
+
+        # Files are kept beside the bench directories: the 500-question one is 1.4 GB.
+        data = self.settings.out_dir.parent / "data"
+        return lme_load.run_lme_load(data, self.settings.out_dir / "lme_load", self.sz["lme_load"])
 
     def part_dry_run(self) -> dict[str, Any]:
         from structmem_gpu.bench import dry_run

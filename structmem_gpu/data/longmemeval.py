@@ -33,6 +33,10 @@ Rules (docs/evaluation.md "LongMemEval loader rules"):
   in list order as distinct sessions: the later copy's session_id becomes
   `<id>#repeat<n>` (n = 2, 3, ...), so its dia_ids are unique; one warning line per affected
   instance; the load stage's notes count them (`repeated_sessions`).
+- The file is streamed one instance at a time (data/jsonstream.py) and each distinct session
+  is stored once (turns_store.py, the compact layout the load stage writes); an equal raw
+  session seen again is not parsed again (`_Memo`). `load_longmemeval` returns the plain
+  frame (the expansion, exactly the rows the whole-file loader gave).
 - Unknown keys (the example's `_note`) are ignored. A turn whose `content` is missing or blank
   is an InputError (LongMemEval has no image turns that could carry it), and so is a role
   other than `user` / `assistant` (the only two the benchmark has; any other would silently
@@ -42,8 +46,10 @@ Rules (docs/evaluation.md "LongMemEval loader rules"):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
@@ -60,15 +66,21 @@ from structmem_gpu.data.common import (
     gold_text,
     parse_time,
     questions_frame,
-    read_json_list,
     require,
     require_str,
     session_turns,
-    turns_frame,
 )
+from structmem_gpu.data.jsonstream import iter_json_list
 from structmem_gpu.errors import InputError
+from structmem_gpu.turns_store import CompactTurns, SessionStore
 
-__all__ = ["DATE_FORMAT", "REPEAT_MARK", "load_longmemeval", "repeated_sessions"]
+__all__ = [
+    "DATE_FORMAT",
+    "REPEAT_MARK",
+    "load_longmemeval",
+    "load_longmemeval_compact",
+    "repeated_sessions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,46 +112,63 @@ def load_longmemeval(
     first N haystack sessions; an instance whose evidence is empty or not entirely inside them
     is dropped together with its turns (its conversation exists only for that question).
     Raises InputError naming the file and record for malformed input; pure (writes nothing).
+    The plain frame repeats every shared session per haystack: for LongMemEval-M use
+    `load_longmemeval_compact`, which the load stage writes.
     """
+    compact, questions = load_longmemeval_compact(path, question_ids, max_sessions)
+    return compact.expand(), questions
+
+
+def load_longmemeval_compact(
+    path: str | Path,
+    question_ids: Sequence[str] | None = None,
+    max_sessions: int | None = None,
+) -> tuple[CompactTurns, pl.DataFrame]:
+    """As `load_longmemeval`, with the turns in the compact layout (turns_store.py): the file
+    is streamed one instance at a time and each distinct session's turns are kept once, so
+    memory grows with distinct sessions, not with haystack length x questions."""
     p = Path(path)
     check_max_sessions(max_sessions)
-    data, _ = read_json_list(p)
-    records = [
-        require(p, r, ("question_id",), f"record {i}", "instance") for i, r in enumerate(data)
-    ]
-    ids = [
-        require_str(p, r["question_id"], "question_id", f"record {i}")
-        for i, r in enumerate(records)
-    ]
+    wanted = set(question_ids) if question_ids is not None else None
+    ids: list[str] = []
     seen: set[str] = set()
-    for qid in ids:
+    store = SessionStore()
+    memo = _Memo()
+    questions: list[Question] = []
+    dropped = 0
+    for i, record in enumerate(iter_json_list(p)):
+        record = require(p, record, ("question_id",), f"record {i}", "instance")
+        qid = require_str(p, record["question_id"], "question_id", f"record {i}")
         if qid in seen:
             raise InputError(p, "duplicate question_id", qid)
         seen.add(qid)
-    check_selection(p, question_ids, ids, "question")
-    wanted = set(question_ids) if question_ids is not None else None
-
-    turns: list[Turn] = []
-    questions: list[Question] = []
-    dropped = 0
-    for qid, record in zip(ids, records, strict=True):
+        ids.append(qid)
         if wanted is not None and qid not in wanted:
             continue
-        inst_turns, question = _load_instance(p, qid, record, max_sessions)
+        per_session, question = _load_instance(p, qid, record, max_sessions, memo)
         if question is None:
             dropped += 1
             continue
-        turns.extend(inst_turns)
+        for occ in per_session:
+            if occ.turns is None:  # validated and stored before: only the mapping row
+                store.add_known(qid, occ.index, occ.key)
+            else:
+                key = store.add(qid, occ.index, occ.turns)
+                memo.remember(occ, key)
         questions.append(question)
+    check_selection(p, question_ids, ids, "question")
+    compact = store.finish()
     log.info(
-        "%s: %d instances, %d turns; %d instances dropped by max_sessions=%s",
+        "%s: %d instances, %d turns (%d in distinct sessions); %d instances dropped by "
+        "max_sessions=%s",
         p.name,
         len(questions),
-        len(turns),
+        compact.turn_count,
+        compact.sessions.height,
         dropped,
         max_sessions,
     )
-    return turns_frame(turns), questions_frame(questions)
+    return compact, questions_frame(questions)
 
 
 def repeated_sessions(turns: pl.DataFrame) -> int:
@@ -156,9 +185,64 @@ def _str_list(path: Path, value: Any, what: str, record: str) -> list[Any]:
     return value
 
 
+@dataclass(slots=True)
+class _Occurrence:
+    """One haystack entry of an instance: its parsed turns, or (seen before) only its key."""
+
+    index: int  # session_index
+    original: str  # the file's session id (before a #repeat rename)
+    dia_ids: tuple[str, ...]
+    has_answer: tuple[bool | None, ...]
+    turns: list[Turn] | None  # None = an equal session is stored already (key set)
+    key: str = ""
+    digest: bytes | None = None
+
+
+class _Memo:
+    """Sessions stored so far, by a digest of their raw content, and parsed dates.
+
+    LongMemEval-M repeats each pool session in ~12 haystacks (500 questions); an equal raw
+    session (same renamed id, date string, roles, contents, has_answer values) validates and
+    hashes the same way, so it is parsed once. The digest is blake2b-128 of exactly the fields
+    the parse reads; a session that is not a list of JSON objects has no digest and takes the
+    full path (which raises the error). Costs ~1 kB per distinct session.
+    """
+
+    def __init__(self) -> None:
+        self.known: dict[bytes, tuple[str, tuple[str, ...], tuple[bool | None, ...]]] = {}
+        self.times: dict[str, datetime] = {}
+
+    def time(self, path: Path, date: Any, record: str) -> datetime:
+        if isinstance(date, str) and date in self.times:
+            return self.times[date]
+        t = parse_time(path, date, DATE_FORMAT, record, "session date")
+        self.times[date] = t
+        return t
+
+    @staticmethod
+    def digest(sid: str, date: str, items: Any) -> bytes | None:
+        if not isinstance(items, list):
+            return None
+        h = hashlib.blake2b(digest_size=16)
+        h.update(repr((sid, date, len(items))).encode())
+        for it in items:
+            if not isinstance(it, dict):
+                return None
+            h.update(repr((it.get("role", _MISSING), it.get("content"),
+                           it.get("has_answer"))).encode())
+        return h.digest()
+
+    def remember(self, occ: _Occurrence, key: str) -> None:
+        if occ.digest is not None:
+            self.known[occ.digest] = (key, occ.dia_ids, occ.has_answer)
+
+
+_MISSING = object()  # a turn without a "role" key (an error) digests apart from role=None
+
+
 def _load_instance(
-    path: Path, qid: str, rec: Mapping[str, Any], max_sessions: int | None
-) -> tuple[list[Turn], Question | None]:
+    path: Path, qid: str, rec: Mapping[str, Any], max_sessions: int | None, memo: _Memo
+) -> tuple[list[_Occurrence], Question | None]:
     rec = require(path, rec, _REQUIRED, qid, "instance")
     qtype = require_str(path, rec["question_type"], "question_type", qid)
     if qtype not in LONGMEMEVAL_TYPES:
@@ -189,15 +273,27 @@ def _load_instance(
     answer_set = set(answer_sids)
     seen: dict[str, str] = {}
     occurrences: dict[str, int] = {}
-    per_session: list[list[Turn]] = []
-    original: list[str] = []  # the file's session id of each entry of per_session
+    per_session: list[_Occurrence] = []
     for i, (sid, date, items) in enumerate(zip(sids, dates, sessions, strict=True)):
         sid = require_str(path, sid, "haystack session id", f"{qid} session {i + 1}")
-        time = parse_time(path, date, DATE_FORMAT, f"{qid} {sid}", "session date")
+        time = memo.time(path, date, f"{qid} {sid}")
         occurrences[sid] = occurrences.get(sid, 0) + 1
         unique = sid if occurrences[sid] == 1 else f"{sid}{REPEAT_MARK}{occurrences[sid]}"
-        per_session.append(_load_session(path, qid, i + 1, unique, time, items, seen))
-        original.append(sid)
+        digest = memo.digest(unique, date, items)
+        known = memo.known.get(digest) if digest is not None else None
+        if known is not None:
+            key, dia_ids, flags = known
+            for dia_id in dia_ids:  # the id-collision check _load_session makes
+                if dia_id in seen:
+                    raise InputError(
+                        path, f"duplicate dia_id {dia_id!r} (session ids collide in the haystack)",
+                        f"{qid} {unique} {dia_id}")
+                seen[dia_id] = unique
+            per_session.append(_Occurrence(i + 1, sid, dia_ids, flags, None, key, digest))
+            continue
+        turns = _load_session(path, qid, i + 1, unique, time, items, seen)
+        per_session.append(_Occurrence(i + 1, sid, tuple(t.dia_id for t in turns),
+                                       tuple(t.has_answer for t in turns), turns, "", digest))
     repeated = {sid: n for sid, n in occurrences.items() if n > 1}
     if repeated:
         log.warning(
@@ -209,15 +305,15 @@ def _load_instance(
             REPEAT_MARK,
         )
     evidence = tuple(
-        t.dia_id
-        for sid, sess in zip(original, per_session, strict=True)
-        if sid in answer_set
-        for t in sess
-        if t.has_answer is True
+        dia_id
+        for occ in per_session
+        if occ.original in answer_set
+        for dia_id, flag in zip(occ.dia_ids, occ.has_answer, strict=True)
+        if flag is True
     )
     if max_sessions is not None:
         per_session = per_session[:max_sessions]
-        kept = {t.dia_id for sess in per_session for t in sess}
+        kept = {dia_id for occ in per_session for dia_id in occ.dia_ids}
         if not evidence or not all(e in kept for e in evidence):
             return [], None
     q = Question(
@@ -233,7 +329,7 @@ def _load_instance(
         question_time=question_time,
         is_abstention=qid.endswith(ABSTENTION_SUFFIX),
     )
-    return [t for sess in per_session for t in sess], q
+    return per_session, q
 
 
 def _load_session(

@@ -41,7 +41,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -259,9 +259,32 @@ def answer_rows(
     return schemas.frame(rows, ANSWER_COLUMNS)
 
 
+class _LazyTables(Mapping[str, pl.DataFrame]):
+    """The optional tables that exist, each read on first use: LongMemEval's compact turns
+    expand to millions of rows (turns_store.py), which only a builder that asks pays for."""
+
+    def __init__(self, ctx: StageContext, names: Sequence[str]) -> None:
+        self._ctx = ctx
+        self._names = [n for n in names if ctx.run.has_table(n)]
+        self._read: dict[str, pl.DataFrame] = {}
+
+    def __getitem__(self, name: str) -> pl.DataFrame:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._read:
+            self._read[name] = self._ctx.run.read_table(name)
+        return self._read[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     questions = selected_questions(ctx.cfg, ctx.read("questions"))
-    tables = {n: t for n in OPTIONAL_TABLES if (t := ctx.read_optional(n)) is not None}
+    tables = _LazyTables(ctx, OPTIONAL_TABLES)
     s: AnswerSettings = ctx.settings
     prompt, protocol = s.prompt, s.protocol
     prompts = context_builder(prompt)(AnswerInputs(ctx.cfg, questions, tables))

@@ -1,5 +1,9 @@
 """Stage `load`: benchmark file -> tables/turns.parquet + tables/questions.parquet.
 
+LongMemEval writes `turns` in the compact layout (tables/turn_sessions.parquet +
+tables/turn_haystacks.parquet, structmem_gpu/turns_store.py): the file is streamed and each
+distinct session stored once; `RunDir.read_table("turns")` expands it for every reader.
+
     python jobs/run.py benchmark=locomo benchmark.path=locomo10.json stages=[load] hydra.run.dir=DIR
 
 Sharding happens here: with num_shards > 1 only this shard's conversations are kept (LoCoMo:
@@ -27,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import file_sha256
 from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.turns_store import CompactTurns
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +142,58 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     return file_sha256(path)
 
 
-def run_load(ctx: StageContext) -> dict[str, pl.DataFrame]:
+def compact_layout(name: str) -> bool:
+    """Whether benchmark `name`'s turns are written in the compact layout (turns_store.py):
+    LongMemEval, whose haystacks share sessions (LongMemEval-M: each ~12x over 500
+    questions). LoCoMo and the sample keep the plain turns.parquet (no session is shared)."""
+    return name == "longmemeval"
+
+
+def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_index: int,
+                        num_shards: int) -> tuple[CompactTurns, pl.DataFrame]:
+    """apply_shard for the compact layout: the same assignment, without expanding."""
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise ConfigError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
+    if num_shards == 1:
+        return turns, questions
+    sessions = turns.session_volumes()
+    q_chars = pl.col("question").str.len_chars().fill_null(0).sum().alias("v")
+    own = {c: int(v) for c, v in questions.group_by("conv_id").agg(q_chars).iter_rows()}
+    for conv in own:
+        sessions.setdefault(conv, {})
+    assign = assign_shards(sessions, num_shards, own)
+    keep = [c for c, s in assign.items() if s == shard_index]
+    if not keep:
+        log.warning("shard %d of %d holds no conversation (only %d to share out)",
+                    shard_index, num_shards, len(assign))
+    return turns.filter_conversations(keep), questions.filter(pl.col("conv_id").is_in(keep))
+
+
+def run_load(ctx: StageContext) -> dict[str, Any]:
+    args = _benchmark_args(ctx.cfg)
+    shard, shards = int(ctx.cfg.shard_index), int(ctx.cfg.num_shards)
+    if compact_layout(args["name"]) and args["path"] is not None:
+        from structmem_gpu.data.longmemeval import load_longmemeval_compact, repeated_sessions
+
+        compact, questions = load_longmemeval_compact(
+            args["path"], args["conversations"], args["max_sessions"])
+        compact, questions = apply_shard_compact(compact, questions, shard, shards)
+        names = compact.sessions.select("session_key", "session_id").unique("session_key")
+        ctx.notes.update(conversations=compact.haystacks["conv_id"].n_unique(),
+                         turns=compact.turn_count, sessions=compact.haystacks.height,
+                         questions=questions.height, layout="compact",
+                         distinct_sessions=names.height,
+                         distinct_session_turns=compact.sessions.height)
+        # Haystacks that list a session id twice keep both copies (data/longmemeval.py).
+        ctx.notes["repeated_sessions"] = repeated_sessions(
+            compact.haystacks.join(names, on="session_key", how="left"))
+        log.info("loaded %s", ctx.notes)
+        return {"turns": compact, "questions": questions}
+
     from structmem_gpu.data import load_benchmark
 
-    turns, questions = load_benchmark(**_benchmark_args(ctx.cfg))
-    turns, questions = apply_shard(turns, questions, int(ctx.cfg.shard_index), int(ctx.cfg.num_shards))
+    turns, questions = load_benchmark(**args)
+    turns, questions = apply_shard(turns, questions, shard, shards)
     from structmem_gpu.data.longmemeval import repeated_sessions
 
     ctx.notes.update(conversations=turns["conv_id"].n_unique(), turns=turns.height,

@@ -20,7 +20,8 @@ from tests.fixtures.llm import llamacpp_missing
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP_KEYS = {"meta", "client", "llm", "build", "schedule", "components", "cost", "scale", "dry_run"}
+TOP_KEYS = {"meta", "client", "llm", "build", "schedule", "components", "cost", "scale", "dry_run",
+            "lme_load"}
 
 
 def _cli() -> ModuleType:
@@ -58,6 +59,7 @@ def test_tiny_bench_writes_every_part(tiny_bench: dict) -> None:
         "LLM cost",
         "Scale",
         "Dry-run estimates",
+        "LongMemEval-M-shaped load",
     ):
         assert f"## {title}" in md
 

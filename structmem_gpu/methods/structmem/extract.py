@@ -23,8 +23,10 @@ rejected_items (unknown turn number), empty_items, duplicate_items, entries, ent
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
@@ -33,7 +35,7 @@ from typing import Any, ClassVar
 import polars as pl
 from omegaconf import OmegaConf
 
-from structmem_gpu import schemas
+from structmem_gpu import schemas, turns_store
 from structmem_gpu.data import display_text
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import stable_hash
@@ -439,8 +441,90 @@ def collect_entries(
     return list(seen.values())
 
 
+# ---- once per distinct session (the compact turns layout: LongMemEval) -------------------
+# Windows never cross a session and their read-only context comes from the same session
+# (plan_windows), so a window's prompt depends on the session alone: the same session in 12
+# haystacks gives 12 identical prompts. With the compact layout (turns_store.py) the windows
+# are planned over `turn_sessions` (each distinct session once), sent once, and each reply's
+# entries are bound to every conversation that lists the session, in the order the
+# per-conversation plan produces them (perspective, conversation, session, window), with the
+# same entry ids (hash of conv_id, event_id, kind, text). The entries table is the plain
+# layout's except `request_id`, which names the one shared request (its conv_id is null:
+# shared); requests.parquet has one row per distinct window and perspective; the notes count
+# distinct windows (`windows`, `requests`) and the occurrences they serve
+# (`window_occurrences`). tests/unit/test_lme_layout_pipeline.py checks the equality.
+
+
+def per_session_applies(ctx: StageContext) -> bool:
+    """True when the run's turns are in the compact layout (and not also plain)."""
+    return turns_store.has_compact(ctx.run) and not ctx.run.table_path("turns").exists()
+
+
+def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRow], dict[str, Any]]:
+    compact = turns_store.read_compact(ctx.run)
+    # Each distinct session as its own one-session "conversation" named by its key.
+    pseudo = compact.sessions.with_columns(
+        pl.col("session_key").alias("conv_id"),
+        pl.lit(1, dtype=pl.Int32).alias("session_index"),
+        (pl.col("session_key") + ":" + pl.col("dia_id")).alias("event_id"),
+    )
+    windows, counter = plan_from_settings(pseudo, s, OmegaConf.select(ctx.cfg, "llm"),
+                                            convert=True)
+    plan = [(w, kind, dataclasses.replace(build_request(w, kind, s), conv_id=None))
+            for kind in s.perspectives for w in windows]
+    results = ctx.generate([p[2] for p in plan], desc="extract")  # one batch
+    notes: dict[str, Any] = {}
+    # collect_entries maps and counts per request (parse failures, rejected items ...).
+    per_session = collect_entries(plan, results, notes)
+    by_key: dict[tuple[str, str], list[EntryRow]] = defaultdict(list)
+    for row in per_session:  # in plan order: perspective, session, window, reply item
+        by_key[(row.kind, row.conv_id)].append(row)
+    hay = compact.haystacks.sort("conv_id", "session_index")
+    rows: list[EntryRow] = []
+    seen: set[str] = set()
+    duplicates = 0
+    for kind in s.perspectives:
+        for conv, index, key in hay.iter_rows():
+            for r in by_key.get((kind, key), ()):
+                event = f"{conv}:{r.dia_id}"
+                eid = entry_id(conv, event, kind, r.text)
+                if eid in seen:
+                    duplicates += 1
+                    continue
+                seen.add(eid)
+                rows.append(dataclasses.replace(r, entry_id=eid, conv_id=conv, event_id=event,
+                                                session_index=index))
+    occurrences = hay.group_by("session_key").len()
+    per_key_windows = defaultdict(int)
+    for w in windows:
+        per_key_windows[w.conv_id] += 1
+    notes.update(
+        layout="compact: one request per distinct session window",
+        windows=len(windows),
+        window_occurrences=sum(per_key_windows[k] * n for k, n in occurrences.iter_rows()),
+        window_tokenizer=counter,
+        window_plan=window_plan_hash(windows),
+        split_turns=len({t.event_id for w in windows for t in w.turns if t.part}),
+        requests=len(plan),
+        duplicate_items=notes.get("duplicate_items", 0) + duplicates,
+    )
+    return rows, notes
+
+
 def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s: ExtractSettings = ctx.settings
+    if per_session_applies(ctx):  # compact turns (LongMemEval): once per distinct session
+        rows, notes = run_per_session(ctx, s)
+        ctx.notes.update(
+            notes,
+            prompt_variant="reference" if s.reference_dir else s.prompt_variant,
+            entries=len(rows),
+            turns=turns_store.read_compact(ctx.run).turn_count,
+            turns_covered=len({r.event_id for r in rows}),
+            **{f"entries_{k}": sum(r.kind == k for r in rows) for k in s.perspectives},
+        )
+        log.info("extract: %s", ctx.notes)
+        return {"entries": entries_frame(rows)}
     turns = ctx.read("turns")
     windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"), convert=True)
     # Grouped by perspective: consecutive requests share the system prompt, which llama.cpp
