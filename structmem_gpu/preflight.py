@@ -308,11 +308,28 @@ def check_inputs(job: Job) -> list[Finding]:
     return found
 
 
+def check_official(job: Job) -> list[Finding]:
+    """Every configured official checkout (prompts.sources.*) exists and holds its commit,
+    whichever stage reads it (the manifest records them all)."""
+    from structmem_gpu.prompts import sources
+    from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
+
+    found = []
+    for name in SOURCE_NAMES:
+        try:
+            spec = source_spec(job.cfg, name)
+            if spec is not None:
+                sources.resolved_commit(sources.parse(f"prompts.sources.{name}", spec))
+        except StructMemError as err:
+            found.append(Finding(str(err)))
+    return found
+
+
 # The checks, in order; one line adds one. The GPU memory plan is not among them: the dry run
 # prints it and exits 2 on a refusal (bench/dry_run.print_dry_run), and run_stages, which
 # evicts backends by it, refuses the job before any stage (structmem_gpu/gpu_plan.py).
 CHECKS: list[Callable[[Job], list[Finding]]] = [check_engines, check_models, check_gpu, check_disk,
-                                                check_inputs]
+                                                check_official, check_inputs]
 
 
 def check(cfg: DictConfig, stages: Sequence[Any], run_dir: Path,

@@ -57,7 +57,7 @@ from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns")
+OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns", "entry_updates")
 # The llm-config keys that change replies, within one llm config (a judge's, a panel member's).
 LLM_IDENTITY_KEYS = tuple(k.removeprefix("llm.") for k in LLM_IDENTITY)
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)

@@ -334,6 +334,12 @@ def run_protocols(cfg: DictConfig, manifest: Mapping[str, Any]) -> dict[str, str
     configured = str(OmegaConf.select(cfg, "judge.input", default="reply") or "reply")
     out["judge_input"] = str(judge_notes.get("judge_input") or "answer") if judge_notes \
         else configured
+    update = (stages.get("update") or {}).get("notes")
+    if update is not None:  # the offline update ran: which store QA read (update.read)
+        read = str(OmegaConf.select(cfg, "update.read", default="pre") or "pre")
+        keeps = read == "pre" or bool(OmegaConf.select(cfg, "update.post_syntheses", default=False))
+        out["qa_store"] = (f"{read}-update ({'with' if keeps else 'without'} syntheses; "
+                           f"update {'on' if update.get('enabled') else 'off'})")
     return out
 
 

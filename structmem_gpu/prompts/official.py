@@ -43,6 +43,10 @@ BUILD_NAMES = {
     "relation": "LoCoMo_Event_Binding_relational",
     "synthesis": "LoCoMo_Cross_Event_Consolidation",
 }
+# The offline update's system prompt (LightMemory.offline_update_all_entries; prompts/update.py
+# fills the user message). Kept out of BUILD_NAMES: the extract/consolidate fingerprints hash
+# exactly those three texts.
+UPDATE_NAME = "UPDATE_PROMPT"
 # Readers of experiments/locomo/prompts.py (search_locomo.py): with event summaries (StructMem,
 # --enable-summary) and without (LightMem; our flat memory), with the fields each is filled with.
 _SPEAKER_FIELDS = ("speaker_1_name", "speaker_1_memories", "speaker_2_name",
@@ -125,6 +129,11 @@ def lightmem_build(spec: str, var: str, what: str) -> OfficialText:
 def build_texts(spec: str) -> dict[str, OfficialText]:
     """The three build prompts, by use."""
     return {use: lightmem_build(spec, var, f"the {use} prompt") for use, var in BUILD_NAMES.items()}
+
+
+def lightmem_update(spec: str) -> OfficialText:
+    """The offline update's system prompt (the update stage sends it as is)."""
+    return lightmem_build(spec, UPDATE_NAME, "the offline update prompt")
 
 
 def lightmem_reader(spec: str, name: str = READER_NAME) -> OfficialText:
@@ -248,6 +257,7 @@ def _texts_of(name: str, spec: str) -> dict[str, OfficialText]:
         judge = locomo_judge(spec, None)
         assert judge is not None
         out["judge_locomo"] = judge
+        out["update"] = lightmem_update(spec)
         return out
     if name == "mem0":
         judge = locomo_judge(None, spec)
