@@ -287,6 +287,23 @@ def manifest(cfg: DictConfig) -> dict[str, Any] | None:
     return out or None
 
 
+def texts_protocol(cfg: DictConfig) -> str:
+    """The report's `protocols.texts`: which official checkouts (at which commit) the run's
+    texts came from, e.g. "official: lightmem@8fc9a91, mem0@b3ede5b; ours: longmemeval", or
+    "ours" when every prompts.sources.* is null (our own wording)."""
+    official, ours = [], []
+    for name in SOURCE_NAMES:
+        spec = source_spec(cfg, name)
+        if spec is None:
+            ours.append(name)
+            continue
+        commit = S.resolved_commit(_src(name, spec))
+        official.append(f"{name}@{commit[:7] if commit else 'work tree'}")
+    if not official:
+        return "ours"
+    return "official: " + ", ".join(official) + (f"; ours: {', '.join(ours)}" if ours else "")
+
+
 def fingerprint(texts: Mapping[str, OfficialText | None]) -> str | None:
     """Stage fingerprint material: the commit and hash of every official text a stage uses."""
     used = {k: (t.commit, t.digest) for k, t in sorted(texts.items()) if t is not None}
