@@ -88,7 +88,8 @@ def test_queue_holds_earlier_or_equal_neighbours_without_itself() -> None:
     assert q[0] == []  # nothing earlier
     assert [j for j, _ in q[1]] == [0, 2]  # equal time counts (2), never itself, best first
     assert [j for j, _ in q[3]][:2] == [0, 1] and q[3][0][1] == pytest.approx(1.0)
-    assert update.update_queues(mat, times, top_k=2, keep=10)[3] == [(0, pytest.approx(1.0))]
+    # the search's top_k counts the entry itself (then dropped): e2's 2 hits are itself and e0
+    assert update.update_queues(mat, times, top_k=2, keep=10)[2] == [(0, pytest.approx(0.0))]
     assert len(update.update_queues(mat, times, top_k=20, keep=1)[3]) == 1
     cands = update.candidates_of("c", ["a", "b", "c", "d"], list("ABCD"), q, 0.9)
     assert [(c.entry_id, c.sources) for c in cands] == [("a", ("b", "d")), ("b", ("d",))]
@@ -172,6 +173,30 @@ def test_reference_profile_lists_update_and_reads_pre_by_default() -> None:
     assert "update" not in cfg_for("experiment=structmem_locomo", "prompts.sources.lightmem=null",
                                    "prompts.sources.mem0=null",
                                    "prompts.sources.longmemeval=null").method.stages
+
+
+def test_pre_store_leaves_every_other_request_unchanged(tmp_path: Path) -> None:
+    """update.read=pre (the reference profile's default): listing the stage adds its own
+    requests and changes no other request of the job (the QA view is the store as built)."""
+    from tests.fixtures.pipeline import run_pipeline
+
+    base = ["debug=scripted", "embedder=minilm", "benchmark=sample",
+            "benchmark.conversations=[sample-1]", f"paths.cache_dir={tmp_path / 'cache'}",
+            "report.plots=false"]
+    run_pipeline([*base, "method=structmem"], tmp_path / "off")
+    run_pipeline([*base, "method=structmem", "stages=[load,extract,embed,consolidate,update,"
+                  "retrieve,answer,judge,report]"], tmp_path / "on")
+
+    def ids(run: str, stage: str) -> list[str]:
+        reqs = RunDir(tmp_path / run).read_table("requests")
+        return sorted(reqs.filter(pl.col("stage") == stage)["request_id"].to_list())
+
+    for stage in ("extract", "consolidate", "answer", "judge"):
+        assert ids("off", stage) == ids("on", stage) != [], stage
+    assert ids("off", "update") == [] and len(ids("on", "update")) == RunDir(
+        tmp_path / "on").read_table("entry_updates").height
+    assert RunDir(tmp_path / "off").read_table("retrievals").equals(
+        RunDir(tmp_path / "on").read_table("retrievals"))
 
 
 # ---- against the reference code -------------------------------------------------------------

@@ -66,10 +66,11 @@ class UpdateSettings(Settings):
     queue_top_k: int = knob(SIZE)  # neighbours searched per entry (itself included)
     queue_keep: int = knob(COUNT)  # kept in its queue after dropping itself
     score_threshold: float = knob(RATE)
-    # What QA reads (update_view.py), not what this stage computes: unhashed, so switching
-    # pre/post reruns retrieve and answer only.
-    read: str = knob(Enum(*READS), hashed=False)
-    post_syntheses: bool = knob(BOOL, hashed=False)
+    # What QA reads (update_view.py; retrieve and the readers fingerprint it). Hashed like
+    # every knob that changes a result (config hash, run directory name); a switch reruns
+    # this stage from the response cache.
+    read: str = knob(Enum(*READS))
+    post_syntheses: bool = knob(BOOL)
     max_tokens: int = knob(TOKENS)
     max_chars: int = knob(SIZE)
     temperature: float = knob(TEMPERATURE)
