@@ -169,7 +169,8 @@ def test_reference_profile_lists_update_and_reads_pre_by_default() -> None:
                   "prompts.sources.mem0=null", "prompts.sources.longmemeval=null")
     stages = list(cfg.method.stages)
     assert stages.index("consolidate") < stages.index("update") < stages.index("retrieve")
-    assert cfg.update.enabled and cfg.update.read == "pre" and not cfg.update.post_syntheses
+    upd = cfg["update"]  # (DictConfig.update is a method)
+    assert upd.enabled and upd.read == "pre" and not upd.post_syntheses
     assert "update" not in cfg_for("experiment=structmem_locomo", "prompts.sources.lightmem=null",
                                    "prompts.sources.mem0=null",
                                    "prompts.sources.longmemeval=null").method.stages
