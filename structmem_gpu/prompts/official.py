@@ -257,7 +257,9 @@ def _texts_of(name: str, spec: str) -> dict[str, OfficialText]:
         judge = locomo_judge(spec, None)
         assert judge is not None
         out["judge_locomo"] = judge
-        out["update"] = lightmem_update(spec)
+        # Only the update stage needs it (and stops naming it where it is absent).
+        if UPDATE_NAME in S.string_constants(_src(name, spec), LIGHTMEM_BUILD_FILE):
+            out["update"] = lightmem_update(spec)
         return out
     if name == "mem0":
         judge = locomo_judge(None, spec)

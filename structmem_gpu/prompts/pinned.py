@@ -56,9 +56,9 @@ def source(name: str, official_dir: str) -> str:
     return f"{Path(str(official_dir)) / pin.folder}@{pin.commit}"
 
 
-def missing_line(key: str, path: Path) -> str:
-    """The one line a job without a pinned checkout stops on."""
-    return (f"{key}: {path} does not exist (the official checkouts are not fetched); fetch them "
+def missing_line(where: str, path: Path, key: str) -> str:
+    """The one line a job without a pinned checkout stops on (`where`: key=spec)."""
+    return (f"{where}: {path} does not exist (the official checkouts are not fetched); fetch them "
             f"with `{FETCH_COMMAND}` (paths.official_dir / STRUCTMEM_OFFICIAL_DIR names the "
             f"folder), or set {key}=null to run on our own wording")
 

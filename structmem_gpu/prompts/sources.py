@@ -40,7 +40,7 @@ def parse(key: str, spec: str) -> Source:
     if not src.path.exists():
         from structmem_gpu.prompts.pinned import missing_line
 
-        raise ConfigError(missing_line(key, src.path))
+        raise ConfigError(missing_line(src.where(), src.path, key))
     if not src.path.is_dir():
         raise ConfigError(f"{src.where()}: {src.path} is not a directory (expected a checkout)")
     return src
