@@ -312,3 +312,24 @@ def test_update_equals_lightmem_offline_update(tmp_path: Path, lightmem_spec: st
     assert got == want  # the same candidates, each with the same system and user message
     view = update_view.qa_entries(cfg_for("update.read=post"), entries, ours)
     assert dict(zip(view["entry_id"], view["text"], strict=True)) == final
+
+
+# ---- presets (item 6) -----------------------------------------------------------------------
+
+
+def test_table5_row_matches_the_gpt_oss_120b_command_only() -> None:
+    """SEEM Table 5's SEEM row is reached by the advertised command (README "Evaluation
+    protocols"), and not by the same experiment on another backbone."""
+    from tests.fixtures.pipeline import compose_cfg
+
+    from structmem_gpu.eval.published import matching_rows
+
+    oss = compose_cfg(["experiment=seem_locomo", "llm=vllm_gpt_oss_120b",
+                       "judge=deepseek_v3_2_endpoint"])
+    assert "seem-table5-seem" in {r.id for r in matching_rows(oss)}
+    qwen = compose_cfg(["experiment=seem_locomo", "llm=vllm_qwen3_8b"])
+    ids = {r.id for r in matching_rows(qwen)}
+    assert "seem-table5-seem" not in ids and "seem-table1-locomo-seem" in ids
+    judge = oss["judge"]
+    assert judge.llm.api_key_env == "DEEPSEEK_API_KEY" and judge.protocol == "paper"
+    assert oss.llm.weights_gb == 65.3 and oss.llm.tensor_parallel_size == 1
