@@ -30,6 +30,7 @@ from structmem_gpu.llm.types import LLMRequest
 from structmem_gpu.methods.structmem import update, update_view
 from structmem_gpu.methods.structmem.embed import embeddings_frame
 from structmem_gpu.prompts import pinned
+from structmem_gpu.prompts import update as P_update
 from structmem_gpu.prompts import sources as S
 from tests.unit.test_structmem_stages import FakeBackends, cfg_for, run_stage
 
@@ -333,3 +334,24 @@ def test_table5_row_matches_the_gpt_oss_120b_command_only() -> None:
     judge = oss["judge"]
     assert judge.llm.api_key_env == "DEEPSEEK_API_KEY" and judge.protocol == "paper"
     assert oss.llm.weights_gb == 65.3 and oss.llm.tensor_parallel_size == 1
+
+
+def test_replication_profile_reads_the_official_texts_with_no_sources_argument(
+    lightmem_spec: str,
+) -> None:
+    """With STRUCTMEM_OFFICIAL_DIR (the mirrors standing in for a fetch), the reference
+    profile's requests carry LightMem's texts; `prompts.sources.lightmem=null` = ours."""
+    cfg = cfg_for("experiment=structmem_locomo_reference_code")
+    assert cfg.prompts.sources.lightmem == lightmem_spec
+    system, version = update.system_prompt(update.UpdateSettings.from_cfg(cfg))
+    src = S.parse("lightmem", lightmem_spec)
+    assert system == S.string_constant(src, "src/lightmem/memory/prompts.py", "UPDATE_PROMPT", "")
+    assert version.startswith("official-update/")
+    from structmem_gpu.prompts.official import texts_protocol
+
+    assert texts_protocol(cfg) == ("official: lightmem@8fc9a91, mem0@b3ede5b, "
+                                   "longmemeval@9e0b455")
+    ours = cfg_for("experiment=structmem_locomo_reference_code", "prompts.sources.lightmem=null",
+                   "prompts.sources.mem0=null", "prompts.sources.longmemeval=null")
+    assert update.system_prompt(update.UpdateSettings.from_cfg(ours)) == (
+        P_update.SYSTEM, P_update.VERSION) and texts_protocol(ours) == "ours"
