@@ -6,6 +6,8 @@
     python jobs/data.py smollm2-hf                       # SmolLM2 GGUF -> HF folder (llm=vllm_cpu)
     python jobs/data.py models <the job's overrides>     # every model that job loads -> HF cache
     python jobs/data.py models --check <overrides>       # are they all here? download nothing
+    python jobs/data.py official                         # LightMem, mem0, LongMemEval checkouts
+    python jobs/data.py official --from /shared/official # from local mirrors (no network)
 
 LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
 LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the
@@ -26,7 +28,15 @@ huggingface_hub's `snapshot_download` into the Hugging Face cache (HF_HOME / HF_
 resumable, with a progress bar; tokenizer files only for the window tokenizer). Run it on a
 node with network (the login node); the compute node then runs with HF_HUB_OFFLINE=1.
 Exit codes: 0 every model present; 2 a model is missing (`--check`, or a path that cannot be
-downloaded) or a download failed.
+downloaded) or a download failed. `models` also fetches the official checkouts the job names
+(below) when they are missing.
+
+`official` fetches the three reference repositories whose texts the replication experiments
+read at run time (structmem_gpu/prompts/pinned.py: zjunlp/LightMem 8fc9a91, mem0ai/mem0
+b3ede5b, xiaowu0162/LongMemEval 9e0b455) as bare git repositories into paths.official_dir
+(STRUCTMEM_OFFICIAL_DIR, else <data dir>/official), verifies that each holds its pinned commit
+and prints where. `--from DIR` fetches from local repositories DIR/lightmem.git, ... instead of
+the code host. Exit codes: 0 all present; 1 `--check` found one missing; 2 a fetch failed.
 """
 
 from __future__ import annotations
@@ -255,6 +265,8 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "models":  # a subcommand, never a dataset name
         return models_main(argv[1:])
+    if argv and argv[0] == "official":
+        return official_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
@@ -279,6 +291,77 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
         log.error("%s", err)
         return 2
     return 0
+
+
+# ---- `official`: the pinned reference checkouts -------------------------------------------
+
+
+def official_main(argv: Sequence[str]) -> int:
+    from structmem_gpu.prompts import pinned
+
+    parser = argparse.ArgumentParser(
+        prog="python jobs/data.py official",
+        description="Fetch the official reference repositories (bare, pinned commits) into "
+        "paths.official_dir.")
+    parser.add_argument("--data-dir", type=Path, default=Path("data"), help="default: data/")
+    parser.add_argument("--official-dir", type=Path, default=None,
+                        help="default: $STRUCTMEM_OFFICIAL_DIR, else <data dir>/official")
+    parser.add_argument("--from", dest="source", type=Path, default=None,
+                        help="a folder of local repositories lightmem.git, mem0.git, "
+                        "longmemeval.git to fetch from instead of the code host")
+    parser.add_argument("--check", action="store_true", help="only verify; fetch nothing")
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    where = args.official_dir or pinned.official_dir_default(args.data_dir)
+    return fetch_official(where, args.source, check_only=args.check)
+
+
+def fetch_official(where: Path, source: Path | None = None, *, check_only: bool = False,
+                   names: Sequence[str] | None = None) -> int:
+    """Fetch (or, check_only, verify) the pinned checkouts into `where`; one line each."""
+    from structmem_gpu.prompts import pinned
+
+    missing, failed = [], []
+    for name in names or list(pinned.PINNED):
+        pin = pinned.PINNED[name]
+        dest = where / pin.folder
+        if check_only:
+            ok = pinned.holds(dest, pin.commit)
+            print(f"{name}: {dest} {'holds' if ok else 'MISSING'} {pin.commit[:12]}")
+            if not ok:
+                missing.append(name)
+            continue
+        try:
+            src = None if source is None else str(source / pin.folder)
+            path, fetched = pinned.fetch(name, where, src)
+        except StructMemError as err:
+            failed.append(str(err))
+            continue
+        print(f"{name}: {path} @ {pin.commit[:12]} ({'fetched' if fetched else 'present'})")
+    if missing:
+        print(f"error: missing {', '.join(missing)}; fix: {pinned.FETCH_COMMAND}", file=sys.stderr)
+        return 1
+    if failed:
+        print("error: " + " | ".join(failed), file=sys.stderr)
+        return 2
+    if not check_only:
+        print(f"official checkouts in {where} (paths.official_dir; STRUCTMEM_OFFICIAL_DIR={where} "
+              "points jobs elsewhere at them)")
+    return 0
+
+
+def job_official(cfg: Any) -> dict[str, Path]:
+    """The pinned checkouts a job's config names (prompts.sources.* at a pinned repository of
+    paths.official_dir), by source name."""
+    from structmem_gpu.prompts import pinned
+    from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
+
+    out = {}
+    for name in SOURCE_NAMES:
+        spec = source_spec(cfg, name)
+        if spec is not None and spec == pinned.source(name, str(cfg.paths.official_dir)):
+            out[name] = Path(str(cfg.paths.official_dir))
+    return out
 
 
 # ---- `models`: every model a job's config names, fetched ahead -----------------------------
@@ -386,12 +469,20 @@ def models_main(argv: Sequence[str]) -> int:
     try:
         points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
         refs: dict[tuple[str, str | None], Any] = {}
+        official: dict[str, Path] = {}
         for point in points:
             for ref in job_models(point):
                 refs.setdefault((ref.name, ref.revision), ref)
+            official.update(job_official(compose_job(point)))
     except (HydraException, StructMemError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    # The official texts the job reads (conf/texts/official.yaml), like its models.
+    for where in sorted(set(official.values())):
+        names = [n for n, w in official.items() if w == where]
+        rc = fetch_official(where, check_only=args.check, names=names)
+        if rc:
+            return 2
     rows = []  # (ref, location, GB to download or None)
     for ref in refs.values():
         where = locate(ref)

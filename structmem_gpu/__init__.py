@@ -13,5 +13,7 @@ __version__ = "0.1.0"
 # CPU environment (.venv-vllm) runs only llm/convert.py and has no omegaconf: nothing to register.
 if _find_spec("omegaconf") is not None:
     from structmem_gpu import run_key as _run_key
+    from structmem_gpu.prompts import pinned as _pinned
 
     _run_key.register()
+    _pinned.register()  # ${official_source:NAME,DIR}: the pinned official checkouts

@@ -216,6 +216,11 @@ class PromptsSettings(Settings):
 class PathsSettings(Settings):
     open_keys: ClassVar[Mapping[str, Any]] = {"*": STR}
 
+    # The folder of the pinned official checkouts (lightmem.git, mem0.git, longmemeval.git;
+    # prompts/pinned.py): STRUCTMEM_OFFICIAL_DIR, else <data_dir>/official. Where they are
+    # never changes a result (their commits and text hashes are fingerprinted).
+    official_dir: str | None = knob(STR_OR_NULL, None)
+
 
 @dataclass(frozen=True)
 class TrackingSettings(Settings):

@@ -297,6 +297,8 @@ def check_inputs(job: Job) -> list[Finding]:
     """What the stages' fingerprints read from outside the config (the official texts from
     the prompts.sources checkouts, the benchmark file): a missing one is named now, in a dry
     run too, not when its stage starts."""
+    if check_official(job):  # the official checkouts: reported once, by check_official
+        return []
     found = []
     for stage in job.stages:
         if stage.extra_fingerprint is None:
@@ -308,11 +310,41 @@ def check_inputs(job: Job) -> list[Finding]:
     return found
 
 
+def check_official(job: Job) -> list[Finding]:
+    """Every configured official checkout (prompts.sources.*) exists and holds its commit,
+    whichever stage reads it (the manifest records them all). Pinned checkouts missing from
+    paths.official_dir are one line naming the fetch command."""
+    from structmem_gpu.prompts import pinned, sources
+    from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
+
+    found, unfetched = [], []
+    folder = OmegaConf.select(job.cfg, "paths.official_dir", default=None)
+    for name in SOURCE_NAMES:
+        spec = source_spec(job.cfg, name)
+        if spec is None:
+            continue
+        if folder is not None and spec == pinned.source(name, str(folder)) \
+                and not Path(spec.rpartition("@")[0]).exists():
+            unfetched.append(f"{pinned.PINNED[name].folder} ({name})")
+            continue
+        try:
+            sources.resolved_commit(sources.parse(f"prompts.sources.{name}", spec))
+        except StructMemError as err:
+            found.append(Finding(str(err)))
+    if unfetched:
+        found.append(Finding(
+            f"official texts not fetched: paths.official_dir={folder} lacks "
+            f"{', '.join(unfetched)}",
+            f"{pinned.FETCH_COMMAND} (STRUCTMEM_OFFICIAL_DIR names another folder; "
+            "prompts.sources.<name>=null runs on our own wording)"))
+    return found
+
+
 # The checks, in order; one line adds one. The GPU memory plan is not among them: the dry run
 # prints it and exits 2 on a refusal (bench/dry_run.print_dry_run), and run_stages, which
 # evicts backends by it, refuses the job before any stage (structmem_gpu/gpu_plan.py).
 CHECKS: list[Callable[[Job], list[Finding]]] = [check_engines, check_models, check_gpu, check_disk,
-                                                check_inputs]
+                                                check_official, check_inputs]
 
 
 def check(cfg: DictConfig, stages: Sequence[Any], run_dir: Path,

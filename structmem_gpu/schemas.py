@@ -159,6 +159,21 @@ JUDGMENTS: Schema = {
     "evidence_recall": _F64,  # null when the question has no resolvable evidence
 }
 
+# Offline update (methods/structmem/update.py): one row per candidate entry, keyed by the
+# entry's ORIGINAL id (entry ids hash their text; an update never renames an entry).
+ENTRY_UPDATES: Schema = {
+    "entry_id": _STR,
+    "conv_id": _STR,
+    "old_text": _STR,
+    "new_text": _STR,  # the rewritten text (decision "update" with a text); null otherwise
+    "decision": _STR,  # "update" | "delete" | "ignore" (a reply that never parsed: "ignore")
+    "source_entry_ids": _STRLIST,  # the later entries whose queue held it at >= the threshold
+    "max_score": _F64,  # its highest score in those queues
+    "request_id": _STR,
+    "prompt_version": _STR,
+    "parse_ok": _BOOL,
+}
+
 TABLES: dict[str, Schema] = {
     "turns": TURNS,
     "turn_sessions": TURN_SESSIONS,
@@ -168,6 +183,7 @@ TABLES: dict[str, Schema] = {
     "entry_embeddings": EMBEDDINGS,
     "syntheses": SYNTHESES,
     "synthesis_embeddings": EMBEDDINGS,
+    "entry_updates": ENTRY_UPDATES,
     "requests": REQUESTS,
     "retrievals": RETRIEVALS,
     "answers": ANSWERS,

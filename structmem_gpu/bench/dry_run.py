@@ -11,6 +11,7 @@ Loads the benchmark (and applies the shard), then per stage of the method:
   so the count equals the stage's whenever every turn yields an entry); prompt tokens of the
   real synthesis messages built with the turns standing in for the entries (one per turn and
   perspective) and seed_k seed events; completion min(max_tokens, 450) (200-350 words);
+- update: an upper bound, one request per entry (entries: one per turn and perspective);
 - answer / judge: one request per selected question (judge: minus category 5, scored by
   rule, times the judges of the panel); prompts of the real answer / judge templates filled
   with stand-ins of the configured sizes (entries_k entries, syntheses_k syntheses);
@@ -50,7 +51,7 @@ JUDGE_PAPER_COMPLETION = 8  # {"label": "CORRECT"} (judge.protocol=paper)
 CHARS_PER_TOKEN = 4
 # The reader the answer estimate renders (other readers are estimated with its template).
 STRUCTMEM_READER = "structmem_gpu.methods.structmem.context:build_prompts"
-BUILD_STAGES = ("extract", "consolidate")
+BUILD_STAGES = ("extract", "consolidate", "update")
 # StructMem paper, LoCoMo build of the 10 conversations (gpt-4o-mini): calls, input, output.
 PAPER_BUILD = {"requests": 1056, "prompt_tokens": 1_501_000, "completion_tokens": 436_000}
 
@@ -215,6 +216,40 @@ def estimate_consolidate(
     )
 
 
+UPDATE_COMPLETION = 60  # {"action": "update", "new_memory": "<one sentence>"}
+
+
+def estimate_update(
+    cfg: DictConfig, turns: pl.DataFrame, counter: TokenCounter, check: ContextCheck | None = None
+) -> StageEstimate:
+    """Offline update: an UPPER BOUND of one request per entry (every entry a candidate; the
+    stage sends one per entry that reaches update.score_threshold in another's queue), entries
+    estimated at one per turn and perspective; each prompt = the update prompt with the turn
+    as target and one candidate (the next turn of the conversation)."""
+    from structmem_gpu.methods.structmem.update import UpdateSettings, system_prompt
+    from structmem_gpu.prompts import update as P
+
+    s = UpdateSettings.from_cfg(cfg)
+    if not s.enabled:
+        return StageEstimate("update", 0, 0, 0, "update.enabled=false")
+    system, _ = system_prompt(s)
+    per = len(list(cfg.extract.perspectives))
+    cap = int(cfg.extract.max_item_chars)
+    prompt = n = over = 0
+    for (_,), part in turns.group_by("conv_id", maintain_order=True):
+        texts = [(t or "")[:cap] for t in part["text"].to_list()]
+        for i, text in enumerate(texts):
+            msgs = P.build_messages(system, text, texts[i + 1 : i + 2] or [text])
+            prompt += per * counter.messages(msgs)
+            over += per * (check is not None and check.over(msgs, s.max_tokens))
+            n += per
+    return StageEstimate(
+        "update", n, prompt, n * min(s.max_tokens, UPDATE_COMPLETION),
+        "upper bound: every entry a candidate (one per turn and perspective)",
+        None if check is None else over,
+    )
+
+
 def _selected(cfg: DictConfig, questions: pl.DataFrame) -> pl.DataFrame:
     from structmem_gpu.eval.selection import selected_questions
 
@@ -344,6 +379,8 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
             rows.append(estimate_extract(cfg, turns, counter, check))
         elif name == "consolidate":
             rows.append(estimate_consolidate(cfg, turns, counter, check))
+        elif name == "update":
+            rows.append(estimate_update(cfg, turns, counter, check))
         elif name == "answer":
             rows.append(estimate_answer(cfg, turns, questions, counter, check))
         elif name == "judge":
@@ -404,9 +441,10 @@ def format_estimate(est: dict[str, Any]) -> str:
     lines += over_context_lines(est)
     b = est.get("build") or {}
     if b.get("requests"):
+        built = " + ".join(n for n in BUILD_STAGES if any(r["stage"] == n for r in est["stages"]))
         lines += [
             "",
-            f"build (extract + consolidate): {b['requests']:,} requests, "
+            f"build ({built}): {b['requests']:,} requests, "
             f"{b['prompt_tokens'] / 1e6:.3f} M prompt + {b['completion_tokens'] / 1e6:.3f} M "
             "completion tokens",
         ]

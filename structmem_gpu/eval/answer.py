@@ -52,12 +52,12 @@ from structmem_gpu import schemas
 from structmem_gpu.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
-from structmem_gpu.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Settings, knob
+from structmem_gpu.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns")
+OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns", "entry_updates")
 # The llm-config keys that change replies, within one llm config (a judge's, a panel member's).
 LLM_IDENTITY_KEYS = tuple(k.removeprefix("llm.") for k in LLM_IDENTITY)
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)
@@ -188,7 +188,9 @@ class AnswerSettings(Settings):
     temperature: float = knob(TEMPERATURE)
     protocol: str = knob(Enum(*PROTOCOLS), "paper")
     # Reader context budget (characters / 4): full_context and SEEM's builders.
-    context_tokens: int | None = knob(SIZE, None)
+    # full_context: null = the whole history, never cut (requests over the model's context
+    # are refused by the context guard); SEEM's reader needs a number.
+    context_tokens: int | None = knob(Int(ge=1, null=True), None)
     # paper reader: entries grouped by speaker (the reference) or one ranked list.
     entry_layout: str = knob(Enum("speakers", "rank"), "speakers")
     speaker_groups: int = knob(SIZE, 2)  # speaker groups shown (entry_layout=speakers)

@@ -323,8 +323,9 @@ def build_report(
 
 
 def run_protocols(cfg: DictConfig, manifest: Mapping[str, Any]) -> dict[str, str]:
-    """{"answer": ..., "judge": ..., "judge_input": reply | answer}: what each stage recorded
-    in the manifest, else the config (a judge entry without judge_input judged the answer)."""
+    """{"answer": ..., "judge": ..., "judge_input": reply | answer, "texts": official: ... |
+    ours, and "qa_store" where the offline update ran}: what each stage recorded in the
+    manifest, else the config (a judge entry without judge_input judged the answer)."""
     stages = manifest.get("stages") or {}
     out = {}
     for stage, default in (("answer", answer_protocol(cfg)), ("judge", judge_protocol(cfg))):
@@ -334,6 +335,15 @@ def run_protocols(cfg: DictConfig, manifest: Mapping[str, Any]) -> dict[str, str
     configured = str(OmegaConf.select(cfg, "judge.input", default="reply") or "reply")
     out["judge_input"] = str(judge_notes.get("judge_input") or "answer") if judge_notes \
         else configured
+    from structmem_gpu.prompts.official import texts_protocol
+
+    out["texts"] = texts_protocol(cfg)  # official checkouts (commits) or our own wording
+    update = (stages.get("update") or {}).get("notes")
+    if update is not None:  # the offline update ran: which store QA read (update.read)
+        read = str(OmegaConf.select(cfg, "update.read", default="pre") or "pre")
+        keeps = read == "pre" or bool(OmegaConf.select(cfg, "update.post_syntheses", default=False))
+        out["qa_store"] = (f"{read}-update ({'with' if keeps else 'without'} syntheses; "
+                           f"update {'on' if update.get('enabled') else 'off'})")
     return out
 
 
@@ -418,6 +428,7 @@ STAGE = Stage(
     extra_fingerprint=_report_fingerprint,
     # 2: unjudged counted as wrong; judge_accuracy_judged / unjudged per group; protocols.
     # 3: protocols.judge_input; LongMemEval hypotheses follow it.
-    version="3",
+    # 4: protocols.texts (official checkouts or ours) and protocols.qa_store (offline update).
+    version="4",
     uses=(),
 )

@@ -267,6 +267,13 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
         ),
         "",
     ]
+    if "texts" in protocols or "qa_store" in protocols:
+        lines += [
+            f"Texts: {protocols.get('texts', '?')} (prompts.sources; README \"Official texts\")"
+            + (f"; QA read the {protocols['qa_store']} store (update.read)"
+               if "qa_store" in protocols else "") + ".",
+            "",
+        ]
     for section in (
         scores_section(rep),
         judges_section(rep),

@@ -43,6 +43,10 @@ BUILD_NAMES = {
     "relation": "LoCoMo_Event_Binding_relational",
     "synthesis": "LoCoMo_Cross_Event_Consolidation",
 }
+# The offline update's system prompt (LightMemory.offline_update_all_entries; prompts/update.py
+# fills the user message). Kept out of BUILD_NAMES: the extract/consolidate fingerprints hash
+# exactly those three texts.
+UPDATE_NAME = "UPDATE_PROMPT"
 # Readers of experiments/locomo/prompts.py (search_locomo.py): with event summaries (StructMem,
 # --enable-summary) and without (LightMem; our flat memory), with the fields each is filled with.
 _SPEAKER_FIELDS = ("speaker_1_name", "speaker_1_memories", "speaker_2_name",
@@ -125,6 +129,11 @@ def lightmem_build(spec: str, var: str, what: str) -> OfficialText:
 def build_texts(spec: str) -> dict[str, OfficialText]:
     """The three build prompts, by use."""
     return {use: lightmem_build(spec, var, f"the {use} prompt") for use, var in BUILD_NAMES.items()}
+
+
+def lightmem_update(spec: str) -> OfficialText:
+    """The offline update's system prompt (the update stage sends it as is)."""
+    return lightmem_build(spec, UPDATE_NAME, "the offline update prompt")
 
 
 def lightmem_reader(spec: str, name: str = READER_NAME) -> OfficialText:
@@ -248,6 +257,9 @@ def _texts_of(name: str, spec: str) -> dict[str, OfficialText]:
         judge = locomo_judge(spec, None)
         assert judge is not None
         out["judge_locomo"] = judge
+        # Only the update stage needs it (and stops naming it where it is absent).
+        if UPDATE_NAME in S.string_constants(_src(name, spec), LIGHTMEM_BUILD_FILE):
+            out["update"] = lightmem_update(spec)
         return out
     if name == "mem0":
         judge = locomo_judge(None, spec)
@@ -275,6 +287,23 @@ def manifest(cfg: DictConfig) -> dict[str, Any] | None:
     if out.get("mem0") and out.get("lightmem"):
         out["judge_locomo_from"] = "mem0"
     return out or None
+
+
+def texts_protocol(cfg: DictConfig) -> str:
+    """The report's `protocols.texts`: which official checkouts (at which commit) the run's
+    texts came from, e.g. "official: lightmem@8fc9a91, mem0@b3ede5b; ours: longmemeval", or
+    "ours" when every prompts.sources.* is null (our own wording)."""
+    official, ours = [], []
+    for name in SOURCE_NAMES:
+        spec = source_spec(cfg, name)
+        if spec is None:
+            ours.append(name)
+            continue
+        commit = S.resolved_commit(_src(name, spec))
+        official.append(f"{name}@{commit[:7] if commit else 'work tree'}")
+    if not official:
+        return "ours"
+    return "official: " + ", ".join(official) + (f"; ours: {', '.join(ours)}" if ours else "")
 
 
 def fingerprint(texts: Mapping[str, OfficialText | None]) -> str | None:

@@ -37,6 +37,10 @@ def parse(key: str, spec: str) -> Source:
     if not sep or not path or not commit or Path(text).expanduser().exists():
         path, commit = text, ""
     src = Source(key, text, Path(path).expanduser(), commit or None)
+    if not src.path.exists():
+        from structmem_gpu.prompts.pinned import missing_line
+
+        raise ConfigError(missing_line(src.where(), src.path, key))
     if not src.path.is_dir():
         raise ConfigError(f"{src.where()}: {src.path} is not a directory (expected a checkout)")
     return src

@@ -69,7 +69,8 @@ def test_report_overall_and_categories(structmem_sample_run: Path) -> None:
     if judged:
         assert rep["overall"]["judge_accuracy_judged"] == pytest.approx(correct / judged)
     assert all(set(g) == REPORT_GROUP_KEYS for g in rep["by_category"].values())
-    assert rep["protocols"] == {"answer": "paper", "judge": "paper", "judge_input": "reply"}
+    assert rep["protocols"] == {"answer": "paper", "judge": "paper", "judge_input": "reply",
+                                "texts": "ours"}
     assert rep["published"] == [] and rep["published_excluded"]  # debug=ci: never comparable
     assert set(rep["by_category"]) <= {"1", "2", "3", "4"}
     assert {"extract", "consolidate", "answer", "judge"} <= set(rep["build_cost"])

@@ -117,7 +117,8 @@ def test_report_json_contract_and_n_sums(sample_run: Path) -> None:
     assert rep["overall"]["judge_accuracy"] == pytest.approx(correct / judg.height)
     assert rep["overall"]["judge_accuracy_judged"] == pytest.approx(correct / judged)
     assert sum(g["unjudged"] for g in rep["by_category"].values()) == rep["unjudged"]
-    assert rep["protocols"] == {"answer": "paper", "judge": "paper", "judge_input": "reply"}
+    assert rep["protocols"] == {"answer": "paper", "judge": "paper", "judge_input": "reply",
+                                "texts": "ours"}
     assert rep["published"] == [] and "scripted" in rep["published_excluded"]
     assert set(rep["by_category"]) == {"1", "2", "3", "4", "5"}
     assert rep["category_names"]["5"] == "adversarial" and rep["judge"] == "same_as_llm"

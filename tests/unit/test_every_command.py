@@ -65,6 +65,19 @@ def benchmark_overrides(cfg: DictConfig, data_dir: Path) -> list[str]:
     return ["benchmark=sample"]
 
 
+def missing_official(cfg: DictConfig) -> str | None:
+    """The first official checkout the config names that this machine lacks (None: all here).
+    CI sets STRUCTMEM_OFFICIAL_DIR (paths.official_dir) to the shared mirrors, so none is
+    skipped there; a machine without them skips those commands with this line."""
+    from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
+
+    for name in SOURCE_NAMES:
+        spec = source_spec(cfg, name)
+        if spec is not None and not Path(spec.rpartition("@")[0] or spec).exists():
+            return f"prompts.sources.{name}={spec}"
+    return None
+
+
 def commands() -> Iterator[tuple[str, list[str]]]:
     """(label, overrides): the methods with their figures, then every sweep point (figures
     off: test_plots covers them, and they would take most of a scripted run's time)."""
@@ -124,6 +137,9 @@ def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict
     cfg = _compose([*overrides, *PROFILE, *benchmark_overrides(base, shared["data"]),
                     f"paths.cache_dir={shared['cache']}"])
     check_config(cfg)  # what jobs/run.py checks before any stage runs
+    if missing := missing_official(cfg):  # replication experiments read the official texts
+        pytest.skip(f"{missing}: STRUCTMEM_OFFICIAL_DIR is unset or holds no checkouts "
+                    "(python jobs/data.py official)")
     key = config_hash(cfg)
     if key in shared["done"]:  # the same job as an earlier command: it ran there
         run_dir = shared["done"][key]

@@ -125,7 +125,7 @@ def test_work_tree_bare_clone_and_commit_read_the_same_texts(tmp_path: Path) -> 
          r"defines no string 'ANSWER_PROMPT_StructMem' \(the reader ANSWER_PROMPT_StructMem\)"),
         ("{root}", {"experiments/locomo/prompts.py": "ANSWER_PROMPT_StructMem = '{question}'\n"},
          r"has fields \['question'\], expected"),
-        ("{root}/missing", {}, r"is not a directory"),
+        ("{root}/missing", {}, r"missing.: .*missing does not exist .*python jobs/data.py official"),
         ("{root}@abc123", {}, r"not a git repository, so commit 'abc123' cannot be read"),
     ],
 )

@@ -32,6 +32,8 @@ from structmem_gpu.methods.structmem.context import (
     official_reader,
     official_reader_fingerprint,
     paper_prompts,
+    reader_entries,
+    with_update_view,
 )
 from structmem_gpu.prompts import answer_flat as P
 from structmem_gpu.prompts.answer_structmem import MemoryLine
@@ -42,13 +44,13 @@ OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries
 
 def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
-    return official_reader_fingerprint(cfg, OFFICIAL_READER)
+    return with_update_view(cfg, official_reader_fingerprint(cfg, OFFICIAL_READER))
 
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     """Retrieved entries (chronological, by speaker) per question; syntheses are ignored."""
     retrievals = inputs.require("retrievals", PROMPT_NAME)
-    entries = inputs.require("entries", PROMPT_NAME)
+    entries = reader_entries(inputs, PROMPT_NAME)  # update.read=post: the updated store
     qids = inputs.questions["question_id"].to_list()
     mine = retrievals.filter(pl.col("question_id").is_in(qids))
     if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader, minus the summaries

@@ -9,7 +9,11 @@ model-independent and free). The oldest sessions are dropped first; the first se
 does not fit keeps its latest turns that do. Each conversation is rendered once and shared by
 its questions (LoCoMo: ~200 questions per conversation); a history whose prompt (with the
 conversation's longest question) is over the answer model's context gets a smaller budget
-(eval/context_fit.py). One rendered block:
+(eval/context_fit.py). `answer.context_tokens: null` is the whole-history mode of the papers'
+full-context baselines (a long-context model reads every session, nothing cut or trimmed): a
+conversation whose prompt the answer model's context cannot hold is named in one warning line
+and its questions are refused by the context guard (finish_reason over_context, counted in the
+manifest and report), never silently cut. One rendered block:
 
     Session 5 (7:05 pm on 17 March 2024):
     Tomas: Here he is on his first walk! [image: a photo of a small beagle puppy]
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
+from omegaconf import OmegaConf
 
 from structmem_gpu.data.common import display_text
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
@@ -58,8 +63,13 @@ def _session_blocks(turns: pl.DataFrame) -> list[tuple[str, list[str]]]:
     return blocks
 
 
-def render_history(turns: pl.DataFrame, context_tokens: int) -> History:
-    """Newest sessions first, cut to `context_tokens * CHARS_PER_TOKEN` characters."""
+def render_history(turns: pl.DataFrame, context_tokens: int | None) -> History:
+    """Newest sessions first, cut to `context_tokens * CHARS_PER_TOKEN` characters (None =
+    the whole history)."""
+    if context_tokens is None:
+        blocks = _session_blocks(turns)
+        text = "\n".join("\n".join([h, *lines]) for h, lines in blocks)
+        return History(text, len(blocks), len(blocks), False)
     budget = max(0, int(context_tokens)) * CHARS_PER_TOKEN
     blocks = _session_blocks(turns)
     parts: list[str] = []
@@ -93,17 +103,48 @@ def _latest_turns_that_fit(lines: Sequence[str], budget: int) -> list[str]:
     return kept[::-1]
 
 
-def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
-    turns = inputs.require("turns", "full_context")
-    context_tokens = int(inputs.cfg.answer.context_tokens)
-    convs = inputs.questions["conv_id"].unique().to_list()
+def _whole_histories(
+    inputs: AnswerInputs,
+    turns: pl.DataFrame,
+    convs: Sequence[str],
+    longest: dict[str, tuple[str, Any]],
+    fits: Any,
+) -> dict[str, History]:
+    """Every conversation's whole history; one warning line names those the answer model's
+    context cannot hold (the guard refuses their requests: over_context)."""
+    out: dict[str, History] = {}
+    over: list[str] = []
+    for (conv,), conv_turns in turns.filter(pl.col("conv_id").is_in(convs)).group_by(
+        ["conv_id"], maintain_order=True
+    ):
+        out[conv] = render_history(conv_turns, None)
+        q, now = longest.get(conv, ("", None))
+        if not fits(P.build_messages(q, out[conv].text, now)):
+            over.append(str(conv))
+    if over:
+        from structmem_gpu.llm.factory import config_guard
+
+        limit = config_guard(OmegaConf.select(inputs.cfg, "llm", default=None)).limit
+        n_q = int(inputs.questions["conv_id"].is_in(over).sum())
+        log.warning(
+            "full_context (whole history, answer.context_tokens=null): %d of %d conversations "
+            "(%s) do not fit the answer model's context (%s tokens, %s); the context guard "
+            "refuses their %d questions (over_context)",
+            len(over), len(out), ", ".join(over[:5]) + (" ..." if len(over) > 5 else ""),
+            limit.tokens, limit.source, n_q,
+        )
+    return out
+
+
+def _budget_histories(
+    turns: pl.DataFrame,
+    convs: Sequence[str],
+    longest: dict[str, tuple[str, Any]],
+    fits: Any,
+    context_tokens: int,
+) -> tuple[dict[str, History], int]:
+    """Every conversation's history cut to the budget, trimmed further to fit the context."""
     histories: dict[str, History] = {}
-    fits = reader_fits(inputs.cfg)
-    longest: dict[str, tuple[str, Any]] = {}  # conv -> its longest question (with its time)
-    asked = inputs.questions.select("conv_id", "question", "question_time")
-    for conv, question, now in asked.iter_rows():
-        if len(question) >= len(longest.get(conv, ("", None))[0]):
-            longest[conv] = (question, now)
     trimmed = 0
     for (conv,), conv_turns in turns.filter(pl.col("conv_id").is_in(convs)).group_by(["conv_id"]):
         # Over the model's context: a smaller history budget, oldest sessions still first out.
@@ -115,10 +156,29 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
             build, lambda h, q=q, now=now: fits(P.build_messages(q, h.text, now))
         )
         trimmed += over
+    return histories, trimmed
+
+
+def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
+    turns = inputs.require("turns", "full_context")
+    raw = inputs.cfg.answer.get("context_tokens")
+    context_tokens = None if raw is None else int(raw)  # None: the whole history
+    convs = inputs.questions["conv_id"].unique().to_list()
+    fits = reader_fits(inputs.cfg)
+    longest: dict[str, tuple[str, Any]] = {}  # conv -> its longest question (with its time)
+    asked = inputs.questions.select("conv_id", "question", "question_time")
+    for conv, question, now in asked.iter_rows():
+        if len(question) >= len(longest.get(conv, ("", None))[0]):
+            longest[conv] = (question, now)
+    trimmed = 0
+    if context_tokens is None:  # the whole history: nothing cut, the guard refuses what won't fit
+        histories = _whole_histories(inputs, turns, convs, longest, fits)
+    else:
+        histories, trimmed = _budget_histories(turns, convs, longest, fits, context_tokens)
     if note := trim_note("full_context", trimmed, len(histories)):
         log.warning("%s (oldest sessions first)", note)
     cut = sum(h.truncated for h in histories.values())
-    if cut:
+    if cut:  # never in whole-history mode
         log.info(
             "full_context: %d of %d conversations truncated to ~%d tokens",
             cut,

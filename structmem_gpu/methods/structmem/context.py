@@ -26,6 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol, wants_abstention
 from structmem_gpu.eval.context_fit import fit_prompt, keep_top, reader_fits, trim_note
+from structmem_gpu.hashing import stable_hash
+from structmem_gpu.methods.structmem.update_view import qa_entries, view_fingerprint
 from structmem_gpu.prompts import official
 from structmem_gpu.prompts.official import source_spec
 
@@ -38,7 +40,19 @@ LOCOMO_BENCHMARKS = ("locomo", "sample")  # the official reader's benchmark form
 
 def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
-    return official_reader_fingerprint(cfg, OFFICIAL_READER)
+    return with_update_view(cfg, official_reader_fingerprint(cfg, OFFICIAL_READER))
+
+
+def with_update_view(cfg: DictConfig, fp: str | None) -> str | None:
+    """A reader fingerprint plus the offline update's QA view (update.read=post); unchanged
+    for the pre store."""
+    view = view_fingerprint(cfg)
+    return fp if view is None else stable_hash(fp, view)
+
+
+def reader_entries(inputs: AnswerInputs, prompt: str) -> pl.DataFrame:
+    """The entries table as QA reads it (update.read=post: the updated store)."""
+    return qa_entries(inputs.cfg, inputs.require("entries", prompt), inputs.table("entry_updates"))
 
 
 def official_reader(cfg: DictConfig) -> bool:
@@ -58,7 +72,7 @@ def official_reader_fingerprint(cfg: DictConfig, reader: str) -> str | None:
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     """Entries grouped by speaker and syntheses per question, in the configured protocol."""
     retrievals = inputs.require("retrievals", PROMPT_NAME)
-    entries = inputs.require("entries", PROMPT_NAME)
+    entries = reader_entries(inputs, PROMPT_NAME)
     syntheses = inputs.table("syntheses")
     qids = set(inputs.questions["question_id"].to_list())
     retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))

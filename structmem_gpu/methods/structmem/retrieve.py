@@ -33,6 +33,7 @@ from structmem_gpu import schemas
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K, VectorIndex
 from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
+from structmem_gpu.methods.structmem.update_view import deleted_ids, keeps_syntheses, view_fingerprint
 from structmem_gpu.settings import COUNT, Settings, knob
 from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
@@ -125,15 +126,19 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
         "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
     }
     syntheses = ctx.read_optional("syntheses")
+    # update.read=post (update_view.py): deleted entries leave retrieval, and the syntheses
+    # too unless update.post_syntheses; pre (default) reads the store as built.
+    gone = deleted_ids(cfg, ctx.read_optional("entry_updates"))
     pools = {
         "entries": _restrict(
             _by_conversation(ctx.read("entry_embeddings")),
-            _memory_ids(ctx.read("entries"), "entry_id"),
+            _memory_ids(ctx.read("entries"), "entry_id",
+                        ~pl.col("entry_id").is_in(sorted(gone)) if gone else None),
         ),
         "syntheses": _restrict(
             _by_conversation(ctx.read_optional("synthesis_embeddings")),
             _memory_ids(syntheses, "synth_id", pl.col("parse_ok")),
-        ),
+        ) if keeps_syntheses(cfg) else {},
     }
     before = encode_notes(ctx) if questions.height else None
     qmat = ctx.encode(questions["question"].to_list(), use="query") if questions.height else None
@@ -178,9 +183,10 @@ STAGE = Stage(
     name="retrieve",
     run=run_retrieve,
     reads=("questions", "entries", "entry_embeddings"),
-    optional_reads=("syntheses", "synthesis_embeddings"),
+    optional_reads=("syntheses", "synthesis_embeddings", "entry_updates"),
     writes=("retrievals",),
     settings=RetrieveSettings,
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
+    extra_fingerprint=view_fingerprint,  # None unless update.read=post
     uses=("encoder",),
 )

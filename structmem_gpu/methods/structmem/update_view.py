@@ -1,0 +1,74 @@
+"""The store QA reads after the offline update (`update.read`; update.py).
+
+    pre   the store before the update (the reference script's default QA directory,
+          ./qdrant_pre_update, which also holds the syntheses): entry_updates is ignored
+    post  the updated store (the reference README's QA command, ./qdrant_post_update):
+          deleted entries leave retrieval, updated entries show their new text under their
+          old vector (never re-embedded); syntheses only with update.post_syntheses=true
+          (the reference's post store has none)
+
+retrieve (which entries and syntheses can be found) and the StructMem / flat readers (which
+text an entry shows) apply it; both fingerprint `view_fingerprint`, None for `pre`, so runs
+that read the pre store keep their fingerprints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+from omegaconf import OmegaConf
+
+from structmem_gpu.errors import ConfigError
+
+READS = ("pre", "post")
+
+
+def reads_post(cfg: Any) -> bool:
+    value = str(OmegaConf.select(cfg, "update.read", default="pre") or "pre")
+    if value not in READS:
+        raise ConfigError(f"update.read={value!r}; expected one of {list(READS)}")
+    return value == "post"
+
+
+def keeps_syntheses(cfg: Any) -> bool:
+    """Whether QA may retrieve syntheses (always for pre; post: update.post_syntheses)."""
+    return not reads_post(cfg) or bool(OmegaConf.select(cfg, "update.post_syntheses", default=False))
+
+
+def view_fingerprint(cfg: Any) -> Any:
+    """Fingerprint material of the QA view: None for pre (unchanged fingerprints)."""
+    return None if not reads_post(cfg) else {"update.read": "post",
+                                             "update.post_syntheses": keeps_syntheses(cfg)}
+
+
+def _require(updates: pl.DataFrame | None) -> pl.DataFrame:
+    if updates is None:
+        raise ConfigError(
+            "update.read=post reads the store after the offline update, but this run has no "
+            "entry_updates table: list `update` in method.stages (experiment="
+            "structmem_locomo_reference_code does) or set update.read=pre"
+        )
+    return updates
+
+
+def deleted_ids(cfg: Any, updates: pl.DataFrame | None) -> set[str]:
+    """Entry ids QA must not retrieve (none for pre)."""
+    if not reads_post(cfg):
+        return set()
+    u = _require(updates)
+    return set(u.filter(pl.col("decision") == "delete")["entry_id"].to_list())
+
+
+def qa_entries(cfg: Any, entries: pl.DataFrame, updates: pl.DataFrame | None) -> pl.DataFrame:
+    """`entries` as QA reads them: for post, deleted rows dropped and updated texts replaced
+    (ids, times and every other column unchanged)."""
+    if not reads_post(cfg):
+        return entries
+    u = _require(updates)
+    gone = deleted_ids(cfg, u)
+    new = (u.filter((pl.col("decision") == "update") & pl.col("new_text").is_not_null())
+           .select("entry_id", pl.col("new_text").alias("_new")).unique("entry_id", keep="first"))
+    out = entries.filter(~pl.col("entry_id").is_in(list(gone)))
+    out = out.join(new, on="entry_id", how="left", maintain_order="left")
+    return out.with_columns(pl.coalesce("_new", "text").alias("text")).drop("_new")
