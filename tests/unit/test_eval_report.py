@@ -338,6 +338,14 @@ def test_new_tables_are_transcribed_with_their_source() -> None:
     assert q.by_category["judge_accuracy"] == {"1": 69.86, "2": 78.19, "3": 48.96, "4": 82.16}
     assert rows["structmem-table4-gpt-4o-mini-judge"].extra["fleiss_kappa"] == 0.8341
     assert "Table 4" in q.source and "A.5" in q.source
+    d = rows["structmem-table4-deepseek-v3-2-judge"]
+    assert d.judge_model == "DeepSeek-V3.2" and "Table 4" in d.source and d.match is None
+    assert d.overall == {"judge_accuracy": 79.35}
+    cats = d.by_category["judge_accuracy"]
+    assert cats == {"1": 73.05, "2": 77.57, "3": 53.12, "4": 85.14}
+    # the paper's overall is the question-weighted mean of its categories (ids are ours)
+    n = {"1": 282, "2": 321, "3": 96, "4": 841}  # LoCoMo questions per category (categories.py)
+    assert round(sum(cats[c] * n[c] for c in cats) / sum(n.values()), 2) == 79.35
     assert rows["seem-table3-no-eef"].overall == {
         "bleu1": 53.5, "f1_locomo": 58.5, "judge_accuracy": 75.0
     }
