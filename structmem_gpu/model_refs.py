@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,6 +209,39 @@ def hub_cache_dir() -> Path:
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE set to a true value: nothing may reach the hub."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def resolved_snapshot(repo: str, revision: str | None) -> str | None:
+    """The commit hash of the snapshot of hub repository `repo` that `revision` (None = main)
+    names in the local Hugging Face cache (`models--ORG--NAME/refs/<revision>`, or the revision
+    itself when it is a commit), when that snapshot folder exists; None otherwise (not cached,
+    or a local path / GGUF file: nothing to resolve). From files only: what a launched server
+    or `huggingface_hub` loads offline, and what `python jobs/data.py models` just fetched."""
+    if _is_path(repo) or repo.count("/") != 1:
+        return None
+    folder = hub_cache_dir() / ("models--" + repo.replace("/", "--"))
+    if revision and _COMMIT.fullmatch(revision):
+        commit: str | None = revision
+    else:
+        ref = folder / "refs" / (revision or "main")
+        try:
+            commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else None
+        except OSError:
+            commit = None
+    if commit and _COMMIT.fullmatch(commit) and (folder / "snapshots" / commit).is_dir():
+        return commit
+    return None
+
+
+def weights_record(refs: Sequence[ModelRef]) -> list[dict[str, Any]]:
+    """The manifest's `weights`: per model role the repository (hub id or path), the revision
+    asked for and the snapshot resolved in the local cache (None: a local folder or file, or
+    not cached on this host)."""
+    return [{"role": r.role, "key": r.key, "repository": r.name, "revision": r.revision,
+             "snapshot": resolved_snapshot(r.name, r.revision)} for r in refs]
 
 
 def cached_snapshot(repo: str, revision: str | None) -> Path | None:

@@ -427,3 +427,24 @@ def test_closing_table_has_headline_scores_and_the_published_row(tmp_path: Path)
     assert f"StructMem ({PAPER_TEXT})" in (closing_table(path) or "")
     assert "judge accuracy 76.82" in (closing_table(path) or "")
     assert closing_table(tmp_path / "missing.json") is None
+
+
+def test_a_structure_only_run_opens_with_one_line(tmp_path: Path) -> None:
+    """llm.structure_only (the CPU and scripted profiles, a typed field, not a model name):
+    report.md and the closing table open with the line; a GPU profile's report does not."""
+    from structmem_gpu.eval.report_md import STRUCTURE_ONLY_LINE, closing_lines, closing_table
+    from tests.fixtures.pipeline import compose_cfg
+
+    assert compose_cfg([]).llm.structure_only is True  # the quick start's llamacpp_cpu
+    assert compose_cfg(["debug=scripted"]).llm.structure_only is True
+    assert compose_cfg(["llm=vllm_cpu"]).llm.structure_only is True
+    assert not compose_cfg(["llm=vllm_qwen2_5_7b"]).llm.get("structure_only")
+    assert "not comparable with any paper" in STRUCTURE_ONLY_LINE
+    rep = {**_report([1, 2, 3, 4]), "structure_only": True}
+    assert render_markdown(rep, []).splitlines()[0] == STRUCTURE_ONLY_LINE
+    assert closing_lines(rep, [])[0] == STRUCTURE_ONLY_LINE
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(rep))
+    assert (closing_table(path) or "").splitlines()[0] == STRUCTURE_ONLY_LINE
+    plain = _report([1, 2, 3, 4])
+    assert STRUCTURE_ONLY_LINE not in render_markdown(plain, []) + "\n".join(closing_lines(plain, []))
