@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+# The HF cache lookups live a layer below (the LLM factory keys its cache with the snapshot).
+from structmem_gpu.hf_cache import hub_cache_dir, is_path as _is_path, resolved_snapshot
 
 ROLES = ("llm", "judges", "encoder")
 # Files a tokenizer-only download fetches (`extract.window_tokenizer`): no weights.
@@ -120,12 +122,6 @@ def named_llms(cfg: DictConfig, stages: Sequence[Any]) -> list[NamedLLM]:
     return ([answer] if needs_answer else []) + out
 
 
-def _is_path(name: str) -> bool:
-    """A value that can only be a path (hub ids look like org/name)."""
-    return name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf") or \
-        Path(name).expanduser().exists()
-
-
 def _weights_gb(node: Mapping[str, Any]) -> float | None:
     value = node.get("weights_gb")
     return float(value) if isinstance(value, (int, float)) else None
@@ -195,45 +191,9 @@ def named_models(cfg: DictConfig, stages: Sequence[Any]) -> list[ModelRef]:
 # ---- the local Hugging Face cache ---------------------------------------------------------
 
 
-def hub_cache_dir() -> Path:
-    """The HF hub cache as huggingface_hub resolves it from the environment (read now, so a
-    changed HF_HOME in this process counts)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
-
-
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE set to a true value: nothing may reach the hub."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-def resolved_snapshot(repo: str, revision: str | None) -> str | None:
-    """The commit hash of the snapshot of hub repository `repo` that `revision` (None = main)
-    names in the local Hugging Face cache (`models--ORG--NAME/refs/<revision>`, or the revision
-    itself when it is a commit), when that snapshot folder exists; None otherwise (not cached,
-    or a local path / GGUF file: nothing to resolve). From files only: what a launched server
-    or `huggingface_hub` loads offline, and what `python jobs/data.py models` just fetched."""
-    if _is_path(repo) or repo.count("/") != 1:
-        return None
-    folder = hub_cache_dir() / ("models--" + repo.replace("/", "--"))
-    if revision and _COMMIT.fullmatch(revision):
-        commit: str | None = revision
-    else:
-        ref = folder / "refs" / (revision or "main")
-        try:
-            commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else None
-        except OSError:
-            commit = None
-    if commit and _COMMIT.fullmatch(commit) and (folder / "snapshots" / commit).is_dir():
-        return commit
-    return None
 
 
 def weights_record(refs: Sequence[ModelRef]) -> list[dict[str, Any]]:

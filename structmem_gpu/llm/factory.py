@@ -125,7 +125,7 @@ def weights_version(cfg: Mapping[str, Any]) -> str:
     if cfg.get("revision"):
         return str(cfg["revision"])
     if cfg.get("backend") in _VLLM_LOCAL and cfg.get("model") and not cfg.get("base_url"):
-        from structmem_gpu.model_refs import resolved_snapshot
+        from structmem_gpu.hf_cache import resolved_snapshot
 
         return resolved_snapshot(str(cfg["model"]), None) or ""
     return ""
