@@ -24,6 +24,7 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.data.locomo import LOCOMO_SHA256
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import file_sha256
 from structmem_gpu.stage import Stage, StageContext

@@ -24,7 +24,6 @@ command a user can copy.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -45,7 +44,7 @@ from structmem_gpu.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.pipeline import config_hash, run_stages
 from tests.fixtures.data import tiny_longmemeval
-from tests.fixtures.pipeline import CONF_DIR
+from tests.fixtures.pipeline import CONF_DIR, load_job
 
 METHODS = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -187,8 +186,8 @@ def _shown_in() -> list[Path]:
 
 def shown_commands() -> list[tuple[str, str]]:
     """(file:line, command text) of every `python jobs/run.py` command shown: a code line (or
-    a YAML comment line) from RUN to its end, `\` continuations joined; inline `...` code up to
-    its closing backtick, across a line break."""
+    a YAML comment line) from RUN to its end, backslash continuations joined; inline code up to
+    its closing backtick, across a line break. A second command on a line: `file:line+1`."""
     out = []
     for path in _shown_in():
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -207,7 +206,8 @@ def shown_commands() -> list[tuple[str, str]]:
                     while text.rstrip().endswith("\\") and k + 1 < len(lines):
                         k += 1
                         text = text.rstrip()[:-1] + " " + lines[k].strip()
-                out.append((f"{path.relative_to(ROOT)}:{n + 1}", text))
+                where = f"{path.relative_to(ROOT)}:{n + 1}"
+                out.append((where + ("" if start == line.find(RUN) else "+1"), text))
                 start = line.find(RUN, start + len(RUN))
     return out
 
@@ -227,24 +227,40 @@ def command_overrides(text: str) -> tuple[bool, list[str]]:
     return multirun, out
 
 
-def _jobs_data() -> Any:
-    spec = importlib.util.spec_from_file_location("structmem_jobs_data_cmds", ROOT / "jobs" / "data.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 SHOWN = shown_commands()
+
+
+def _compose_checked(point: list[str], shards: dict[tuple[str, ...], DictConfig | str]
+                     ) -> DictConfig | str:
+    """The point's config, checked as jobs/run.py checks it, or the one-line error. Shards of
+    one job differ only in the root int `shard_index`: composed once, each index then set on
+    a copy and checked (Hydra composes nothing else differently for a value override)."""
+    shard = next((o for o in point if o.startswith("shard_index=")), None)
+    rest = tuple(o for o in point if o != shard)
+    try:
+        if rest not in shards:
+            shards[rest] = _compose(list(rest))
+        base = shards[rest]
+        if isinstance(base, str):
+            return base
+        cfg = base.copy()
+        if shard is not None:
+            cfg.shard_index = int(shard.split("=", 1)[1])
+        check_config(cfg, stage_registry(cfg).values())
+        return cfg
+    except Exception as err:  # Hydra's and ours: recorded, asserted by the test
+        shards.setdefault(rest, f"{type(err).__name__}: {err}".splitlines()[0])
+        return f"{type(err).__name__}: {err}".splitlines()[0]
 
 
 @pytest.fixture(scope="module")
 def shown_points() -> dict[str, list[tuple[list[str], DictConfig | str]]]:
     """where -> (overrides, config or the error it composes with) of every point the
     command launches (one for a single run)."""
-    points = _jobs_data().sweep_points
+    points = load_job("data").sweep_points  # as `python jobs/data.py models -m` expands them
     out: dict[str, list[tuple[list[str], DictConfig | str]]] = {}
     composed: dict[tuple[str, ...], DictConfig | str] = {}
+    bases: dict[tuple[str, ...], DictConfig | str] = {}
     for where, text in SHOWN:
         multirun, overrides = command_overrides(text)
         try:
@@ -256,12 +272,7 @@ def shown_points() -> dict[str, list[tuple[list[str], DictConfig | str]]]:
         for point in todo:
             key = tuple(point)
             if key not in composed:
-                try:
-                    cfg = _compose(list(point))
-                    check_config(cfg, stage_registry(cfg).values())  # as jobs/run.py checks it
-                    composed[key] = cfg
-                except Exception as err:  # Hydra's and ours: recorded, asserted below
-                    composed[key] = f"{type(err).__name__}: {err}".splitlines()[0]
+                composed[key] = _compose_checked(list(point), bases)
             out[where].append((list(point), composed[key]))
     return out
 
@@ -306,7 +317,7 @@ def test_the_table_2_experiments_run_on_locomo_and_match_their_rows() -> None:
             "structmem_no_cross_event": "structmem-table2-no-cross-event"}
     for experiment in ("paradigms", "baselines"):
         for point in sweep_points(experiment):
-            cfg = _compose([f"experiment={experiment}", *point])
+            cfg = _compose([f"experiment={experiment}", *point, "llm=vllm_qwen2_5_7b"])
             assert cfg.benchmark.name == "locomo", (experiment, point)
             method = point[0].split("=", 1)[1]
             if method in want:

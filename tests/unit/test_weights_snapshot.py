@@ -16,7 +16,7 @@ from structmem_gpu.llm.factory import model_id, resolve_config
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
 from structmem_gpu.model_refs import resolved_snapshot
-from tests.fixtures.pipeline import compose_cfg
+from tests.fixtures.pipeline import compose_cfg, load_job
 
 REPO = "Qwen/Qwen2.5-7B-Instruct"
 A, B = "a" * 40, "b" * 40
@@ -126,13 +126,7 @@ def test_the_manifest_and_the_report_name_the_snapshots(
 
 
 def test_data_models_prints_the_snapshot(hub: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("structmem_jobs_data_w", root / "jobs" / "data.py")
-    assert spec is not None and spec.loader is not None
-    data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(data)
+    data = load_job("data")
     fake_snapshot(hub, REPO, A)
     assert data.main(["models", "--check", "llm=vllm_qwen2_5_7b", "stages=[load,extract]",
                       "extract.window_tokenizer=chars"]) == 0
