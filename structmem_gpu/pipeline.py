@@ -98,8 +98,12 @@ def weights(cfg: DictConfig, stages: Sequence[Stage], previous: Any = None) -> l
     """The manifest's `weights`: per model role the job loads, its repository, requested
     revision and resolved snapshot (model_refs.weights_record); roles this job does not load
     keep what an earlier job of the run directory recorded (a re-judge keeps the answer LLM's)."""
+    from omegaconf import OmegaConf
+
     from structmem_gpu.model_refs import named_models, weights_record
 
+    if any(OmegaConf.select(cfg, k, default=None) is None for k in ("llm", "embedder")):
+        return list(previous or [])  # a hand-made config without model nodes names no model
     now = weights_record(named_models(cfg, stages))
     roles = {w["role"] for w in now}
     return [w for w in previous or [] if isinstance(w, dict) and w.get("role") not in roles] + now
