@@ -146,7 +146,12 @@ def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict
         shared["done"][key] = run_dir
     report = json.loads((run_dir / "report" / "report.json").read_text())
     assert report["method"] == str(cfg.method.name), label
-    assert (run_dir / "report" / "report.md").is_file()
+    # the scripted profile is structure-only: report.md opens by saying so
+    from structmem_gpu.eval.report_md import STRUCTURE_ONLY_LINE
+
+    assert report["structure_only"] is True
+    assert (run_dir / "report" / "report.md").read_text().startswith(STRUCTURE_ONLY_LINE)
+    assert {w["role"] for w in report["weights"]} <= {"encoder", "window tokenizer"}  # no LLM weights
 
 
 def test_every_experiment_has_a_point_and_the_ablation_sweep_all_six() -> None:
