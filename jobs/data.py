@@ -27,6 +27,9 @@ hub's metadata when it answers, else the presets' `weights_gb`), then downloads 
 huggingface_hub's `snapshot_download` into the Hugging Face cache (HF_HOME / HF_HUB_CACHE;
 resumable, with a progress bar; tokenizer files only for the window tokenizer). Run it on a
 node with network (the login node); the compute node then runs with HF_HUB_OFFLINE=1.
+Each cached or downloaded hub model is printed with the snapshot (commit) it resolves to: the
+job records it in its manifest (`weights`) and in its response-cache keys when `revision` is
+null; pin it with `llm.revision=<snapshot>`.
 Exit codes: 0 every model present; 2 a model is missing (`--check`, or a path that cannot be
 downloaded) or a download failed. `models` also fetches the official checkouts the job names
 (below) when they are missing.
@@ -389,10 +392,14 @@ def compose_job(overrides: Sequence[str]) -> Any:
 
     from structmem_gpu.model_refs import NOT_FOR_MODELS
 
+    from structmem_gpu.path_values import expand_paths
+
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3",
                                job_name="data_models"):
-        return compose("config",
-                       overrides=[o for o in overrides if not o.startswith(NOT_FOR_MODELS)])
+        cfg = compose("config",
+                      overrides=[o for o in overrides if not o.startswith(NOT_FOR_MODELS)])
+    expand_paths(cfg)  # as jobs/run.py does: `~/x`, `$HOME/x` in any path knob
+    return cfg
 
 
 def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
@@ -504,15 +511,27 @@ def models_main(argv: Sequence[str]) -> int:
     return _fetch_models(rows)
 
 
+def _pin_hint(ref: Any) -> str:
+    """How to pin an LLM's weights to the snapshot shown (llm configs have `revision`)."""
+    if ref.revision or not ref.key.endswith("llm.model"):
+        return ""
+    return f" (pin: {ref.key[:-len('model')]}revision=<snapshot>)"
+
+
 def _print_models(rows: Sequence[tuple[Any, Any, float | None]], cache: Path) -> None:
     to_fetch = [size for _, where, size in rows if where.status == "missing"]
     known = [s for s in to_fetch if s is not None]
     total = f"{sum(known):.1f} GB" + (f" + {len(to_fetch) - len(known)} of unknown size"
                                        if len(known) < len(to_fetch) else "")
     print(f"{len(rows)} model(s); to download: {len(to_fetch)}, {total} (into {cache})")
+    from structmem_gpu.model_refs import resolved_snapshot
+
     for ref, where, size in rows:
         if where.present:
             state = f"{where.status} {where.path} ({_folder_gb(where.path):.1f} GB)"
+            snap = resolved_snapshot(ref.name, ref.revision)
+            if snap:  # the weights a job loads, recorded in its manifest (`weights`)
+                state += f" snapshot {snap}{_pin_hint(ref)}"
         elif where.status == "missing":
             state = "to download" + (f" ({size:.1f} GB)" if size is not None else "")
         elif ref.convert_from_gguf:
@@ -525,7 +544,7 @@ def _print_models(rows: Sequence[tuple[Any, Any, float | None]], cache: Path) ->
 def _fetch_models(rows: Sequence[tuple[Any, Any, float | None]]) -> int:
     from huggingface_hub import snapshot_download
 
-    from structmem_gpu.model_refs import hub_cache_dir, locate
+    from structmem_gpu.model_refs import hub_cache_dir, locate, resolved_snapshot
 
     failed = []
     for ref, where, _ in rows:
@@ -543,6 +562,9 @@ def _fetch_models(rows: Sequence[tuple[Any, Any, float | None]]) -> int:
             continue
         if not locate(ref).present:
             failed.append(f"{ref.name} ({ref.key}): downloaded but {locate(ref).detail}")
+            continue
+        print(f"  {ref.role:<24} {ref.name}  [{ref.key}]  snapshot "
+              f"{resolved_snapshot(ref.name, ref.revision)}{_pin_hint(ref)}")
     if failed:
         print("error: not fetched: " + "; ".join(failed), file=sys.stderr)
         return 2

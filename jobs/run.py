@@ -36,7 +36,9 @@ log = logging.getLogger("structmem_gpu.run")
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
     from structmem_gpu import preempt, sweep
+    from structmem_gpu.path_values import expand_paths
 
+    expand_paths(cfg)  # `~/x`, `$HOME/x` in any path knob, as a shell expands them
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN

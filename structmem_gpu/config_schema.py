@@ -102,6 +102,11 @@ class LLMSettings(Settings):
     # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
     # are not on disk yet (gpu_plan.py); never changes a reply.
     weights_gb: float | None = knob(Float(gt=0, null=True), None, hashed=False)
+    # True for profiles whose model only exercises the pipeline (the CPU profile's SmolLM2-135M,
+    # the scripted fake): report.md and the closing table then open with a line saying the
+    # scores test structure, not memory quality. Set false when such a profile serves a real
+    # model (llm.model=...); it changes no reply, so it is not hashed.
+    structure_only: bool | None = knob(BOOL, None, hashed=False)
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,11 @@ class EmbedderSettings(Settings):
     # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
     # are not on disk yet (gpu_plan.py); never changes a vector.
     weights_gb: float | None = knob(Float(gt=0, null=True), None, hashed=False)
+    # True for profiles whose model only exercises the pipeline (the CPU profile's SmolLM2-135M,
+    # the scripted fake): report.md and the closing table then open with a line saying the
+    # scores test structure, not memory quality. Set false when such a profile serves a real
+    # model (llm.model=...); it changes no reply, so it is not hashed.
+    structure_only: bool | None = knob(BOOL, None, hashed=False)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+# The HF cache lookups live a layer below (the LLM factory keys its cache with the snapshot).
+from structmem_gpu.hf_cache import hub_cache_dir, is_path as _is_path, resolved_snapshot
+
 ROLES = ("llm", "judges", "encoder")
 # Files a tokenizer-only download fetches (`extract.window_tokenizer`): no weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
@@ -119,12 +122,6 @@ def named_llms(cfg: DictConfig, stages: Sequence[Any]) -> list[NamedLLM]:
     return ([answer] if needs_answer else []) + out
 
 
-def _is_path(name: str) -> bool:
-    """A value that can only be a path (hub ids look like org/name)."""
-    return name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf") or \
-        Path(name).expanduser().exists()
-
-
 def _weights_gb(node: Mapping[str, Any]) -> float | None:
     value = node.get("weights_gb")
     return float(value) if isinstance(value, (int, float)) else None
@@ -194,20 +191,17 @@ def named_models(cfg: DictConfig, stages: Sequence[Any]) -> list[ModelRef]:
 # ---- the local Hugging Face cache ---------------------------------------------------------
 
 
-def hub_cache_dir() -> Path:
-    """The HF hub cache as huggingface_hub resolves it from the environment (read now, so a
-    changed HF_HOME in this process counts)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
-
-
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE set to a true value: nothing may reach the hub."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def weights_record(refs: Sequence[ModelRef]) -> list[dict[str, Any]]:
+    """The manifest's `weights`: per model role the repository (hub id or path), the revision
+    asked for and the snapshot resolved in the local cache (None: a local folder or file, or
+    not cached on this host)."""
+    return [{"role": r.role, "key": r.key, "repository": r.name, "revision": r.revision,
+             "snapshot": resolved_snapshot(r.name, r.revision)} for r in refs]
 
 
 def cached_snapshot(repo: str, revision: str | None) -> Path | None:

@@ -94,7 +94,23 @@ def build_cost(frames: Sequence[pl.DataFrame]) -> dict[str, Any]:
     }
 
 
-def run_header(cfg: DictConfig) -> dict[str, Any]:
+def weights(cfg: DictConfig, stages: Sequence[Stage], previous: Any = None) -> list[dict[str, Any]]:
+    """The manifest's `weights`: per model role the job loads, its repository, requested
+    revision and resolved snapshot (model_refs.weights_record); roles this job does not load
+    keep what an earlier job of the run directory recorded (a re-judge keeps the answer LLM's)."""
+    from omegaconf import OmegaConf
+
+    from structmem_gpu.model_refs import named_models, weights_record
+
+    if any(OmegaConf.select(cfg, k, default=None) is None for k in ("llm", "embedder")):
+        return list(previous or [])  # a hand-made config without model nodes names no model
+    now = weights_record(named_models(cfg, stages))
+    roles = {w["role"] for w in now}
+    return [w for w in previous or [] if isinstance(w, dict) and w.get("role") not in roles] + now
+
+
+def run_header(cfg: DictConfig, stages: Sequence[Stage] = (), run: RunDir | None = None) -> dict[str, Any]:
+    previous = run.load_manifest().get("weights") if run is not None else None
     return {
         "config_hash": config_hash(cfg),
         "method": str(cfg.method.name),
@@ -104,6 +120,7 @@ def run_header(cfg: DictConfig) -> dict[str, Any]:
         "git_commit": git_commit(),
         "packages": package_versions(),
         "official_texts": official_manifest(cfg),  # prompts.sources.*: commits, text hashes
+        "weights": weights(cfg, stages, previous),  # per model role: repository, revision, snapshot
         "updated": now_iso(),
     }
 
@@ -168,11 +185,11 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
     # What each stage and every later one opens: a backend leaves once no later stage uses it.
     uses = [backend_keys(cfg, s.uses) for s in stages]
     run = RunDir(run_dir)
-    header = run_header(cfg)
     outcomes = []
     # One job per run directory (a requeued task racing its predecessor, a command launched
     # twice): the second one stops here, before it reads or writes anything.
     with hold_run_dir(run.root):
+        header = run_header(cfg, stages, run)
         _refuse_after_incomplete(run, names)
         with Backends(cfg, run) as backends:
             for i, (name, stage) in enumerate(zip(names, stages)):

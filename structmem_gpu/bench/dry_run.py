@@ -477,8 +477,11 @@ def print_dry_run(cfg: DictConfig) -> dict[str, Any]:
     returns the estimate. A plan that cannot fit raises GpuPlanError with its one line (exit
     2), as the job itself would before its first stage."""
     from structmem_gpu.errors import GpuPlanError
+    from structmem_gpu.eval.published import comparison_lines
     from structmem_gpu.gpu_plan import job_stages, plan
 
+    # first, so a user knows which paper rows the run will be set beside before a GPU-hour
+    print("\n".join(comparison_lines(cfg)) + "\n", flush=True)
     est = estimate(cfg)
     print(format_estimate(est))
     memory = plan(cfg, job_stages(cfg))

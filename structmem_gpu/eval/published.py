@@ -216,3 +216,17 @@ def shown_label(row: PublishedRow, notes: Mapping[str, str] | None) -> str:
     """The row's label as a report shows it: with its note when the run matched one."""
     note = (notes or {}).get(row.id)
     return f"{row.label} ({note})" if note else row.label
+
+
+def comparison_lines(cfg: DictConfig, rows: Sequence[PublishedRow] | None = None) -> list[str]:
+    """What the dry run prints first: the published rows the run's report will be compared
+    with, each with its source and, for a `beside` configuration, its note; or why none."""
+    matched = matching_rows(cfg, rows)
+    if not matched:
+        why = harness_run(cfg)
+        return ["published rows compared: none for this configuration"
+                + (f" (harness run: {why})" if why else "")]
+    notes = match_notes(cfg, rows)
+    return [f"published rows compared ({len(matched)}):"] + [
+        f"  {r.id}: {shown_label(r, notes)} ({r.source}; judge {r.judge_model})" for r in matched
+    ]

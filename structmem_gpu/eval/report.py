@@ -309,6 +309,10 @@ def build_report(
         "published": [r.id for r in matching_rows(cfg)],
         "published_notes": match_notes(cfg),
         "published_excluded": harness_run(cfg),
+        # llm.structure_only: the profile's model tests the pipeline's structure only
+        # (CPU and scripted profiles); report.md and the closing table open by saying so.
+        "structure_only": bool(OmegaConf.select(cfg, "llm.structure_only", default=False)),
+        "weights": list(manifest.get("weights") or []),  # per role: repository, revision, snapshot
         "settings": {
             "bootstrap_resamples": st.bootstrap_resamples,
             "bootstrap_seed": st.bootstrap_seed,

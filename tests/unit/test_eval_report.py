@@ -338,6 +338,14 @@ def test_new_tables_are_transcribed_with_their_source() -> None:
     assert q.by_category["judge_accuracy"] == {"1": 69.86, "2": 78.19, "3": 48.96, "4": 82.16}
     assert rows["structmem-table4-gpt-4o-mini-judge"].extra["fleiss_kappa"] == 0.8341
     assert "Table 4" in q.source and "A.5" in q.source
+    d = rows["structmem-table4-deepseek-v3-2-judge"]
+    assert d.judge_model == "DeepSeek-V3.2" and "Table 4" in d.source and d.match is None
+    assert d.overall == {"judge_accuracy": 79.35}
+    cats = d.by_category["judge_accuracy"]
+    assert cats == {"1": 73.05, "2": 77.57, "3": 53.12, "4": 85.14}
+    # the paper's overall is the question-weighted mean of its categories (ids are ours)
+    n = {"1": 282, "2": 321, "3": 96, "4": 841}  # LoCoMo questions per category (categories.py)
+    assert round(sum(cats[c] * n[c] for c in cats) / sum(n.values()), 2) == 79.35
     assert rows["seem-table3-no-eef"].overall == {
         "bleu1": 53.5, "f1_locomo": 58.5, "judge_accuracy": 75.0
     }
@@ -419,3 +427,24 @@ def test_closing_table_has_headline_scores_and_the_published_row(tmp_path: Path)
     assert f"StructMem ({PAPER_TEXT})" in (closing_table(path) or "")
     assert "judge accuracy 76.82" in (closing_table(path) or "")
     assert closing_table(tmp_path / "missing.json") is None
+
+
+def test_a_structure_only_run_opens_with_one_line(tmp_path: Path) -> None:
+    """llm.structure_only (the CPU and scripted profiles, a typed field, not a model name):
+    report.md and the closing table open with the line; a GPU profile's report does not."""
+    from structmem_gpu.eval.report_md import STRUCTURE_ONLY_LINE, closing_lines, closing_table
+    from tests.fixtures.pipeline import compose_cfg
+
+    assert compose_cfg([]).llm.structure_only is True  # the quick start's llamacpp_cpu
+    assert compose_cfg(["debug=scripted"]).llm.structure_only is True
+    assert compose_cfg(["llm=vllm_cpu"]).llm.structure_only is True
+    assert not compose_cfg(["llm=vllm_qwen2_5_7b"]).llm.get("structure_only")
+    assert "not comparable with any paper" in STRUCTURE_ONLY_LINE
+    rep = {**_report([1, 2, 3, 4]), "structure_only": True}
+    assert render_markdown(rep, []).splitlines()[0] == STRUCTURE_ONLY_LINE
+    assert closing_lines(rep, [])[0] == STRUCTURE_ONLY_LINE
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(rep))
+    assert (closing_table(path) or "").splitlines()[0] == STRUCTURE_ONLY_LINE
+    plain = _report([1, 2, 3, 4])
+    assert STRUCTURE_ONLY_LINE not in render_markdown(plain, []) + "\n".join(closing_lines(plain, []))

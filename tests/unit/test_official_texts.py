@@ -4,6 +4,8 @@ judge.input, and the error lines. The real checkouts: tests/unit/test_official_t
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from datetime import datetime
 from pathlib import Path
@@ -143,6 +145,42 @@ def test_git_errors_name_the_commit_and_the_file(tmp_path: Path) -> None:
         official.locomo_judge(None, f"{work}@deadbeef")
     with pytest.raises(ConfigError, match=rf"evaluation/metrics/llm_judge.py does not exist at commit {commit}"):
         official.locomo_judge(None, f"{work}@{commit}")
+
+
+def _give_away(root: Path) -> None:
+    """Make `root` a read-only tree owned by another user (nobody): git's dubious ownership."""
+    for p in [root, *root.rglob("*")]:
+        os.chown(p, 65534, 65534, follow_symlinks=False)
+    for p in [*root.rglob("*"), root]:
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode & ~0o222)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a checkout owned by another user needs root (chown)")
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_checkout_owned_by_another_user_is_read_and_a_refusal_says_why(
+    tmp_path: Path, bare: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work, commit = repo(tmp_path / "src", LIGHTMEM_FILES)
+    root = work
+    if bare:
+        root = tmp_path / "lightmem.git"
+        subprocess.run(["git", "clone", "-q", "--bare", str(work), str(root)], check=True)
+    _give_away(root)
+    plain = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert "dubious ownership" in plain.stderr  # what git does without safe.directory
+    assert official.lightmem_reader(f"{root}@{commit}").text == READER
+    assert official.lightmem_reader(str(root)).commit == commit
+    # git refusing the folder is reported in git's words, never as "not a git repository"
+    from structmem_gpu.prompts import sources as S
+
+    monkeypatch.setattr(S, "git_command", lambda path, *args: ["git", "-C", str(path), *args])
+    other = tmp_path / "other"
+    shutil.copytree(root, other, symlinks=True)
+    _give_away(other)
+    with pytest.raises(ConfigError, match="dubious ownership") as err:
+        official.lightmem_reader(f"{other}@{commit}")
+    assert "not a git repository" not in str(err.value) and "\n" not in str(err.value)
 
 
 def test_reference_dir_is_an_alias_and_a_conflict_is_an_error(tmp_path: Path) -> None:

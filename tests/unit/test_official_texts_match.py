@@ -6,9 +6,13 @@ work tree and from a plain directory of the same commit.
 
 The official functions are taken from the checkout with `ast` and executed here, in the test
 only, in a namespace holding a recording stand-in for the OpenAI client. The checkouts come
-from STRUCTMEM_LIGHTMEM_DIR, STRUCTMEM_MEM0_DIR (a commit before 9315e30, e.g.
-`PATH@b3ede5b`) and STRUCTMEM_LONGMEMEVAL_DIR (`PATH` or `PATH@COMMIT`); unset or absent:
-skipped. Nothing of them is stored in this repository.
+from one folder, STRUCTMEM_OFFICIAL_DIR, holding bare repositories `lightmem.git` (read at
+8fc9a91), `mem0.git` (b3ede5b, a commit before 9315e30) and `longmemeval.git` (9e0b455), as
+../shared/official does (.ci/run sets it, so CI runs these tests); unset: skipped, set but
+incomplete: failed. Besides the three variants of each checkout, one variant is a copy owned
+by another user and read-only (a lab's shared checkout): git refuses it for "dubious
+ownership" unless called with `-c safe.directory`. Nothing of them is stored in this
+repository.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import typing
 from collections.abc import Callable
@@ -38,8 +43,10 @@ from structmem_gpu.methods.structmem.context import official_prompts
 from structmem_gpu.prompts import official
 from structmem_gpu.prompts import sources as S
 
-ENV = {"lightmem": "STRUCTMEM_LIGHTMEM_DIR", "mem0": "STRUCTMEM_MEM0_DIR",
-       "longmemeval": "STRUCTMEM_LONGMEMEVAL_DIR"}
+ENV = "STRUCTMEM_OFFICIAL_DIR"
+# Each reference: its bare repository in STRUCTMEM_OFFICIAL_DIR and the commit read.
+OFFICIAL = {"lightmem": ("lightmem.git", "8fc9a91"), "mem0": ("mem0.git", "b3ede5b"),
+            "longmemeval": ("longmemeval.git", "9e0b455")}
 # The files each test reads (the work-tree copies hold only these).
 FILES = {
     "lightmem": ["experiments/locomo", "src/lightmem/memory/prompts.py"],
@@ -49,24 +56,45 @@ FILES = {
 
 
 def _spec(name: str) -> str:
-    value = os.environ.get(ENV[name])
-    if not value:
-        pytest.skip(f"{ENV[name]} not set: no {name} checkout to compare with")
-    path = value.rpartition("@")[0] if "@" in value and not Path(value).exists() else value
-    if not Path(path).expanduser().is_dir():
-        pytest.skip(f"{ENV[name]}={value}: {path} does not exist")
-    return value
+    root = os.environ.get(ENV)
+    if not root:
+        pytest.skip(f"{ENV} not set: no official checkouts to compare with")
+    folder, commit = OFFICIAL[name]
+    path = Path(root).expanduser() / folder
+    assert path.is_dir(), f"{ENV}={root}: {folder} is missing (expected a bare {name} repository)"
+    return f"{path}@{commit}"
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout
+    # the test's own reads trust any owner (the foreign-owner variant is a copy we made)
+    return subprocess.run(["git", "-c", "safe.directory=*", *args], check=True,
+                          capture_output=True, text=True).stdout
 
 
-@pytest.fixture(scope="module", params=["as-given", "work-tree", "directory"])
+def _foreign_copy(path: Path, dest: Path) -> Path:
+    """A read-only copy of `path` owned by another user (nobody, uid 65534): what git calls
+    dubious ownership. Needs root to chown (CI runs as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("a copy owned by another user needs root (chown)")
+    shutil.copytree(path, dest)
+    for p in [dest, *dest.rglob("*")]:
+        os.chown(p, 65534, 65534, follow_symlinks=False)
+    for p in [*dest.rglob("*"), dest]:
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode & ~0o222)
+    refused = subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "dubious ownership" in refused.stderr, \
+        "the copy must be one git refuses without safe.directory"
+    return dest
+
+
+@pytest.fixture(scope="module", params=["as-given", "work-tree", "directory", "foreign-owner"])
 def checkouts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> Callable[[str], str]:
     """name -> spec of that checkout in the variant: as configured (a bare mirror, say), a
-    sparse git work tree at the same commit, a plain directory (git archive) of it."""
+    sparse git work tree at the same commit, a plain directory (git archive) of it, a
+    read-only copy owned by another user."""
     variant = request.param
     made: dict[str, str] = {}
 
@@ -78,8 +106,9 @@ def checkouts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         commit = S.resolved_commit(src)
         if variant == "as-given":
             made[name] = spec
-        elif commit is None:
-            pytest.skip(f"{ENV[name]} is a plain directory: no git variants to make")
+        elif variant == "foreign-owner":
+            dest = tmp_path_factory.mktemp(f"{name}-foreign") / src.path.name
+            made[name] = f"{_foreign_copy(src.path, dest)}@{src.commit}"
         elif variant == "work-tree":
             root = tmp_path_factory.mktemp(f"{name}-wt") / "repo"
             _git("clone", "-q", "--shared", "--no-checkout", str(src.path), str(root))
@@ -88,7 +117,8 @@ def checkouts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
             made[name] = str(root)
         else:
             root = tmp_path_factory.mktemp(f"{name}-dir")
-            tar = subprocess.run(["git", "-C", str(src.path), "archive", commit, *FILES[name]],
+            tar = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(src.path),
+                                  "archive", commit, *FILES[name]],
                                  check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", str(root)], input=tar, check=True)
             made[name] = str(root)
