@@ -6,6 +6,8 @@
     python jobs/data.py smollm2-hf                       # SmolLM2 GGUF -> HF folder (llm=vllm_cpu)
     python jobs/data.py models <the job's overrides>     # every model that job loads -> HF cache
     python jobs/data.py models --check <overrides>       # are they all here? download nothing
+    python jobs/data.py cache compact [--cache-dir DIR]  # merge cache segments, convert SQLite
+    python jobs/data.py cache verify [--cache-dir DIR]   # re-read and check every cached record
 
 LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
 LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the
@@ -27,6 +29,14 @@ resumable, with a progress bar; tokenizer files only for the window tokenizer). 
 node with network (the login node); the compute node then runs with HF_HUB_OFFLINE=1.
 Exit codes: 0 every model present; 2 a model is missing (`--check`, or a path that cannot be
 downloaded) or a download failed.
+
+`cache` maintains paths.cache_dir (default .cache/structmem_gpu; its llm/ and embeddings/
+segment stores, structmem_gpu/segstore.py). `compact` first converts a cache of the SQLite era
+(llm/llm_responses.sqlite, embeddings/embeddings.sqlite; run it where SQLite's locks work, the
+host that wrote them) into segments and renames the file *.converted, then merges every
+published segment into one with one record per key; jobs may keep running meanwhile (a reader
+whose segments were merged re-lists once). `verify` re-reads every record and checks its
+checksum. Exit codes: 0 ok; 1 `verify` found a damaged segment; 2 a conversion failed.
 """
 
 from __future__ import annotations
@@ -255,6 +265,8 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "models":  # a subcommand, never a dataset name
         return models_main(argv[1:])
+    if argv and argv[0] == "cache":
+        return cache_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
@@ -461,3 +473,47 @@ def _fetch_models(rows: Sequence[tuple[Any, Any, float | None]]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- `cache`: compact and verify the segment stores under paths.cache_dir -----------------
+
+
+def cache_main(argv: Sequence[str]) -> int:
+    import json
+
+    from structmem_gpu import segstore
+    from structmem_gpu.embed import cache as emb_cache
+    from structmem_gpu.llm import cache as llm_cache
+    from structmem_gpu.llm.dedup import KEY_VERSION
+
+    parser = argparse.ArgumentParser(prog="python jobs/data.py cache",
+                                     description="Merge (compact) or check (verify) the LLM "
+                                     "response and embedding caches of paths.cache_dir.")
+    parser.add_argument("action", choices=("compact", "verify"))
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="paths.cache_dir (default .cache/structmem_gpu)")
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    root = args.cache_dir or default_cache_dir()
+    stores = ((root / "llm", llm_cache, llm_cache.KIND, KEY_VERSION),
+              (root / "embeddings", emb_cache, emb_cache.KIND, emb_cache.FORMAT))
+    bad = False
+    for folder, mod, kind, fmt in stores:
+        store = folder / mod.CACHE_FILE
+        if args.action == "compact":
+            if (folder / mod.LEGACY_FILE).exists():
+                try:
+                    n = mod.convert_legacy(folder)
+                except Exception as err:  # noqa: BLE001 - CacheError, OSError, sqlite3 errors
+                    log.error("%s: not converted (%s)", folder / mod.LEGACY_FILE, err)
+                    return 2
+                log.info("%s: converted %d records into segments", folder / mod.LEGACY_FILE, n)
+            if (store / segstore.SEG_DIR).is_dir():
+                out = segstore.compact(store, kind=kind, fmt=fmt)
+                bad |= bool(out["damaged"])
+                print(json.dumps(out))
+        elif (store / segstore.SEG_DIR).is_dir():
+            out = segstore.verify(store)
+            bad |= bool(out["damaged"])
+            print(json.dumps(out))
+    return 1 if bad else 0

@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "structmem_gpu"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # base: errors, hashes, table schemas, the run directory, locks, signals, config checks,
     # which keys change a result (run directory names, changed-keys log, sweep point records)
-    ("errors", "hashing", "schemas", "artifacts", "runlock", "preempt", "config_schema",
+    ("errors", "hashing", "schemas", "artifacts", "segstore", "runlock", "preempt", "config_schema",
      "result_keys", "run_key", "run_changes", "sweep", "settings"),
     # backends and inputs: LLM clients, encoders, indexes, benchmark loaders, prompt texts
     ("llm", "embed", "index", "data", "prompts"),
