@@ -93,11 +93,14 @@ def _stale(holder: dict[str, Any] | None, mtime: float | None) -> bool:
     now = time.time()
     if not holder:
         return mtime is not None and now - mtime > STALE_S
+    beat = holder.get("heartbeat")
     if holder.get("host") == socket.gethostname():
         pid = holder.get("pid")
-        if isinstance(pid, int) and pid != os.getpid() and not pid_alive(pid):
-            return True
-    beat = holder.get("heartbeat")
+        if isinstance(pid, int) and pid != os.getpid():
+            if not pid_alive(pid):
+                return True
+            if not isinstance(beat, int | float):
+                return False  # a live holder of a version without heartbeats
     if not isinstance(beat, int | float):  # written before heartbeats existed
         beat = mtime if mtime is not None else now
     return now - float(beat) > STALE_S

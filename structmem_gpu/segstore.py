@@ -58,7 +58,7 @@ class SegmentError(StructMemError):
     """A published segment is damaged or was written in another key format."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Loc:
     seg: int  # index into SegmentStore._names
     offset: int

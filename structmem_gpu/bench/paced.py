@@ -59,6 +59,7 @@ from structmem_gpu.bench.synthetic import SyntheticSpec, write_locomo
 log = logging.getLogger(__name__)
 
 SIZES: dict[str, SyntheticSpec] = {
+    "tiny": SyntheticSpec(conversations=2, sessions=2, turns_per_session=6),  # smoke test
     "locomo": SyntheticSpec(conversations=10, sessions=27, turns_per_session=22,
                             questions_per_conversation=20),
     "longmemeval_s": SyntheticSpec(conversations=500, sessions=50, turns_per_session=10,
