@@ -63,7 +63,8 @@ class EmbeddingCache:
     def close(self) -> None:
         """Nothing to release: every put_many is published before it returns."""
 
-    def __len__(self) -> int:
+    def count(self) -> int:
+        """Distinct vectors published so far (not __len__: callers test `if cache:`)."""
         self._store.refresh()
         return len(self._store)
 
