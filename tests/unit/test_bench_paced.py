@@ -67,3 +67,23 @@ def test_busy_fraction_counts_what_the_run_could_send() -> None:
     assert out["busy_fraction"] == 0.3
     assert out["wave_limited_share"] == 0.2  # t=4, 5: fewer than max_num_seqs to send
     assert out["saturated_share"] == 0.1
+
+
+def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object) -> None:
+    """The paced mock answers the real HTTP client with scripted replies, the build parses
+    them, and the report has its fields (values are not asserted: a benchmark, not a timing)."""
+    from pathlib import Path
+
+    from structmem_gpu.bench.harness import BenchSettings
+    from structmem_gpu.bench.paced import run_paced
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    out = run_paced(BenchSettings(conf_dir=conf, out_dir=Path(str(tmp_path))), sizes=("tiny",),
+                    methods=("structmem",), time_scale=50)
+    [row] = out["rows"]
+    assert "error" not in row, row
+    assert row["requests"] > 0 and 0.0 <= row["busy_fraction"] <= 1.0
+    assert row["engine_model_s"] > 0 and row["predicted_gpu_s"] >= row["engine_model_s"]
+    extract = next(s for s in row["stages"] if s["stage"] == "extract")
+    assert extract["requests"] > 0 and extract["cpu_ms_per_request"] > 0
+    assert "simulation" in out and "not a GPU measurement" in out["simulation"]
