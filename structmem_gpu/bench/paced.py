@@ -213,10 +213,13 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
         srv.stop()
     server = json.loads(stats.read_text())
     out = analyse(calls, stages, server)
-    return {"build": method, "size": size, "time_scale": time_scale,
-            "max_num_seqs": max_num_seqs, "max_in_flight": max_in_flight,
-            "conversations": spec.conversations, "sessions": spec.sessions,
-            "turns_per_session": spec.turns_per_session, "pool": spec.shared_pool, **out}
+    row = {"build": method, "size": size, "time_scale": time_scale,
+           "max_num_seqs": max_num_seqs, "max_in_flight": max_in_flight,
+           "conversations": spec.conversations, "sessions": spec.sessions,
+           "turns_per_session": spec.turns_per_session, "pool": spec.shared_pool, **out}
+    # Each build's row on disk as it ends: a bench stopped later keeps the finished builds.
+    settings.path("paced", f"{name}.json").write_text(json.dumps(row, indent=1) + "\n")
+    return row
 
 
 def run_paced(settings: BenchSettings, *, sizes: Sequence[str] = tuple(SIZES),
