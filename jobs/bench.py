@@ -9,9 +9,12 @@
     python jobs/bench.py --profile gpu llm=vllm_server llm.model=Qwen/Qwen2.5-7B-Instruct \\
         llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see README "Benchmarking")
 
-Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-load (default: all).
-Other arguments of the form key=value are Hydra overrides of conf/ applied to every pipeline run.
-Writes bench.json and bench.md into --out; exit code 1 when a part failed. Logic lives in
+    python jobs/bench.py paced                  # builds against a GPU-paced mock (simulation)
+
+Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-load (default: all of
+these), paced (only when named). Other arguments of the form key=value are Hydra overrides of
+conf/ applied to every pipeline run. Writes bench.json and bench.md into --out; exit code 1 when
+a part failed. Logic lives in
 structmem_gpu/bench/; this is the CLI only.
 """
 
@@ -30,6 +33,7 @@ if str(ROOT) not in sys.path:  # allow `python jobs/bench.py` from a clean clone
 
 from structmem_gpu.bench.harness import BenchSettings  # noqa: E402
 from structmem_gpu.bench.suite import (  # noqa: E402
+    DEFAULT_PARTS,
     PARTS,
     PROFILE_OVERRIDES,
     SuiteOptions,
@@ -84,6 +88,11 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
         help="`lme-load`: question counts of the LongMemEval-M-shaped files (500 sessions each "
         "from a pool of 20,000), e.g. 100,500 (default: 100; tiny: 4)",
     )
+    ap.add_argument("--paced-sizes", default="locomo,longmemeval_s",
+                    help="`paced`: synthetic sizes (locomo, longmemeval_s)")
+    ap.add_argument("--paced-builds", default="structmem,seem", help="`paced`: builds to run")
+    ap.add_argument("--paced-time-scale", type=float, default=10.0,
+                    help="`paced`: the mock runs the GPU model this many times faster")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_intermixed_args(argv)  # parts, options and overrides in any order
     overrides = [i for i in args.items if "=" in i]
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else None
     cut = tuple(int(x) for x in args.schedule_slice.split(",")) if args.schedule_slice else None
     opts = SuiteOptions(
-        parts=tuple(parts) or PARTS,
+        parts=tuple(parts) or DEFAULT_PARTS,
         profile=args.profile,
         tiny=args.tiny,
         cost_run_dir=args.run_dir,
@@ -124,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         lme_questions=tuple(int(x) for x in args.lme_questions.split(","))
         if args.lme_questions
         else None,
+        paced_sizes=tuple(args.paced_sizes.split(",")),
+        paced_builds=tuple(args.paced_builds.split(",")),
+        paced_time_scale=args.paced_time_scale,
     )  # type: ignore[arg-type]
     bench = run_suite(settings, opts)
     print((out / "bench.md").read_text())

@@ -8,6 +8,8 @@
     python jobs/data.py models --check <overrides>       # are they all here? download nothing
     python jobs/data.py official                         # LightMem, mem0, LongMemEval checkouts
     python jobs/data.py official --from /shared/official # from local mirrors (no network)
+    python jobs/data.py cache compact [--cache-dir DIR]  # merge cache segments, convert SQLite
+    python jobs/data.py cache verify [--cache-dir DIR]   # re-read and check every cached record
 
 LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
 LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the
@@ -40,6 +42,14 @@ b3ede5b, xiaowu0162/LongMemEval 9e0b455) as bare git repositories into paths.off
 (STRUCTMEM_OFFICIAL_DIR, else <data dir>/official), verifies that each holds its pinned commit
 and prints where. `--from DIR` fetches from local repositories DIR/lightmem.git, ... instead of
 the code host. Exit codes: 0 all present; 1 `--check` found one missing; 2 a fetch failed.
+
+`cache` maintains paths.cache_dir (default .cache/structmem_gpu; its llm/ and embeddings/
+segment stores, structmem_gpu/segstore.py). `compact` first converts a cache of the SQLite era
+(llm/llm_responses.sqlite, embeddings/embeddings.sqlite; run it where SQLite's locks work, the
+host that wrote them) into segments and renames the file *.converted, then merges every
+published segment into one with one record per key; jobs may keep running meanwhile (a reader
+whose segments were merged re-lists once). `verify` re-reads every record and checks its
+checksum. Exit codes: 0 ok; 1 `verify` found a damaged segment; 2 a conversion failed.
 """
 
 from __future__ import annotations
@@ -270,6 +280,8 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
         return models_main(argv[1:])
     if argv and argv[0] == "official":
         return official_main(argv[1:])
+    if argv and argv[0] == "cache":
+        return cache_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
@@ -570,6 +582,51 @@ def _fetch_models(rows: Sequence[tuple[Any, Any, float | None]]) -> int:
         return 2
     log.info("all models present in %s", hub_cache_dir())
     return 0
+
+
+
+# ---- `cache`: compact and verify the segment stores under paths.cache_dir -----------------
+
+
+def cache_main(argv: Sequence[str]) -> int:
+    import json
+
+    from structmem_gpu import segstore
+    from structmem_gpu.embed import cache as emb_cache
+    from structmem_gpu.llm import cache as llm_cache
+    from structmem_gpu.llm.dedup import KEY_VERSION
+
+    parser = argparse.ArgumentParser(prog="python jobs/data.py cache",
+                                     description="Merge (compact) or check (verify) the LLM "
+                                     "response and embedding caches of paths.cache_dir.")
+    parser.add_argument("action", choices=("compact", "verify"))
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="paths.cache_dir (default .cache/structmem_gpu)")
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    root = args.cache_dir or default_cache_dir()
+    stores = ((root / "llm", llm_cache, llm_cache.KIND, KEY_VERSION),
+              (root / "embeddings", emb_cache, emb_cache.KIND, emb_cache.FORMAT))
+    bad = False
+    for folder, mod, kind, fmt in stores:
+        store = folder / mod.CACHE_FILE
+        if args.action == "compact":
+            if (folder / mod.LEGACY_FILE).exists():
+                try:
+                    n = mod.convert_legacy(folder)
+                except Exception as err:  # noqa: BLE001 - CacheError, OSError, sqlite3 errors
+                    log.error("%s: not converted (%s)", folder / mod.LEGACY_FILE, err)
+                    return 2
+                log.info("%s: converted %d records into segments", folder / mod.LEGACY_FILE, n)
+            if (store / segstore.SEG_DIR).is_dir():
+                out = segstore.compact(store, kind=kind, fmt=fmt)
+                bad |= bool(out["damaged"])
+                print(json.dumps(out))
+        elif (store / segstore.SEG_DIR).is_dir():
+            out = segstore.verify(store)
+            bad |= bool(out["damaged"])
+            print(json.dumps(out))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

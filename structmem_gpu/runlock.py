@@ -1,50 +1,62 @@
-"""One job per run directory: an exclusive lock held for the whole job.
+"""One job per run directory: a holder file taken by exclusive create, kept alive by a heartbeat.
 
     with hold_run_dir(Path("outputs/runs/sample/structmem")):
         run_stages(...)                       # a second job on the same directory exits 2
 
-The lock is an OS file lock (`filelock`, flock on Linux) on `<run_dir>/.run.lock`; the kernel
-drops it when the holder dies, even by SIGKILL, so a crashed job never blocks the next one.
-Beside it, `.run.lock.json` names the holder (host, pid, start time) so that a refused job can
-say who holds the directory, and so that a job taking over from a dead holder can say so.
+`<run_dir>/.run.lock.json` is created with O_CREAT|O_EXCL (atomic on local disks and on NFS v3+,
+Lustre and GPFS; no flock or POSIX lock, which network mounts may refuse with ENOLCK or
+silently not share between hosts). It names the holder (host, pid, start time, SLURM job, a
+random token) and carries a heartbeat the holder rewrites every HEARTBEAT_S seconds. Another
+job finding the file refuses with one line naming the holder, unless the holder is gone:
 
-On a file system without working flock (some network mounts answer ENOLCK), the holder file
-alone is the lock: it is taken over only when its pid is gone on this same host.
+  * same host, pid dead: taken over at once (a SIGKILLed job does not block its rerun);
+  * any host, heartbeat older than STALE_S: taken over (a job on a dead node, or killed on
+    another node). Hosts compare the heartbeat with their own clock: clocks must agree within
+    STALE_S - HEARTBEAT_S (NTP keeps cluster nodes within milliseconds).
+
+A takeover renames the stale file aside (only one taker's rename succeeds), checks that what it
+renamed is the holder it judged stale (else it puts it back and refuses), then creates its own
+holder by exclusive create. A clean exit removes the holder file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
+import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from structmem_gpu.errors import StructMemError
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".run.lock"
 HOLDER_NAME = ".run.lock.json"
+HEARTBEAT_S = 10.0  # how often a holder rewrites its heartbeat
+STALE_S = 90.0  # heartbeat age after which any host may take the directory over; shorter frees
+#                 a dead node's directory sooner, but a holder stalled this long (an NFS hang)
+#                 would be taken over while alive
 
 
 class RunDirBusyError(StructMemError):
     """Another job holds this run directory."""
 
 
-def _holder_info() -> dict[str, Any]:
+def _holder_info(token: str) -> dict[str, Any]:
+    now = time.time()
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "token": token,
+        "heartbeat": now,
     }
 
 
@@ -60,7 +72,9 @@ def _describe(holder: dict[str, Any] | None) -> str:
     if not holder:
         return "holder unknown"
     job = f", SLURM job {holder['slurm_job_id']}" if holder.get("slurm_job_id") else ""
-    return f"host {holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}{job}"
+    beat = holder.get("heartbeat")
+    age = f", heartbeat {time.time() - beat:.0f}s ago" if isinstance(beat, int | float) else ""
+    return f"host {holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}{job}{age}"
 
 
 def pid_alive(pid: int) -> bool:
@@ -73,12 +87,23 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _holder_alive_here(holder: dict[str, Any] | None) -> bool:
-    """True when the holder file names a live process on this host (not us)."""
-    if not holder or holder.get("host") != socket.gethostname():
-        return False
-    pid = holder.get("pid")
-    return isinstance(pid, int) and pid != os.getpid() and pid_alive(pid)
+def _stale(holder: dict[str, Any] | None, mtime: float | None) -> bool:
+    """True when the holder is gone: dead pid on this host, or a heartbeat older than STALE_S.
+    An unreadable holder file (being written, or damaged) is judged by its mtime."""
+    now = time.time()
+    if not holder:
+        return mtime is not None and now - mtime > STALE_S
+    beat = holder.get("heartbeat")
+    if holder.get("host") == socket.gethostname():
+        pid = holder.get("pid")
+        if isinstance(pid, int) and pid != os.getpid():
+            if not pid_alive(pid):
+                return True
+            if not isinstance(beat, int | float):
+                return False  # a live holder of a version without heartbeats
+    if not isinstance(beat, int | float):  # written before heartbeats existed
+        beat = mtime if mtime is not None else now
+    return now - float(beat) > STALE_S
 
 
 def _busy(run_dir: Path, holder: dict[str, Any] | None) -> RunDirBusyError:
@@ -88,17 +113,83 @@ def _busy(run_dir: Path, holder: dict[str, Any] | None) -> RunDirBusyError:
     )
 
 
-def _write_holder(path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_holder_info()), encoding="utf-8")
-    os.replace(tmp, path)
+def _create(path: Path, info: dict[str, Any]) -> bool:
+    """Exclusive create of the holder file; False when it exists."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(info))
+        f.flush()
+        os.fsync(f.fileno())
+    return True
 
 
-def _note_previous(run_dir: Path, previous: dict[str, Any] | None) -> None:
-    """The lock was free: a holder file still there was left by a job that died."""
-    if previous and previous.get("pid") != os.getpid():
-        log.warning("%s: taking over the run directory lock left by a job that is gone (%s)",
-                    run_dir, _describe(previous))
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _acquire(run_dir: Path, holder_path: Path, info: dict[str, Any]) -> None:
+    for _ in range(20):
+        if _create(holder_path, info):
+            return
+        previous = _read_holder(holder_path)
+        mtime = _mtime(holder_path)
+        if mtime is None:
+            continue  # released between our create and our read: try again
+        if previous is None and not _stale(None, mtime):
+            time.sleep(0.05)  # created a moment ago, contents not written yet
+            previous = _read_holder(holder_path)
+            if previous is None:
+                raise _busy(run_dir, None)
+        if not _stale(previous, mtime):
+            raise _busy(run_dir, previous)
+        aside = holder_path.with_name(f"{HOLDER_NAME}.stale-{info['token']}")
+        try:
+            os.rename(holder_path, aside)  # one taker wins; the others find no file
+        except FileNotFoundError:
+            continue
+        moved = _read_holder(aside)
+        if (moved or {}).get("token") != (previous or {}).get("token"):
+            # Someone took over between our read and our rename: put their holder back.
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, holder_path)
+            aside.unlink(missing_ok=True)
+            raise _busy(run_dir, moved)
+        aside.unlink(missing_ok=True)
+        if previous:
+            log.warning("%s: taking over the run directory lock left by a job that is gone (%s)",
+                        run_dir, _describe(previous))
+    raise _busy(run_dir, _read_holder(holder_path))
+
+
+class _Heartbeat(threading.Thread):
+    """Rewrites the holder's heartbeat while the block runs (atomic replace of the file; only
+    while the file still carries our token, so a holder that was taken over stops)."""
+
+    def __init__(self, path: Path, info: dict[str, Any]) -> None:
+        super().__init__(name="run-dir-heartbeat", daemon=True)
+        self.path, self.info = path, info
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            current = _read_holder(self.path)
+            if (current or {}).get("token") != self.info["token"]:
+                log.error("%s: the run directory lock was taken over by another job (%s)",
+                          self.path.parent, _describe(current))
+                return
+            self.info["heartbeat"] = time.time()
+            tmp = self.path.with_name(f"{HOLDER_NAME}.beat-{self.info['token']}")
+            try:
+                tmp.write_text(json.dumps(self.info), encoding="utf-8")
+                os.replace(tmp, self.path)
+            except OSError as e:  # a transient network file system error: try next beat
+                log.warning("%s: heartbeat not written (%s)", self.path, e)
 
 
 _HELD: dict[str, int] = {}  # run dirs this process holds -> nesting depth (re-entrant)
@@ -128,27 +219,14 @@ def hold_run_dir(run_dir: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _hold(run_dir: Path) -> Iterator[None]:
     holder_path = run_dir / HOLDER_NAME
-    lock = FileLock(str(run_dir / LOCK_NAME), timeout=0)
-    soft = False
+    info = _holder_info(secrets.token_hex(8))
+    _acquire(run_dir, holder_path, info)
+    beat = _Heartbeat(holder_path, info)
+    beat.start()
     try:
-        lock.acquire()
-    except Timeout:
-        raise _busy(run_dir, _read_holder(holder_path)) from None
-    except OSError as e:
-        if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise
-        soft = True  # no flock here: the holder file is the lock (same-host pid check)
-        log.warning("%s: file system has no working flock (%s); using the holder file alone",
-                    run_dir, e.strerror)
-    try:
-        previous = _read_holder(holder_path)
-        if soft and _holder_alive_here(previous):
-            raise _busy(run_dir, previous)
-        _note_previous(run_dir, previous)
-        _write_holder(holder_path)
         yield
     finally:
-        if (_read_holder(holder_path) or {}).get("pid") == os.getpid():
+        beat.stop.set()
+        beat.join()
+        if (_read_holder(holder_path) or {}).get("token") == info["token"]:
             holder_path.unlink(missing_ok=True)  # ours: a clean exit leaves no holder file
-        if not soft:
-            lock.release()

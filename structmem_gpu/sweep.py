@@ -17,13 +17,21 @@ another) and build-seed replicates for a sweep over `llm.seed` (analysis/compari
 files paired.csv/.json and seeds.json in the sweep dir), and with `tracking=mlflow` the
 callback logs the sweep, on the launching host, as one parent run with a child per point
 (analysis/tracking.py).
+
+Points of a SLURM sweep run on many hosts and write `.points/` on a shared file system: each
+record is its own file, published by renaming a temporary file whose name carries host, pid and
+a random part (two hosts may share a pid), so no lock is needed and a reader sees a whole
+record or none; a requeued point replaces its earlier record. The record names the host.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import shutil
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from structmem_gpu.artifacts import atomic_write_text
+from structmem_gpu.errors import StructMemError
 from structmem_gpu.result_keys import launch_key, split_override
 
 log = logging.getLogger(__name__)
@@ -54,7 +63,19 @@ def point_status(*, job: int, overrides: Sequence[str], status: str, run_dir: Pa
 
 def record_point(sweep_dir: Path, status: Mapping[str, Any]) -> Path:
     path = Path(sweep_dir) / POINTS_DIR / f"{int(status['job'])}.json"
-    atomic_write_text(path, json.dumps(status, indent=2) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    data = (json.dumps({**status, "host": host}, indent=2) + "\n").encode()
+    tmp = path.with_name(f".{path.name}.{host}-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on NFS/Lustre/GPFS too; the last record of a point wins
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise StructMemError(f"{path}: sweep point record not written ({e.strerror or e})") from e
     return path
 
 

@@ -4,6 +4,13 @@
     # POST /v1/chat/completions -> the same completion (content = reply.txt) for every request
     # GET  anything             -> {"object": "list", "data": [{"id": "mock"}]} (readiness)
 
+    python -m structmem_gpu.bench.mock_server --port 8123 --paced --time-scale 20 --stats s.json
+    # GPU-paced (the `paced` bench part): each POST gets the scripted LLM's reply for its
+    # messages and schema (llm/scripted.fake_reply), delivered when a continuous-batching
+    # engine (bench/paced_model.py: 6.5 ms + 0.06 ms per sequence per decode step, prefill at
+    # 30,000 tokens/s, max_num_seqs 256, all times / time_scale) has decoded it; on SIGTERM it
+    # writes the arrival/finish times and engine totals to --stats.
+
 It does as little as an HTTP/1.1 keep-alive server can (one asyncio protocol, no body parsing,
 one pre-encoded response), so that a benchmark against it measures the client, not the
 server. Bound to 127.0.0.1 only; it stops on SIGTERM/SIGINT and when its parent dies
@@ -18,6 +25,7 @@ import json
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)")
@@ -97,11 +105,159 @@ async def serve(port: int, reply_text: str) -> None:
         await stop.wait()
 
 
+# ---- the GPU-paced mode ----------------------------------------------------------------------
+
+
+def scripted_completion(body: dict) -> tuple[str, int, int]:
+    """(reply text, prompt tokens, completion tokens) for one chat request body: the scripted
+    LLM's reply for its messages and schema, token counts from characters."""
+    from structmem_gpu.bench.paced_model import TimingModel
+    from structmem_gpu.llm.scripted import fake_reply
+    from structmem_gpu.llm.types import LLMRequest, Message
+
+    rf = body.get("response_format") or {}
+    schema = (rf.get("json_schema") or {}).get("schema") or rf.get("schema")
+    msgs = tuple(Message(m["role"], m["content"]) for m in body.get("messages", []))
+    text = fake_reply(LLMRequest(request_id="m", stage="paced", prompt_version="m",
+                                 messages=msgs, schema=schema))
+    tm = TimingModel()
+    return text, tm.tokens(sum(len(m.content) for m in msgs)), tm.tokens(len(text))
+
+
+class PacedServer:
+    """The engine loop plus per-request bookkeeping (times on CLOCK_MONOTONIC, which every
+    process on the host shares, so the bench can line them up with the client's)."""
+
+    def __init__(self, model: object) -> None:
+        from structmem_gpu.bench.paced_model import Engine
+
+        self.engine = Engine(model)  # type: ignore[arg-type]
+        self.model = model
+        self.wake = asyncio.Event()
+        self.arrivals: list[float] = []
+        self.finishes: list[float] = []
+        self.t0 = time.monotonic()
+
+    def submit(self, body: bytes, reply: asyncio.Future) -> None:
+        from structmem_gpu.bench.paced_model import Seq
+
+        self.arrivals.append(time.monotonic())
+        text, p_tok, c_tok = scripted_completion(json.loads(body))
+        self.engine.submit(Seq((reply, text, p_tok, c_tok), p_tok, c_tok))
+        self.wake.set()
+
+    async def run(self) -> None:
+        scale = float(self.model.time_scale)  # type: ignore[attr-defined]
+        due = time.monotonic()
+        while True:
+            if not self.engine.held():
+                self.wake.clear()
+                await self.wake.wait()
+                due = time.monotonic()  # idle time is not owed to the model
+            dt, done = self.engine.step()
+            due = max(due, time.monotonic() - 0.05) + dt / scale  # keep pace; never bank >50 ms
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = time.monotonic()
+            for s in done:
+                fut, text, p_tok, c_tok = s.ident
+                self.finishes.append(now)
+                if not fut.done():
+                    fut.set_result(http_response(_paced_payload(text, p_tok, c_tok)))
+
+    def stats(self) -> dict:
+        e = self.engine
+        return {"model": dict(vars(self.model)), "model_time_s": e.model_time_s, "steps": e.steps,
+                "saturated_model_s": e.saturated_s, "decoded_tokens": e.decoded_tokens,
+                "arrivals": self.arrivals, "finishes": self.finishes}
+
+
+def _paced_payload(text: str, p_tok: int, c_tok: int) -> bytes:
+    return json.dumps({
+        "id": "paced", "object": "chat.completion", "model": "mock",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok,
+                  "total_tokens": p_tok + c_tok, "prompt_tokens_details": {"cached_tokens": 0}},
+    }).encode()
+
+
+class _PacedConnection(asyncio.Protocol):
+    """One keep-alive connection; replies go out in request order (HTTP/1.1 without pipelining
+    reorders nothing: the client sends the next request on a connection after the reply)."""
+
+    def __init__(self, server: PacedServer, other: bytes) -> None:
+        self.server, self.other = server, other
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            m = _CONTENT_LENGTH.search(self.buf, 0, end)
+            total = end + 4 + (int(m.group(1)) if m else 0)
+            if len(self.buf) < total:
+                return
+            is_post = self.buf.startswith(b"POST")
+            body = bytes(self.buf[end + 4 : total])
+            del self.buf[:total]
+            assert self.transport is not None
+            if not is_post:
+                self.transport.write(self.other)
+                continue
+            fut = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(self._send)
+            self.server.submit(body, fut)
+
+    def _send(self, fut: asyncio.Future) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(fut.result())
+
+
+async def serve_paced(port: int, model: object, stats_path: Path | None) -> None:
+    paced = PacedServer(model)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: _PacedConnection(paced, http_response(_MODELS)), "127.0.0.1", port, backlog=4096
+    )
+    engine = asyncio.create_task(paced.run())
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"paced mock chat server on 127.0.0.1:{port} ({model})", flush=True)
+    async with server:
+        await stop.wait()
+    engine.cancel()
+    if stats_path is not None:
+        tmp = stats_path.with_name(stats_path.name + ".tmp")
+        tmp.write_text(json.dumps(paced.stats()), encoding="utf-8")
+        tmp.replace(stats_path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--reply", type=Path, required=True, help="file holding the reply content")
+    ap.add_argument("--reply", type=Path, default=None, help="file holding the reply content")
+    ap.add_argument("--paced", action="store_true", help="GPU-paced scripted replies")
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--stats", type=Path, default=None, help="paced: stats file written on exit")
     args = ap.parse_args(argv)
+    if args.paced:
+        from structmem_gpu.bench.paced_model import TimingModel
+
+        model = TimingModel(max_num_seqs=args.max_num_seqs, time_scale=args.time_scale)
+        asyncio.run(serve_paced(args.port, model, args.stats))
+        return 0
+    if args.reply is None:
+        ap.error("--reply is required without --paced")
     asyncio.run(serve(args.port, args.reply.read_text(encoding="utf-8")))
     return 0
 

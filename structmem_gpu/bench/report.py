@@ -317,6 +317,21 @@ def _lme_load(part: Mapping[str, Any]) -> list[str]:
     return render(dict(part))
 
 
+def _paced(part: Mapping[str, Any]) -> list[str]:
+    rows = [r for r in part.get("rows", []) if "error" not in r]
+    out = [f"{part.get('simulation', '')}\n",
+           md_table(rows, ["build", "size", "time_scale", "requests", "wall_s", "busy_fraction",
+                           "wave_limited_share", "saturated_share", "engine_model_s",
+                           "idle_real_s", "predicted_gpu_s"])]
+    for r in rows:
+        out += [f"\n{r['build']} / {r['size']} per stage:\n",
+                md_table(r["stages"], ["stage", "wall_s", "requests", "cpu_ms_per_request",
+                                       "busy_fraction", "wave_limited_share"])]
+    out += [f"\n{r['build']} / {r['size']}: error {r['error']}\n"
+            for r in part.get("rows", []) if "error" in r]
+    return out
+
+
 SECTIONS = (
     ("client", "LLM client ceiling (zero-latency mock server)", _client),
     ("llm", "LLM client throughput and overhead", _llm),
@@ -327,6 +342,7 @@ SECTIONS = (
     ("scale", "Scale", _scale),
     ("dry_run", "Dry-run estimates", _dry_run),
     ("lme_load", "LongMemEval-M-shaped load (bounded memory)", _lme_load),
+    ("paced", "GPU-paced builds (simulation)", _paced),
 )
 
 

@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 # Execution order: the cheap LLM-free parts first (a broken environment fails fast), the
 # longest (schedule: every build request again, one at a time) last.
 PARTS = ("components", "dry-run", "lme-load", "client", "llm", "build", "cost", "scale",
-         "schedule")
+         "schedule", "paced")
+# What runs without named parts: `paced` (minutes of simulated GPU builds) only when named.
+DEFAULT_PARTS = tuple(p for p in PARTS if p != "paced")
 # Parts that never talk to the configured LLM: when only these run, no server is launched.
-NO_LLM_PARTS = frozenset({"components", "dry-run", "lme-load", "client", "cost"})
+NO_LLM_PARTS = frozenset({"components", "dry-run", "lme-load", "client", "cost", "paced"})
 
 SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
@@ -102,7 +104,7 @@ PROFILE_OVERRIDES = {"cpu": ("debug=ci",), "gpu": ()}
 
 @dataclass
 class SuiteOptions:
-    parts: tuple[str, ...] = PARTS
+    parts: tuple[str, ...] = DEFAULT_PARTS
     profile: str = "cpu"
     tiny: bool = False
     cost_run_dir: Path | None = None  # `cost` source; default: this suite's build run
@@ -114,6 +116,10 @@ class SuiteOptions:
     schedule_slice: tuple[int, int] | None = None
     lme_questions: tuple[int, ...] | None = None  # lme-load question counts (None = profile's)
     size: dict[str, Any] = field(default_factory=dict)
+    # `paced`: synthetic sizes, builds and the mock's time scale (bench/paced.py)
+    paced_sizes: tuple[str, ...] = ("locomo", "longmemeval_s")
+    paced_builds: tuple[str, ...] = ("structmem", "seem")
+    paced_time_scale: float = 10.0
 
     def __post_init__(self) -> None:
         self.size = dict(SIZES["tiny" if self.tiny else self.profile])
@@ -195,6 +201,7 @@ class Suite:
             "client": self.part_client, "llm": self.part_llm, "build": self.part_build,
             "schedule": self.part_schedule, "components": self.part_components, "cost": self.part_cost,
             "scale": self.part_scale, "dry-run": self.part_dry_run, "lme-load": self.part_lme_load,
+            "paced": self.part_paced,
         }  # fmt: skip
         meta = self.bench["meta"]
         if {"build", "schedule", "components"} & set(self.opts.parts):
@@ -237,6 +244,13 @@ class Suite:
             min_requests=self.sz["client_requests"],
             rounds=self.sz["client_rounds"],
         )
+
+    def part_paced(self) -> dict[str, Any]:
+        from structmem_gpu.bench import paced
+
+        return paced.run_paced(self.settings, sizes=self.opts.paced_sizes,
+                               methods=self.opts.paced_builds,
+                               time_scale=self.opts.paced_time_scale)
 
     def part_llm(self) -> dict[str, Any]:
         from structmem_gpu.bench import llm_bench

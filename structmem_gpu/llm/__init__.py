@@ -4,7 +4,7 @@
     with open_llm(cfg.llm, log_dir=run_dir / "logs", cache_dir=cache_dir) as llm:
         results = llm.generate(requests, desc="extract")   # one LLMResult per request, in order
 
-Importing this package is cheap: aiohttp, httpx, jsonschema, sqlite and vllm load only when used.
+Importing this package is cheap: aiohttp, httpx, jsonschema and vllm load only when used.
 """
 
 from __future__ import annotations

@@ -1,36 +1,38 @@
-"""Response cache: SQLite (WAL) keyed by model, sampling, prompt version, schema and messages.
+"""Response cache: a segment store keyed by model, sampling, prompt version, schema and messages.
 
-    cache = ResponseCache(Path(".cache/structmem_gpu"))      # -> llm_responses.sqlite
+    cache = ResponseCache(Path(".cache/structmem_gpu/llm"))   # -> llm/llm_responses.seg/
     llm = CachedBackend(HTTPBackend(...), cache)
-    llm.generate(requests)   # first run: sends everything, writes each success as it lands
+    llm.generate(requests)   # first run: sends everything, publishes replies as they land
     llm.generate(requests)   # rerun: zero server calls, cache_hit=True, attempts=0
 
 The key covers everything that changes a reply: the backend's `model_id` (served name + weights
 path/id + revision: two models never share an entry), backend request extras, the sampling
 parameters, the prompt version, the JSON schema and the exact messages. Only parse_ok results
-are stored, so failures are re-sent next time. Several processes (a sweep's jobs) may write
-the same file: WAL + busy_timeout, plus a retry loop on "database is locked".
-Writes go through one writer thread that commits whatever has arrived in one transaction
-(a commit per reply cost ~0.2 ms, the largest item of the client's profile at 1,000 req/s);
-a reply is on disk milliseconds after it lands, and `CachedBackend.generate` flushes before it
-returns or raises, so a crash loses at most the replies of those last milliseconds.
-Note: WAL needs a filesystem with working shared memory/locks (local disk, Lustre/GPFS with
-locking); on plain NFS put `paths.cache_dir` on node-local or a lock-capable filesystem.
+are stored, so failures are re-sent next time.
+
+Storage (structmem_gpu/segstore.py): every process appends to segments of its own and
+publishes them atomically by rename — every `publish_every` replies or `publish_s` seconds,
+whichever comes first, and whenever `CachedBackend.generate` returns or raises. Readers open
+published segments read-only and pick up other jobs' segments at each lookup. Nothing relies
+on SQLite, shared memory or POSIX/flock locks, so jobs on many hosts may share one
+`paths.cache_dir` on NFS, Lustre or GPFS: a killed job loses at most its last unpublished
+interval, never damages the cache. `python jobs/data.py cache compact` merges the segments
+(one reply per key) and converts a cache of the SQLite era (llm_responses.sqlite) once;
+`... cache verify` re-reads and checks every record.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from structmem_gpu import segstore
 from structmem_gpu.hashing import canonical_json
 
 # cache_key lives with the in-batch dedup (same key); importers of cache.cache_key still work
@@ -41,51 +43,37 @@ from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 
 logger = logging.getLogger(__name__)
 
-CACHE_FILE = "llm_responses.sqlite"
-_SCHEMA_SQL = """
-CREATE TABLE IF NOT EXISTS responses (
-    key               TEXT PRIMARY KEY,
-    model             TEXT NOT NULL,
-    prompt_version    TEXT NOT NULL,
-    messages_hash     TEXT NOT NULL,
-    messages          TEXT NOT NULL,   -- JSON list of {role, content}: messages from the hash
-    schema            TEXT,            -- canonical JSON or NULL (free text)
-    sampling          TEXT NOT NULL,
-    text              TEXT NOT NULL,
-    prompt_tokens     INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    cached_tokens     INTEGER,
-    finish_reason     TEXT NOT NULL,
-    parse_ok          INTEGER NOT NULL,
-    attempts          INTEGER NOT NULL,
-    latency_s         REAL NOT NULL,
-    created_at        REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS responses_messages_hash ON responses (messages_hash);
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
+CACHE_FILE = "llm_responses.seg"  # the store directory under the cache dir
+LEGACY_FILE = "llm_responses.sqlite"  # the SQLite (WAL) cache before segments; see compact
+KIND = "llm-response"
+COLUMNS = (  # one stored row, as iter_rows yields it (the SQLite table's columns, same order)
+    "key", "model", "prompt_version", "messages_hash", "messages", "schema", "sampling", "text",
+    "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "parse_ok",
+    "attempts", "latency_s", "created_at",
+)
 
 
 class CacheError(StructMemError):
-    """The response cache file is damaged or was written by an incompatible version."""
+    """The response cache is damaged or was written by an incompatible version."""
 
 
 def damaged_message(path: Path, err: Exception) -> str:
     return (f"{path}: response cache unreadable ({err}); move it aside and rerun "
-            f"(mv {path} {path}.damaged; rm -f {path}-wal {path}-shm) — finished stages are kept, only their LLM replies "
+            f"(mv {path} {path}.damaged) — finished stages are kept, only their LLM replies "
             f"are recomputed when needed — or set cache.llm=false to run without it")
-_COLUMNS = (
-    "text",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "finish_reason",
-    "parse_ok",
-    "attempts",
-    "latency_s",
-)
-_LOCK_RETRY_S = 120.0
-T = TypeVar("T")
+
+
+def _check_format(path: Path, index: dict[str, Any]) -> None:
+    """Refuse a segment whose keys were computed another way (every lookup would miss, and a
+    stale entry could be served for a different request): each segment records
+    dedup.KEY_VERSION, the first element cache_key hashes."""
+    fmt = index.get("format")
+    if fmt != KEY_VERSION:
+        raise CacheError(
+            f"{path}: response cache segment written with key format {fmt!r}, this version "
+            f"uses {KEY_VERSION!r}; move it aside (mv {path} {path}.{str(fmt).replace('/', '-')}) "
+            f"or point paths.cache_dir elsewhere"
+        )
 
 
 @dataclass(frozen=True)
@@ -101,50 +89,43 @@ class CachedReply:
 
 
 class ResponseCache:
-    """One SQLite file under `cache_dir`, shared by every model, run and process."""
+    """One segment store under `cache_dir`, shared by every model, run, process and host.
 
-    def __init__(self, cache_dir: Path, *, busy_timeout_s: float = 30.0) -> None:
+    publish_every / publish_s: how many replies, or seconds after the first unpublished one,
+    a process collects before publishing a segment. Smaller loses less to a SIGKILL (a job
+    killed mid-stage recomputes at most this interval) but writes more, smaller files (which
+    `cache compact` merges); each publish is one file write + fsync + rename."""
+
+    def __init__(self, cache_dir: Path, *, publish_every: int = 1000, publish_s: float = 2.0,
+                 busy_timeout_s: float | None = None) -> None:
+        del busy_timeout_s  # accepted for callers of the SQLite era; nothing waits on a lock now
         cache_dir.mkdir(parents=True, exist_ok=True)
         self.path = cache_dir / CACHE_FILE
-        self._lock = threading.Lock()  # one connection, used from the client's loop thread too
-        self._conn = sqlite3.connect(
-            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
-        self._retry(lambda: self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}"))
-        self._retry(lambda: self._conn.execute("PRAGMA journal_mode=WAL"))
-        # NORMAL under WAL: durable against a crash of this process; only power loss can lose
-        # the last transactions, which a rerun recomputes.
-        self._retry(lambda: self._conn.execute("PRAGMA synchronous=NORMAL"))
-        self._retry(lambda: self._conn.executescript(_SCHEMA_SQL))
-        # The write-behind queue: rows waiting for the writer thread (started on first put).
+        self.publish_every = max(1, int(publish_every))
+        self.publish_s = float(publish_s)
+        legacy = cache_dir / LEGACY_FILE
+        if legacy.exists():
+            logger.warning("%s: a response cache of the SQLite era is not read; convert it once "
+                           "with `python jobs/data.py cache compact --cache-dir %s`",
+                           legacy, cache_dir.parent)
+        self._lock = threading.Lock()  # the store's index: used from the client's loop thread too
+        try:
+            self._store = segstore.SegmentStore(self.path, kind=KIND, fmt=KEY_VERSION,
+                                                check=_check_format)
+        except segstore.SegmentError as e:
+            raise CacheError(damaged_message(_named(e, self.path), e)) from e
+        # Rows waiting to be published; the publisher thread (started on first put) publishes
+        # them when publish_every are waiting or publish_s have passed; flush() publishes now.
         self._cond = threading.Condition()
-        self._queue: list[tuple[Any, ...]] = []
-        self._unwritten = 0  # rows queued or being committed
+        self._queue: list[dict[str, Any]] = []
+        self._first_queued = 0.0
+        self._publishing = 0  # rows being written by some thread
         self._writer: threading.Thread | None = None
         self._closing = False
         self._error: BaseException | None = None
-        self._check_key_format()
-        # Read a page of the table now: a truncated file fails here, not mid-stage.
-        self._retry(lambda: self._conn.execute("SELECT key FROM responses LIMIT 1").fetchall())
-
-    def _check_key_format(self) -> None:
-        """Refuse a cache whose keys were computed another way (every lookup would miss, and a
-        stale entry could be served for a different request): the file's meta table records
-        dedup.KEY_VERSION, the first element cache_key hashes."""
-        row = self._retry(lambda: self._conn.execute(
-            "SELECT value FROM meta WHERE name = 'key_format'").fetchone())
-        if row is None:  # new file, or one written before the meta table existed (format 1)
-            self._retry(lambda: self._conn.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('key_format', ?)", (KEY_VERSION,)))
-        elif row[0] != KEY_VERSION:
-            raise CacheError(
-                f"{self.path}: response cache written with key format {row[0]!r}, this version "
-                f"uses {KEY_VERSION!r}; move it aside (mv {self.path} {self.path}.{row[0].replace('/', '-')}) "
-                f"or point paths.cache_dir elsewhere"
-            )
 
     def close(self) -> None:
-        """Commit what is queued, stop the writer, close the connection."""
+        """Publish what is queued, stop the publisher thread."""
         try:
             self.flush()
         finally:
@@ -153,88 +134,74 @@ class ResponseCache:
                 self._cond.notify_all()
             if self._writer is not None:
                 self._writer.join()
-            with self._lock:
-                self._conn.close()
 
     def flush(self) -> None:
-        """Block until every row put so far is committed; re-raise a writer failure."""
+        """Publish every row put so far (block until it is on disk); re-raise a write failure."""
         with self._cond:
-            while self._unwritten and self._error is None:
+            rows, self._queue = self._queue, []
+            self._publishing += len(rows)
+        if rows:
+            self._publish(rows)
+        with self._cond:
+            while self._publishing and self._error is None:
                 self._cond.wait()
             if self._error is not None:
                 err, self._error = self._error, None
                 raise RuntimeError(f"response cache {self.path}: write failed: {err}") from err
 
+    def _publish(self, rows: list[dict[str, Any]]) -> None:
+        try:
+            records = [(r["key"], json.dumps(r, separators=(",", ":")).encode(),
+                        r["messages_hash"]) for r in rows]
+            with self._lock:
+                self._store.publish(records)
+        except BaseException as e:  # noqa: BLE001 - handed to the next flush()
+            with self._cond:
+                self._error = e
+        finally:
+            with self._cond:
+                self._publishing -= len(rows)
+                self._cond.notify_all()
+
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closing:
-                    self._cond.wait()
-                if not self._queue:
-                    return  # closing and drained
+                while not self._closing:
+                    if len(self._queue) >= self.publish_every:
+                        break
+                    if self._queue:
+                        left = self._first_queued + self.publish_s - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    else:
+                        self._cond.wait()
+                if self._closing and not self._queue:
+                    return
                 rows, self._queue = self._queue, []
-            try:
-                self._retry(functools.partial(self._commit_rows, rows))
-            except BaseException as e:  # noqa: BLE001 - handed to the next flush()
-                with self._cond:
-                    self._error = e
-            with self._cond:
-                self._unwritten -= len(rows)
-                self._cond.notify_all()
-
-    def _commit_rows(self, rows: list[tuple[Any, ...]]) -> None:
-        """One transaction for a group of rows (called under self._lock via _retry)."""
-        sql = f"INSERT OR REPLACE INTO responses VALUES ({', '.join('?' * len(rows[0]))})"
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            self._conn.executemany(sql, rows)
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-
-    def _retry(self, fn: Callable[[], T]) -> T:
-        """Run `fn`, retrying while another process holds the write lock past busy_timeout."""
-        deadline = time.monotonic() + _LOCK_RETRY_S
-        delay = 0.05
-        while True:
-            try:
-                with self._lock:
-                    return fn()
-            except sqlite3.OperationalError as e:
-                msg = str(e).lower()
-                if "locked" not in msg and "busy" not in msg:
-                    raise CacheError(damaged_message(self.path, e)) from e
-                if time.monotonic() > deadline:
-                    raise
-                logger.debug("response cache %s busy (%s); retrying", self.path, e)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            except sqlite3.DatabaseError as e:  # "file is not a database", "malformed"
-                raise CacheError(damaged_message(self.path, e)) from e
-
-    def _fetchall(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        return self._conn.execute(sql, params).fetchall()
+                self._publishing += len(rows)
+            if rows:
+                self._publish(rows)
 
     def get_many(self, keys: Sequence[str]) -> dict[str, CachedReply]:
         self.flush()  # read our own writes
+        try:
+            with self._lock:
+                raw = self._store.get_many(keys)
+        except segstore.SegmentError as e:
+            raise CacheError(damaged_message(_named(e, self.path), e)) from e
         found: dict[str, CachedReply] = {}
-        uniq = list(dict.fromkeys(keys))
-        for start in range(0, len(uniq), 500):  # stay under SQLite's host-parameter limit
-            chunk = uniq[start : start + 500]
-            sql = (
-                f"SELECT key, {', '.join(_COLUMNS)} FROM responses "
-                f"WHERE key IN ({', '.join('?' * len(chunk))})"
-            )
-            rows = self._retry(functools.partial(self._fetchall, sql, chunk))
-            for key, text, p, c, cached, fin, ok, att, lat in rows:
-                found[key] = CachedReply(text, p, c, cached, fin, bool(ok), att, lat)
+        for key, data in raw.items():
+            r = json.loads(data)
+            found[key] = CachedReply(r["text"], r["prompt_tokens"], r["completion_tokens"],
+                                     r["cached_tokens"], r["finish_reason"], bool(r["parse_ok"]),
+                                     r["attempts"], r["latency_s"])
         return found
 
     def put(self, key: str, req: LLMRequest, res: LLMResult) -> None:
-        """Queue one finished result for the writer thread (committed within milliseconds;
-        `flush()` waits for it)."""
-        row = (
+        """Queue one finished result for publication (within publish_s seconds or
+        publish_every replies; `flush()` publishes at once)."""
+        row = dict(zip(COLUMNS, (
             key,
             res.model,
             req.prompt_version,
@@ -251,34 +218,40 @@ class ResponseCache:
             res.attempts,
             res.latency_s,
             time.time(),
-        )
+        ), strict=True))
         with self._cond:
             if self._closing:
                 raise RuntimeError(f"response cache {self.path} is closed")
+            if not self._queue:
+                self._first_queued = time.monotonic()
             self._queue.append(row)
-            self._unwritten += 1
             if self._writer is None:
                 self._writer = threading.Thread(
                     target=self._write_loop, name="llm-cache-writer", daemon=True
                 )
                 self._writer.start()
-            self._cond.notify_all()
+            if len(self._queue) == 1 or len(self._queue) >= self.publish_every:
+                self._cond.notify_all()
 
     def messages_for(self, messages_hash: str) -> list[dict[str, str]] | None:
         """The full messages behind a `messages_hash` of requests.parquet (None if unknown)."""
         self.flush()
-        row = self._retry(
-            lambda: self._conn.execute(
-                "SELECT messages FROM responses WHERE messages_hash = ? LIMIT 1", (messages_hash,)
-            ).fetchone()
-        )
-        return None if row is None else json.loads(row[0])
+        with self._lock:
+            key = self._store.key_for_tag(messages_hash)
+            raw = self._store.get_many([key]) if key is not None else {}
+        return None if key is None else json.loads(json.loads(raw[key])["messages"])
 
     def __len__(self) -> int:
         self.flush()
-        return int(
-            self._retry(lambda: self._conn.execute("SELECT COUNT(*) FROM responses").fetchone())[0]
-        )
+        with self._lock:
+            self._store.refresh()
+            return len(self._store)
+
+
+def _named(err: Exception, default: Path) -> Path:
+    """The segment file a SegmentError names (its message starts with the path)."""
+    head = str(err).split(":", 1)[0]
+    return Path(head) if head.endswith(segstore.SUFFIX) else default
 
 
 def _hit_result(req: LLMRequest, hit: CachedReply, model: str) -> LLMResult:
@@ -355,10 +328,50 @@ class CachedBackend:
 
 def iter_rows(cache: ResponseCache, model: str | None = None) -> Iterable[dict[str, Any]]:
     """Every stored row (optionally of one model) as dicts; for notebooks and audits."""
-    sql = "SELECT * FROM responses" + (" WHERE model = ?" if model else "")
     cache.flush()
-    conn = cache._conn
-    cur = cache._retry(lambda: conn.execute(sql, (model,) if model else ()))
-    names = [d[0] for d in cur.description]
-    for row in cache._retry(cur.fetchall):
-        yield dict(zip(names, row, strict=True))
+    with cache._lock:
+        cache._store.refresh()
+        keys = list(cache._store.keys())
+    for start in range(0, len(keys), 1000):
+        with cache._lock:
+            raw = cache._store.get_many(keys[start : start + 1000])
+        for data in raw.values():
+            row = json.loads(data)
+            if model is None or row["model"] == model:
+                yield row
+
+
+def convert_legacy(cache_dir: Path) -> int:
+    """Copy every row of a SQLite-era cache (cache_dir/llm_responses.sqlite) into one segment,
+    then rename the file to *.converted; returns the rows copied. Run it where SQLite's locks
+    work (the host that wrote the file, or any host once no job uses it)."""
+    import sqlite3  # only the one-time conversion touches SQLite
+
+    legacy = cache_dir / LEGACY_FILE
+    conn = sqlite3.connect(legacy)
+    try:
+        try:
+            fmt = conn.execute("SELECT value FROM meta WHERE name = 'key_format'").fetchone()
+        except sqlite3.OperationalError:  # format 1 files had no meta table: same keys
+            fmt = None
+        if fmt is not None and fmt[0] != KEY_VERSION:
+            raise CacheError(f"{legacy}: key format {fmt[0]!r}, this version uses "
+                             f"{KEY_VERSION!r}; not converted (move it aside)")
+        cur = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM responses")
+        store = segstore.SegmentStore(cache_dir / CACHE_FILE, kind=KIND, fmt=KEY_VERSION,
+                                      check=_check_format)
+        n = 0
+        while rows := cur.fetchmany(5000):
+            records = []
+            for row in rows:
+                r = dict(zip(COLUMNS, row, strict=True))
+                records.append((r["key"], json.dumps(r, separators=(",", ":")).encode(),
+                                r["messages_hash"]))
+            store.publish(records)
+            n += len(records)
+    finally:
+        conn.close()
+    legacy.rename(legacy.with_name(legacy.name + ".converted"))
+    for side in ("-wal", "-shm"):
+        Path(f"{legacy}{side}").unlink(missing_ok=True)
+    return n

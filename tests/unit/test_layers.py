@@ -22,9 +22,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "structmem_gpu"
 LAYERS: tuple[tuple[str, ...], ...] = (
     # base: errors, hashes, table schemas, the run directory, locks, signals, config checks,
     # which keys change a result (run directory names, changed-keys log, sweep point records)
-    ("errors", "hashing", "schemas", "turns_store", "artifacts", "runlock", "preempt",
-     "config_schema", "result_keys", "run_key", "run_changes", "settings", "hf_cache",
-     "path_values"),
+    ("errors", "hashing", "schemas", "turns_store", "artifacts", "segstore", "runlock",
+     "preempt", "config_schema", "result_keys", "run_key", "run_changes", "settings",
+     "hf_cache", "path_values"),
     # backends and inputs: LLM clients, encoders, indexes, benchmark loaders, prompt texts
     ("llm", "embed", "index", "data", "prompts"),
     # the stage contract (opens the LLM and encoder backends a stage asks for)

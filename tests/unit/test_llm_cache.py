@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import sqlite3
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -166,10 +165,10 @@ def test_backend_without_on_result_still_cached(tmp_path: Path) -> None:
     assert len(cache) == 1
 
 
-def test_wal_mode(tmp_path: Path) -> None:
-    ResponseCache(tmp_path)
-    with sqlite3.connect(tmp_path / CACHE_FILE) as conn:
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+def test_storage_is_segments_without_sqlite(tmp_path: Path) -> None:
+    CachedBackend(ScriptedLLM(), ResponseCache(tmp_path)).generate([req(0), req(1)])
+    assert [p.suffix for p in (tmp_path / CACHE_FILE / "seg").iterdir()] == [".seg"]
+    assert not list(tmp_path.rglob("*.sqlite*"))
 
 
 def _writer(cache_dir: str, worker: int, n: int) -> None:

@@ -4,10 +4,8 @@ reply, and a damaged or foreign response cache (a clear error, never a traceback
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sqlite3
 import sys
 import textwrap
 import threading
@@ -150,27 +148,27 @@ def test_restarts_used_up_leave_requests_unanswered(tmp_path: Path) -> None:
 
 
 def _cache_with_one_row(tmp_path: Path) -> Path:
+    """The one published segment of a cache holding one reply."""
     cache = ResponseCache(tmp_path)
     from structmem_gpu.llm.scripted import ScriptedLLM
 
     CachedBackend(ScriptedLLM(), cache).generate([req(0)])
     cache.close()
-    return tmp_path / CACHE_FILE
+    [seg] = (tmp_path / CACHE_FILE / "seg").glob("*.seg")
+    return seg
 
 
-def test_garbage_cache_file_is_named_with_the_command_to_move_it(tmp_path: Path) -> None:
-    path = tmp_path / CACHE_FILE
-    path.write_bytes(b"this is not an sqlite file at all" * 100)
+def test_garbage_cache_segment_is_named_with_the_command_to_move_it(tmp_path: Path) -> None:
+    path = _cache_with_one_row(tmp_path)
+    path.write_bytes(b"this is not a cache segment at all" * 100)
     with pytest.raises(CacheError) as err:
         ResponseCache(tmp_path)
     msg = str(err.value)
     assert str(path) in msg and f"mv {path} {path}.damaged" in msg and "cache.llm=false" in msg
 
 
-def test_truncated_cache_file_is_named(tmp_path: Path) -> None:
+def test_truncated_cache_segment_is_named(tmp_path: Path) -> None:
     path = _cache_with_one_row(tmp_path)
-    for side in ("-wal", "-shm"):
-        Path(f"{path}{side}").unlink(missing_ok=True)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 3])
     with pytest.raises(CacheError, match="response cache unreadable"):
@@ -179,25 +177,12 @@ def test_truncated_cache_file_is_named(tmp_path: Path) -> None:
 
 
 def test_cache_of_another_key_format_is_refused(tmp_path: Path) -> None:
-    path = _cache_with_one_row(tmp_path)
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = 'llm-response/0' WHERE name = 'key_format'")
-    conn.commit()
-    conn.close()
+    from structmem_gpu import segstore
+
+    segstore.write_segment(tmp_path / CACHE_FILE, "old", [("k", b"{}", None)],
+                           {"kind": "llm-response", "format": "llm-response/0"})
     with pytest.raises(CacheError, match=r"key format 'llm-response/0'.*mv "):
         ResponseCache(tmp_path)
-
-
-def test_cache_written_before_the_meta_table_is_adopted(tmp_path: Path) -> None:
-    path = _cache_with_one_row(tmp_path)
-    conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE meta")
-    conn.commit()
-    conn.close()
-    cache = ResponseCache(tmp_path)  # format 1 files had no meta table: same keys, kept
-    assert len(cache) == 1
-    cache.close()
-    assert json.dumps(sqlite3.connect(path).execute("SELECT * FROM meta").fetchall())
 
 
 def test_unreachable_endpoint_fails_the_rest_of_the_batch_fast() -> None:

@@ -109,7 +109,10 @@ def test_cache_writer_commits_everything_before_generate_returns(tmp_path: Path)
 def test_cache_writer_failure_surfaces_at_flush(tmp_path: Path) -> None:
     cache = ResponseCache(tmp_path)
     [res] = ScriptedLLM().generate([_req(0)])
-    cache._conn.execute("DROP TABLE responses")  # every later write fails
+    def refuse(records: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    cache._store.publish = refuse  # type: ignore[method-assign]  # every later write fails
     cache.put("k", _req(0), res)
     with pytest.raises(RuntimeError, match="write failed"):
         cache.flush()

@@ -1,0 +1,89 @@
+"""The GPU-paced mock's timing model and the busy-fraction arithmetic, on tiny hand-checked cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from structmem_gpu.bench.paced_model import Engine, Seq, TimingModel, simulate
+
+
+def test_step_time_is_decode_plus_per_sequence_plus_prefill() -> None:
+    m = TimingModel()
+    assert m.step_s(0, 0) == 0.0
+    assert m.step_s(1, 0) == pytest.approx(0.00656)
+    assert m.step_s(256, 0) == pytest.approx(0.0065 + 256 * 0.00006)  # 21.86 ms
+    assert m.step_s(2, 600) == pytest.approx(0.0065 + 2 * 0.00006 + 600 / 30000)
+    # the published anchor points: ~150 tokens/s single stream, ~11.7 k tokens/s at 256
+    assert 1 / m.step_s(1, 0) == pytest.approx(152.4, abs=0.1)
+    assert 256 / m.step_s(256, 0) == pytest.approx(11711, abs=1)
+
+
+def test_two_sequences_by_hand() -> None:
+    # step 1: both admitted (600 prompt tokens), both decode; b (1 token) leaves
+    # step 2, 3: a alone; a leaves after its third token
+    eng = Engine(TimingModel())
+    eng.submit(Seq("a", 300, 3))
+    eng.submit(Seq("b", 300, 1))
+    dt1, done1 = eng.step()
+    assert dt1 == pytest.approx(0.0065 + 2 * 0.00006 + 0.02) and [s.ident for s in done1] == ["b"]
+    dt2, done2 = eng.step()
+    dt3, done3 = eng.step()
+    assert dt2 == dt3 == pytest.approx(0.00656) and not done2 and [s.ident for s in done3] == ["a"]
+    assert eng.model_time_s == pytest.approx(0.02662 + 2 * 0.00656)
+    assert eng.decoded_tokens == 4 and eng.held() == 0
+
+
+def test_max_num_seqs_queues_the_rest_and_counts_saturated_time() -> None:
+    m = TimingModel(max_num_seqs=1)
+    eng = Engine(m)
+    for name in ("a", "b"):
+        eng.submit(Seq(name, 0, 2))
+    order = []
+    while eng.held():
+        _, done = eng.step()
+        order += [s.ident for s in done]
+    assert order == ["a", "b"] and eng.steps == 4
+    assert eng.saturated_s == pytest.approx(eng.model_time_s)  # always 1 of 1 running
+    assert simulate([Seq("x", 0, 2), Seq("y", 0, 2)], m) == pytest.approx(4 * 0.00656)
+    # time_scale only changes how fast the mock plays it, never the model time
+    assert simulate([Seq("x", 0, 2)], TimingModel(time_scale=20)) == pytest.approx(2 * 0.00656)
+
+
+def test_busy_fraction_counts_what_the_run_could_send() -> None:
+    from structmem_gpu.bench.paced_model import busy_shares, timelines
+
+    grid = np.arange(0.0, 10.0, 1.0)  # 10 instants
+    # One batch of 3 requests from t=1 to t=6; results back at 3, 4, 5.5.
+    calls = [{"n": 3, "t0": 1.0, "t1": 6.0, "done": [3.0, 4.0, 5.5]}]
+    # The server got them at 1.5, 2.5 (slow client) and 2.5; finished at 2.9, 3.9, 5.4.
+    held, avail = timelines(grid, calls, [1.5, 2.5, 2.5], [2.9, 3.9, 5.4])
+    assert held.tolist() == [0, 0, 1, 2, 1, 1, 0, 0, 0, 0]
+    assert avail.tolist() == [0, 3, 3, 2, 1, 1, 0, 0, 0, 0]
+    out = busy_shares(held, avail, max_num_seqs=2)
+    # busy at t=3 (holds 2 = max_num_seqs), 4 and 5 (holds all 1 the run could send); t=1, 2:
+    # the run could send 3 but the server held 0 and 1 (framework's fault); t=0, 6..9: nothing
+    # to send (between batches: the framework's time too).
+    assert out["busy_fraction"] == 0.3
+    assert out["wave_limited_share"] == 0.2  # t=4, 5: fewer than max_num_seqs to send
+    assert out["saturated_share"] == 0.1
+
+
+def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object) -> None:
+    """The paced mock answers the real HTTP client with scripted replies, the build parses
+    them, and the report has its fields (values are not asserted: a benchmark, not a timing)."""
+    from pathlib import Path
+
+    from structmem_gpu.bench.harness import BenchSettings
+    from structmem_gpu.bench.paced import run_paced
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    out = run_paced(BenchSettings(conf_dir=conf, out_dir=Path(str(tmp_path))), sizes=("tiny",),
+                    methods=("structmem",), time_scale=50)
+    [row] = out["rows"]
+    assert "error" not in row, row
+    assert row["requests"] > 0 and 0.0 <= row["busy_fraction"] <= 1.0
+    assert row["engine_model_s"] > 0 and row["predicted_gpu_s"] >= row["engine_model_s"]
+    extract = next(s for s in row["stages"] if s["stage"] == "extract")
+    assert extract["requests"] > 0 and extract["cpu_ms_per_request"] > 0
+    assert "simulation" in out and "not a GPU measurement" in out["simulation"]
