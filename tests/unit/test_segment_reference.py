@@ -48,6 +48,7 @@ def lightmem_source(path: str) -> str:
 
 def load_module(name: str, source: str) -> types.ModuleType:
     mod = types.ModuleType(name)
+    sys.modules[name] = mod  # pydantic resolves a model's annotations through its module
     exec(compile(source, name, "exec"), mod.__dict__)  # noqa: S102 - the reference's code, test only
     return mod
 
