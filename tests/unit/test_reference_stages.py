@@ -23,8 +23,8 @@ from tests.fixtures.pipeline import compose_cfg, run_pipeline
 
 # stable_hash(sorted extract request ids) of the sample at 782e59d (before compress/segment).
 DEFAULT_IDS = {
-    "structmem": "FILL",
-    "flat": "FILL",
+    "structmem": "91b07e8eb56752ca",  # 18 requests
+    "flat": "635cdc5d5c05fbdb",  # 9 requests
 }
 
 
@@ -49,7 +49,8 @@ def test_default_request_ids_are_unchanged(method: str, tmp_path: Path) -> None:
 
 def reference_overrides(model: str, tmp_path: Path, *extra: str) -> list[str]:
     return ["experiment=structmem_locomo_reference_code", "benchmark=sample", "debug=scripted",
-            f"compress.model={model}", "compress.device=cpu", f"paths.cache_dir={tmp_path / 'c'}",
+            f"compress.model={model}", "compress.device=cpu", "segment.layers=[0,1]",
+            f"paths.cache_dir={tmp_path / 'c'}",
             "stages=[load,compress,segment,extract]", *extra]
 
 
