@@ -74,22 +74,6 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_model(name: str) -> str:
-    """A local folder as is; a hub id as its cached snapshot (never downloaded here: the
-    preflight names `python jobs/data.py models` when it is missing)."""
-    from pathlib import Path
-
-    from structmem_gpu.model_refs import cached_snapshot
-
-    if Path(name).expanduser().is_dir():
-        return str(Path(name).expanduser())
-    snap = cached_snapshot(name, None)
-    if snap is None:
-        raise ConfigError(f"compress.model={name!r} is not on this machine; fetch it with "
-                          "`python jobs/data.py models <the same overrides>`")
-    return str(snap)
-
-
 def tokenizer_data_fingerprint(cfg: DictConfig) -> Any:
     """The tokenizer packages must be installed (the preflight's line when not)."""
     from structmem_gpu.llm.tiktoken_data import INSTALL_HINT, missing
@@ -110,7 +94,7 @@ def run_compress(ctx: StageContext) -> dict[str, pl.DataFrame]:
     turns = ctx.read("turns").sort("conv_id", "session_index", "turn_index")
     rows = list(turns.iter_rows(named=True))
     texts = [reference_message(r["text"], r["image_caption"]) for r in rows]
-    lingua = Lingua(resolve_model(s.model), resolve_device(s.device), s.batch_size)
+    lingua = Lingua(s.model, resolve_device(s.device), s.batch_size)
     device = str(lingua.compressor.device)
     with tqdm(total=sum(bool(t.strip()) for t in texts), desc="compress", unit="turn",
               mininterval=1.0) as bar:

@@ -49,13 +49,26 @@ class Lingua:
         seed_cl100k()  # the constructor asks tiktoken for cl100k: from the package, never fetched
         from llmlingua import PromptCompressor
 
+        from pathlib import Path
+
+        from structmem_gpu.errors import ConfigError
+
         self.model_name = model
-        self.compressor = PromptCompressor(
-            model_name=model,
-            device_map=device,
-            use_llmlingua2=True,
-            llmlingua2_config={"max_batch_size": max_batch_size, "max_force_token": 100},
-        )
+        # A hub id loads from the local cache only (the preflight and `jobs/data.py models`
+        # see to it that it is there); a folder as is.
+        local = {} if Path(model).expanduser().is_dir() else {"local_files_only": True}
+        try:
+            self.compressor = PromptCompressor(
+                model_name=str(Path(model).expanduser()) if not local else model,
+                device_map=device,
+                model_config=local,
+                use_llmlingua2=True,
+                llmlingua2_config={"max_batch_size": max_batch_size, "max_force_token": 100},
+            )
+        except OSError as exc:
+            raise ConfigError(f"compress.model={model!r} cannot be loaded from this machine "
+                              f"({str(exc).splitlines()[0]}); fetch it with "
+                              "`python jobs/data.py models <the same overrides>`") from None
 
     @property
     def tokenizer(self) -> Any:

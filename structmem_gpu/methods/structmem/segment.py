@@ -32,7 +32,6 @@ from structmem_gpu import schemas
 from structmem_gpu.methods.structmem import segmenting as S
 from structmem_gpu.methods.structmem.compress import (
     resolve_device,
-    resolve_model,
     tokenizer_data_fingerprint,
 )
 from structmem_gpu.settings import SIZE, STR, Enum, Int, List, Settings, knob
@@ -146,7 +145,7 @@ def run_segment(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
     s: SegmentSettings = ctx.settings
     comp = ctx.read("compressed_turns").sort("conv_id", "session_index", "turn_index")
-    lingua = Lingua(resolve_model(s.model), resolve_device(s.device), s.batch_size)
+    lingua = Lingua(s.model, resolve_device(s.device), s.batch_size)
     eager_attention(lingua.model)
     signal = AttentionSignal(lingua.model, lingua.tokenizer, s.layers, s.batch_size)
     count = o200k_counter()
