@@ -1,6 +1,6 @@
 """Stage `compress`: LLMLingua-2 over every turn of every conversation, as the reference's
-pre-compression (LightMem 8fc9a91 `pre_compress: true`, rate 0.6; docs/methods.md
-"StructMem: compression and segmentation").
+pre-compression (LightMem 8fc9a91 `pre_compress: true`, rate 0.6; README
+"Compression and topic segmentation").
 
     python jobs/run.py experiment=structmem_locomo_reference_code stages=[load,compress]
 
