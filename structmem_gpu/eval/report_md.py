@@ -266,6 +266,7 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
             "extracted answer."
         ),
         "",
+        *[f"{k.capitalize()}: {protocols[k]}." for k in ("compression", "segmentation") if k in protocols],
     ]
     for section in (
         scores_section(rep),
