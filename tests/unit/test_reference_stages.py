@@ -121,3 +121,16 @@ def test_reference_format_batches(tiny_lingua_model: str, tmp_path: Path) -> Non
     compressed = set(comp["compressed"].to_list())
     line_texts = [line.split(": ", 1)[1] for t in texts for line in t.splitlines() if not line.startswith("---")]
     assert set(line_texts) <= compressed
+
+
+def test_our_format_gives_each_session_its_date() -> None:
+    from datetime import datetime
+
+    from structmem_gpu.methods.structmem.extract import TurnView, render_batch
+
+    d1, d2 = datetime(2024, 3, 3, 14, 15), datetime(2024, 3, 17, 19, 5)
+    turns = [TurnView("c:D1:1", "D1:1", 1, 0, d1, "Ana", "a"), TurnView("c:D1:2", "D1:2", 1, 1, d1, "Bo", "b"),
+             TurnView("c:D2:1", "D2:1", 2, 0, d2, "Ana", "c")]
+    text = render_batch(turns)
+    assert text.count("Session date:") == 2 and "2024-03-17 19:05" in text
+    assert [line for line in text.splitlines() if line.startswith("[")] == ["[1] Ana: a", "[2] Bo: b", "[3] Ana: c"]

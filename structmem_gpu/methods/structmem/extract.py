@@ -328,11 +328,24 @@ def window_plan_hash(windows: Sequence[ExtractionWindow]) -> str:
     )
 
 
+def render_batch(turns: Sequence[TurnView]) -> str:
+    """An extraction batch (extract.input=segments, our prompts), which may span sessions:
+    each session's run of turns under its own "Session date" line, turns numbered through."""
+    parts: list[str] = []
+    numbered = list(enumerate(turns, start=1))
+    for when, group in itertools.groupby(numbered, key=lambda it: it[1].session_time):
+        items = list(group)
+        block = render_window(when, [], [(t.speaker, t.text) for _, t in items]).splitlines()
+        head = [line for line in block if not line.startswith("[")]
+        parts.append("\n".join([*head, *(f"[{n}] {t.speaker}: {t.text}" for n, t in items)]))
+    return "\n\n".join(parts)
+
+
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
     if s.reference_dir is not None:
         return reference_request(window, kind, s)
     prompt = extraction_prompt(kind)
-    user = render_window(
+    user = render_batch(window.turns) if window.topics else render_window(
         window.session_time,
         [(t.speaker, t.text) for t in window.context],
         [(t.speaker, t.text) for t in window.turns],
