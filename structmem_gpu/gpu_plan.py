@@ -272,6 +272,23 @@ def resident(cfg: DictConfig, key: str, device_gb: float | None) -> Resident | s
                     float(node.get("gpu_memory_utilization") or 0.9), knob, tp)
 
 
+# LLMLingua-2 (compress.model, bert-base-multilingual-cased: 178M parameters, loaded in its
+# stored float32) for the stages that load it; weights_gb is stated at 16 bits a parameter.
+COMPRESSION_STAGES = ("compress", "segment")
+COMPRESSION_WEIGHTS_GB = 0.36
+
+
+def compression_resident(cfg: DictConfig, device_gb: float | None) -> Resident | None:
+    """The compression model on GPU 0 while a compress/segment stage runs (compress.device
+    cuda, or auto with a GPU); None otherwise."""
+    model = OmegaConf.select(cfg, "compress.model", default=None)
+    device = str(OmegaConf.select(cfg, "compress.device", default="auto"))
+    if model is None or not (device == "cuda" or (device == "auto" and device_gb is not None)):
+        return None
+    w = weights({"model": model, "weights_gb": COMPRESSION_WEIGHTS_GB}, runtime_bytes=4)
+    return Resident("compression", f"LLMLingua-2 {model}", (0,), w, knob="compress")
+
+
 def _faiss_on_gpu(cfg: DictConfig, device_gb: float | None) -> bool:
     use = OmegaConf.select(cfg, "index.use_gpu", default="auto")
     if use is True:
@@ -368,6 +385,8 @@ def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
         carried = open_now - need
         scratch = Resident("faiss", "FAISS-GPU scratch", (0,), Weights(FAISS_SCRATCH_GB, "faiss default"))
         extra = [scratch] if faiss and faiss_from is not None and i >= faiss_from else []
+        if stage.name in COMPRESSION_STAGES and (comp := compression_resident(cfg, device_gb)):
+            extra.append(comp)  # loaded and dropped by the stage itself
         own = [r for k in sorted(need) if (r := res(k))] + extra
         kept = [r for k in sorted(carried) if (r := res(k))]
         evict: tuple[str, ...] = ()

@@ -169,6 +169,14 @@ def window_tokenizer(cfg: DictConfig, stage_names: Sequence[str]) -> ModelRef | 
                     revision=rev if same_as_llm else None, tokenizer_only=True)
 
 
+def compression_model(cfg: DictConfig, stage_names: Sequence[str]) -> ModelRef | None:
+    """`compress.model` (LLMLingua-2, shared by the segment stage) when the job runs either."""
+    if not {"compress", "segment"} & set(stage_names):
+        return None
+    value = OmegaConf.select(cfg, "compress.model", default=None)
+    return None if value is None else ModelRef("compression model", "compress.model", str(value))
+
+
 def named_models(cfg: DictConfig, stages: Sequence[Any]) -> list[ModelRef]:
     """Every model the job loads, each once (the same model in two roles keeps its first)."""
     refs = [ref for llm in named_llms(cfg, stages) if (ref := _llm_model(llm)) is not None]
@@ -177,6 +185,9 @@ def named_models(cfg: DictConfig, stages: Sequence[Any]) -> list[ModelRef]:
     tok = window_tokenizer(cfg, [str(getattr(s, "name", s)) for s in stages])
     if tok is not None:
         refs.append(tok)
+    comp = compression_model(cfg, [str(getattr(s, "name", s)) for s in stages])
+    if comp is not None:
+        refs.append(comp)
     seen: dict[tuple[str, str | None], ModelRef] = {}
     for ref in refs:
         key = (ref.name, ref.revision)

@@ -174,7 +174,39 @@ ENTRY_UPDATES: Schema = {
     "parse_ok": _BOOL,
 }
 
+# Stage compress (LLMLingua-2, the reference's pre-compression): one row per turn.
+COMPRESSED_TURNS: Schema = {
+    "conv_id": _STR,
+    "event_id": _STR,
+    "session_index": _I32,
+    "turn_index": _I32,
+    "text": _STR,  # the reference's message: text + " (image description: <caption>)" for images
+    "compressed": _STR,  # what the reference's message holds after compression
+    "text_tokens": _I64,  # o200k_base (the extraction model's encoding, gpt-4o-mini)
+    "compressed_tokens": _I64,
+    "text_model_tokens": _I64,  # the compression model's tokenizer, special tokens included
+    "compressed_model_tokens": _I64,
+    "passes": _I32,  # successful compress_prompt calls (>1 = re-compressed while >= 512 tokens)
+    "error": _STR,  # first compression error (the text then stays as it was); null = none
+}
+
+# Stage segment (topic segmentation + extraction batches): one row per topic segment.
+SEGMENTS: Schema = {
+    "conv_id": _STR,
+    "segment_index": _I32,  # order of release within the conversation (= the topic number)
+    "event_ids": _STRLIST,  # its turns, in order
+    "reason": _STR,  # why it ended (segmenting.py: agreed, cosine_only, ..., lost_at_last_turn)
+    "released_at": _STR,  # event id of the turn whose add_memory call released it
+    "model_tokens": _I64,  # sensory-buffer tokens of its texts (compression model's tokenizer)
+    "tokens": _I64,  # o200k tokens of its texts joined by spaces (what the batch budget counts)
+    "batch_index": _I32,  # its extraction batch within the conversation; null = lost
+    "batch_tokens": _I64,  # o200k tokens of the whole batch
+    "batch_sessions": _I32,  # sessions the batch spans
+}
+
 TABLES: dict[str, Schema] = {
+    "compressed_turns": COMPRESSED_TURNS,
+    "segments": SEGMENTS,
     "turns": TURNS,
     "turn_sessions": TURN_SESSIONS,
     "turn_haystacks": TURN_HAYSTACKS,

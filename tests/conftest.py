@@ -3,6 +3,7 @@
 pytest_plugins = [
     "tests.fixtures.data",
     "tests.fixtures.llm",
+    "tests.fixtures.lingua",
     "tests.fixtures.pipeline",
     "tests.fixtures.vllm",
 ]

@@ -14,15 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from structmem_gpu.prompts.pinned import PINNED
+
 ENV = "STRUCTMEM_OFFICIAL_DIR"
-COMMITS = {"lightmem": "8fc9a91", "mem0": "b3ede5b", "longmemeval": "9e0b455"}
+# The pinned commits are the ones the replication experiments read (prompts/pinned.py).
+COMMITS = {name: pin.commit for name, pin in PINNED.items()}
 
 
 def repo(name: str) -> Path:
     value = os.environ.get(ENV)
     if not value:
         pytest.skip(f"{ENV} not set: no official {name} repository to score with")
-    path = Path(value) / f"{name}.git"
+    path = Path(value) / PINNED[name].folder
     assert path.is_dir(), f"{ENV}={value}: {path} does not exist"
     return path
 

@@ -15,6 +15,11 @@ Loads the benchmark (and applies the shard), then per stage of the method:
 - answer / judge: one request per selected question (judge: minus category 5, scored by
   rule, times the judges of the panel); prompts of the real answer / judge templates filled
   with stand-ins of the configured sizes (entries_k entries, syntheses_k syntheses);
+- compress / segment (no LLM): the compression volume (turns and o200k tokens in, about
+  `compress.rate` of them out) and the extraction batches, APPROXIMATE: each turn stands in
+  for its compression by its first `rate` share of words, each turn for a topic segment, packed
+  to `segment.batch_tokens` o200k tokens per conversation (the real cuts need the model); with
+  `extract.input=segments` / `compressed` the extract row is estimated on the same stand-ins;
 - stages without an LLM: 0; other LLM stages (SEEM, graph_memory): "not estimated".
 Tokens come from `llm.tokenizer` when it is on this machine (a local folder or an HF id already
 in the local cache), with its chat template; otherwise characters / 4 + 4 per message.
@@ -135,8 +140,13 @@ def estimate_extract(
 
     s = ExtractSettings.from_cfg(cfg)
     llm_cfg = OmegaConf.select(cfg, "llm", default=None)
+    if s.input != "turns":
+        turns = approximate_compressed(cfg, turns)
     try:
-        windows, packer = plan_from_settings(turns, s, llm_cfg)
+        if s.input == "segments":
+            windows, packer = approximate_batches(cfg, turns), "o200k"
+        else:
+            windows, packer = plan_from_settings(turns, s, llm_cfg)
         plan: str | None = window_plan_hash(windows)
         missing = None
     except ConfigError as err:
@@ -162,13 +172,91 @@ def estimate_extract(
         n,
         prompt,
         completion,
-        f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts"
-        + (f"; packed to {s.window_tokens} tokens by {packer}" if s.window_tokens else "")
+        (f"APPROXIMATE ({s.input}: stand-in compression, see compress/segment rows): " if s.input != "turns" else "")
+        + f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts"
+        + (f"; batches of <= {OmegaConf.select(cfg, 'segment.batch_tokens', default=512)} {packer} tokens"
+           if s.input == "segments" else
+           f"; packed to {s.window_tokens} tokens by {packer}" if s.window_tokens else "")
         + (f"; window plan {plan})" if plan else
            f"; APPROXIMATE: not the job's windows, a real job stops on: {missing})"),
         None if check is None else over,
         plan,
     )
+
+
+def _o200k() -> tuple[Callable[[str], int], str]:
+    try:
+        from structmem_gpu.llm.tiktoken_data import o200k_counter
+
+        return o200k_counter(), "o200k"
+    except ConfigError:  # quicktok-v1 not installed (the preflight names it): characters / 4
+        return (lambda t: (len(t) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN), "chars/4"
+
+
+def approximate_compressed(cfg: DictConfig, turns: pl.DataFrame) -> pl.DataFrame:
+    """Each turn's reference message cut to its first `compress.rate` share of words: a
+    stand-in of the compression's volume (the model decides which words)."""
+    import math
+
+    from structmem_gpu.methods.structmem.compress import reference_message
+
+    rate = float(OmegaConf.select(cfg, "compress.rate", default=0.6))
+
+    def cut(text: str) -> str:
+        words = text.split()
+        return " ".join(words[: math.ceil(rate * len(words))])
+
+    texts = [cut(reference_message(t, c)) for t, c in zip(turns["text"], turns["image_caption"], strict=True)]
+    return turns.with_columns(pl.Series("text", texts, pl.String), pl.lit(None, pl.String).alias("image_caption"))
+
+
+def approximate_batches(cfg: DictConfig, turns: pl.DataFrame) -> list[Any]:
+    """Extraction batches over `turns` (already stand-in compressed): every turn its own topic
+    segment, packed per conversation to `segment.batch_tokens` o200k tokens (a turn that would
+    exceed it starts the next batch), across sessions, as the reference's short-term buffer."""
+    from structmem_gpu.methods.structmem.extract import ExtractionWindow, _turn_view
+
+    budget = int(OmegaConf.select(cfg, "segment.batch_tokens", default=512))
+    count, _ = _o200k()
+    out: list[Any] = []
+    ordered = turns.sort("conv_id", "session_index", "turn_index")
+    for (conv_id,), frame in ordered.group_by("conv_id", maintain_order=True):
+        views = [_turn_view(r) for r in frame.iter_rows(named=True)]
+        batch: list[Any] = []
+        used = 0
+        for v in [*views, None]:
+            need = 0 if v is None else count(v.text)
+            if batch and (v is None or used + need > budget):
+                topics = tuple((i, 1) for i in range(len(out), len(out) + len(batch)))
+                out.append(ExtractionWindow(str(conv_id), batch[0].session_index, batch[0].session_time,
+                                            tuple(batch), (), topics))
+                batch, used = [], 0
+            if v is not None:
+                batch.append(v)
+                used += need
+    return out
+
+
+def estimate_compress(cfg: DictConfig, turns: pl.DataFrame) -> StageEstimate:
+    from structmem_gpu.methods.structmem.compress import reference_message
+
+    count, name = _o200k()
+    texts = [reference_message(t, c) for t, c in zip(turns["text"], turns["image_caption"], strict=True)]
+    tokens = sum(count(t) for t in texts)
+    rate = float(OmegaConf.select(cfg, "compress.rate", default=0.6))
+    model = OmegaConf.select(cfg, "compress.model", default="?")
+    return StageEstimate("compress", 0, 0, 0,
+                         f"no LLM: LLMLingua-2 ({model}) over {sum(bool(t.strip()) for t in texts):,} "
+                         f"turns, {tokens:,} {name} tokens in, about {int(rate * tokens):,} out "
+                         f"(rate {rate})", 0)
+
+
+def estimate_segment(cfg: DictConfig, turns: pl.DataFrame) -> StageEstimate:
+    batches = approximate_batches(cfg, approximate_compressed(cfg, turns))
+    cross = sum(len({t.session_index for t in w.turns}) > 1 for w in batches)
+    return StageEstimate("segment", 0, 0, 0,
+                         f"no LLM: APPROXIMATE {len(batches):,} extraction batches ({cross:,} "
+                         "spanning sessions; turns standing in for topic segments)", 0)
 
 
 def estimate_consolidate(
@@ -377,6 +465,10 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
             rows.append(StageEstimate(name, 0, 0, 0, "no LLM", 0))
         elif name == "extract":
             rows.append(estimate_extract(cfg, turns, counter, check))
+        elif name == "compress":
+            rows.append(estimate_compress(cfg, turns))
+        elif name == "segment":
+            rows.append(estimate_segment(cfg, turns))
         elif name == "consolidate":
             rows.append(estimate_consolidate(cfg, turns, counter, check))
         elif name == "update":

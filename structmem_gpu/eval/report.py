@@ -348,6 +348,18 @@ def run_protocols(cfg: DictConfig, manifest: Mapping[str, Any]) -> dict[str, str
         keeps = read == "pre" or bool(OmegaConf.select(cfg, "update.post_syntheses", default=False))
         out["qa_store"] = (f"{read}-update ({'with' if keeps else 'without'} syntheses; "
                            f"update {'on' if update.get('enabled') else 'off'})")
+    # The reference's pre-processing, named only when its stages ran (README "Compression and
+    # topic segmentation").
+    comp = (stages.get("compress") or {}).get("notes")
+    if comp:
+        out["compression"] = (f"LLMLingua-2 {comp.get('model')} at rate {comp.get('rate')}: "
+                              f"{comp.get('tokens_in')} -> {comp.get('tokens_out')} o200k tokens")
+    seg = (stages.get("segment") or {}).get("notes")
+    if seg:
+        out["segmentation"] = (f"topic segmentation: {seg.get('segments')} segments in "
+                               f"{seg.get('batches')} extraction batches "
+                               f"({seg.get('cross_session_batches')} spanning sessions, "
+                               f"{seg.get('lost_turns')} turns lost at the last cut)")
     return out
 
 

@@ -290,6 +290,7 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
         ),
         "",
         *weights_line(rep),
+        *[f"{k.capitalize()}: {protocols[k]}." for k in ("compression", "segmentation") if k in protocols],
     ]
     if "texts" in protocols or "qa_store" in protocols:
         lines += [

@@ -20,6 +20,7 @@ filled with our windows, records `[<time>, <weekday>] <speaker>: <text>`.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -96,6 +97,24 @@ def render_reference_window(turns: Sequence[ReferenceTurn]) -> str:
         when = t.session_time + timedelta(seconds=i)
         stamp = f"{when.isoformat(timespec='milliseconds')}, {when:%a}"
         lines.append(f"[{stamp}] {i}.{t.speaker}: {reference_text(t.text)}")
+    return "\n".join(lines)
+
+
+def render_reference_batch(turns: Sequence[ReferenceTurn], topics: Sequence[tuple[int, int]]) -> str:
+    """An extraction batch of topic segments (extract.input=segments) as the reference
+    renders it: "--- Topic N ---" before each segment's lines; source ids count the batch's
+    turns from 0; within the batch, the turns of one session step one second each from its
+    session time (assign_sequence_numbers_with_timestamps: 500 ms per message, the empty
+    assistant placeholders included)."""
+    lines, seen, i = [], Counter[datetime](), 0
+    for topic, n in topics:
+        lines.append(f"--- Topic {topic} ---")
+        for t in turns[i : i + n]:
+            when = t.session_time + timedelta(seconds=seen[t.session_time])
+            seen[t.session_time] += 1
+            stamp = f"{when.isoformat(timespec='milliseconds')}, {when:%a}"
+            lines.append(f"[{stamp}] {i}.{t.speaker}: {reference_text(t.text)}")
+            i += 1
     return "\n".join(lines)
 
 

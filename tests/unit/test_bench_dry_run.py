@@ -94,3 +94,21 @@ def test_replication_default_on_locomo_stays_near_the_papers_call_count(locomo_p
     fixed = _rows(estimate(compose(CONF, ["experiment=structmem_locomo", f"benchmark.path={locomo_path}",
                                          "extract.window_tokens=null", "extract.turns_per_request=8"])))
     assert fixed["extract"]["requests"] == 1696 > rows["extract"]["requests"]
+
+
+def test_dry_run_estimates_compression_and_extraction_batches() -> None:
+    """experiment=structmem_locomo_reference_code: the compress row states the compression
+    volume, the segment row the (approximate) extraction batches, and extract sends one
+    request pair per batch."""
+    from structmem_gpu.bench.dry_run import estimate
+    from tests.fixtures.pipeline import compose_cfg
+
+    cfg = compose_cfg(["experiment=structmem_locomo_reference_code", "benchmark=sample"])
+    rows = {r["stage"]: r for r in estimate(cfg)["stages"]}
+    assert rows["compress"]["requests"] == 0 and "o200k tokens in, about" in rows["compress"]["basis"]
+    batches = int(rows["segment"]["basis"].split("APPROXIMATE ")[1].split(" ")[0])
+    assert batches >= 2  # at least one per conversation of the sample
+    assert rows["extract"]["requests"] == 2 * batches
+    assert rows["extract"]["basis"].startswith("APPROXIMATE (segments")
+    plain = {r["stage"]: r for r in estimate(compose_cfg(["benchmark=sample"]))["stages"]}
+    assert "compress" not in plain and not plain["extract"]["basis"].startswith("APPROXIMATE")

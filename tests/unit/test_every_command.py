@@ -145,9 +145,13 @@ def test_method_yaml_names_its_file_and_resolvable_stages(method: str) -> None:
 
 
 @pytest.mark.parametrize(("label", "overrides"), COMMANDS, ids=[c[0] for c in COMMANDS])
-def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict[str, Any]) -> None:
+def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict[str, Any],
+                                  request: pytest.FixtureRequest) -> None:
     base = _compose([*overrides, *PROFILE])
-    cfg = _compose([*overrides, *PROFILE, *benchmark_overrides(base, shared["data"]),
+    # LLMLingua-2 stages: the tests' small stand-in model (tests/fixtures/lingua.py), offline
+    lingua = ([f"compress.model={request.getfixturevalue('tiny_lingua_model')}", "segment.layers=[0,1]"]
+              if {"compress", "segment"} & set(base.method.stages) else [])
+    cfg = _compose([*overrides, *PROFILE, *benchmark_overrides(base, shared["data"]), *lingua,
                     f"paths.cache_dir={shared['cache']}"])
     check_config(cfg)  # what jobs/run.py checks before any stage runs
     if missing := missing_official(cfg):  # replication experiments read the official texts

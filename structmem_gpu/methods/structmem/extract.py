@@ -75,6 +75,9 @@ class ExtractionWindow:
     session_time: datetime
     turns: tuple[TurnView, ...]  # numbered 1..n in the prompt
     context: tuple[TurnView, ...]  # earlier turns of the session, shown read-only
+    # extract.input=segments: (topic number, turns in it) per topic segment of the batch, in
+    # order (the reference's "--- Topic N ---" markers); () = one window of one session.
+    topics: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,11 @@ class ExtractSettings(Settings):
     # a LightMem checkout: its prompts (prompts/reference.py)
     reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
     worked_example: bool = knob(BOOL, True)  # the default prompts' worked examples (off for tiny models)
+    # What the windows hold: turns = the raw turns in session windows (default);
+    # compressed = the compress stage's texts in the same session windows; segments = the
+    # segment stage's extraction batches of compressed text (the reference: topic segments
+    # packed to 512 o200k tokens, which may span sessions).
+    input: str = knob(Enum("turns", "compressed", "segments"), "turns")
 
     def check(self) -> list[str]:
         out = []
@@ -278,6 +286,37 @@ def plan_from_settings(
     return windows, counter.name
 
 
+def with_compressed(turns: pl.DataFrame, compressed: pl.DataFrame) -> pl.DataFrame:
+    """`turns` whose text is the compress stage's result (which already carries the image
+    caption as the reference appends it, so the caption column is cleared)."""
+    comp = compressed.select("event_id", pl.col("compressed").alias("_compressed"))
+    out = turns.join(comp, on="event_id", how="left")
+    absent = out.filter(pl.col("_compressed").is_null())
+    if absent.height:
+        raise ConfigError(f"tables/compressed_turns.parquet lacks turn {absent['event_id'][0]} "
+                          f"({absent.height} turns): rerun the compress stage")
+    return out.with_columns(pl.col("_compressed").alias("text"),
+                            pl.lit(None, pl.String).alias("image_caption")).drop("_compressed")
+
+
+def segment_windows(turns: pl.DataFrame, segments: pl.DataFrame) -> list[ExtractionWindow]:
+    """One window per extraction batch of the segment stage, in (conv_id, batch) order; its
+    turns in segment order, its topics numbered by segment index (lost segments: none)."""
+    views = {r["event_id"]: _turn_view(r) for r in turns.iter_rows(named=True)}
+    kept = segments.filter(pl.col("batch_index").is_not_null()).sort("conv_id", "segment_index")
+    out = []
+    for (conv_id, _), frame in kept.group_by(["conv_id", "batch_index"], maintain_order=True):
+        topics, ts = [], []
+        for seg in frame.iter_rows(named=True):
+            topics.append((int(seg["segment_index"]), len(seg["event_ids"])))
+            ts += [views[e] for e in seg["event_ids"]]
+        if not ts:
+            continue
+        out.append(ExtractionWindow(str(conv_id), ts[0].session_index, ts[0].session_time,
+                                    tuple(ts), (), tuple(topics)))
+    return sorted(out, key=lambda w: (w.conv_id, w.turns[0].session_index, w.turns[0].turn_index))
+
+
 def window_plan_hash(windows: Sequence[ExtractionWindow]) -> str:
     """A digest of the windows (turns, parts and their texts): equal digests = the same windows
     (the manifest's extract notes and the dry run both show it)."""
@@ -291,11 +330,24 @@ def window_plan_hash(windows: Sequence[ExtractionWindow]) -> str:
     )
 
 
+def render_batch(turns: Sequence[TurnView]) -> str:
+    """An extraction batch (extract.input=segments, our prompts), which may span sessions:
+    each session's run of turns under its own "Session date" line, turns numbered through."""
+    parts: list[str] = []
+    numbered = list(enumerate(turns, start=1))
+    for when, group in itertools.groupby(numbered, key=lambda it: it[1].session_time):
+        items = list(group)
+        block = render_window(when, [], [(t.speaker, t.text) for _, t in items]).splitlines()
+        head = [line for line in block if not line.startswith("[")]
+        parts.append("\n".join([*head, *(f"[{n}] {t.speaker}: {t.text}" for n, t in items)]))
+    return "\n\n".join(parts)
+
+
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
     if s.reference_dir is not None:
         return reference_request(window, kind, s)
     prompt = extraction_prompt(kind)
-    user = render_window(
+    user = render_batch(window.turns) if window.topics else render_window(
         window.session_time,
         [(t.speaker, t.text) for t in window.context],
         [(t.speaker, t.text) for t in window.turns],
@@ -329,7 +381,8 @@ def reference_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -
 
     assert s.reference_dir is not None
     system = R.reference_prompt(s.reference_dir, kind)
-    user = R.render_reference_window(window.turns)
+    user = (R.render_reference_batch(window.turns, window.topics) if window.topics
+            else R.render_reference_window(window.turns))
     schema = R.reply_schema(len(window.turns), kind, s.max_items)
     ver = R.version(s.reference_dir, kind)
     rid = request_id("extract", window.conv_id, window.turns[0].event_id, kind, ver, user, schema)
@@ -526,7 +579,12 @@ def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
         log.info("extract: %s", ctx.notes)
         return {"entries": entries_frame(rows)}
     turns = ctx.read("turns")
-    windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"), convert=True)
+    if s.input != "turns":
+        turns = with_compressed(turns, ctx.read("compressed_turns"))
+    if s.input == "segments":
+        windows, counter = segment_windows(turns, ctx.read("segments")), "segments (o200k)"
+    else:
+        windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"), convert=True)
     # Grouped by perspective: consecutive requests share the system prompt, which llama.cpp
     # (one slot, reuses the previous prompt's common prefix) then evaluates once per group.
     plan = [(w, kind, build_request(w, kind, s)) for kind in s.perspectives for w in windows]
@@ -539,6 +597,8 @@ def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
         window_plan=window_plan_hash(windows),
         split_turns=len({t.event_id for w in windows for t in w.turns if t.part}),
         prompt_variant="reference" if s.reference_dir else s.prompt_variant,
+        input=s.input,
+        cross_session_windows=sum(len({t.session_index for t in w.turns}) > 1 for w in windows),
         requests=len(plan),
         entries=len(rows),
         turns=turns.height,
@@ -554,6 +614,8 @@ STAGE = Stage(
     run=run_extract,
     reads=("turns",),
     writes=("entries",),
+    # extract.input=compressed | segments (fingerprinted when present).
+    optional_reads=("compressed_turns", "segments"),
     settings=ExtractSettings,
     depends=LLM_IDENTITY,
     extra_fingerprint=reference_fingerprint,

@@ -1,0 +1,151 @@
+"""Stage `compress`: LLMLingua-2 over every turn of every conversation, as the reference's
+pre-compression (LightMem 8fc9a91 `pre_compress: true`, rate 0.6; README
+"Compression and topic segmentation").
+
+    python jobs/run.py experiment=structmem_locomo_reference_code stages=[load,compress]
+
+Each turn's message is what the reference's LoCoMo driver builds (the text, plus
+" (image description: <caption>)" for an image turn), compressed as LightMem's
+`LlmLingua2Compressor.compress` does (methods/structmem/lingua.py), `compress.batch_size`
+turns per llmlingua call on the GPU. Off by default (not in method.stages); the segment
+stage and `extract.input` read its table.
+
+    tables/compressed_turns.parquet: one row per turn (schemas.COMPRESSED_TURNS)
+
+ctx.notes: turns, compressed (non-empty turns sent), recompressed (passes > 1), errors,
+tokens_in / tokens_out (o200k), ratio, model, device, batch_size.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import polars as pl
+from omegaconf import DictConfig
+
+from structmem_gpu import schemas
+from structmem_gpu.errors import ConfigError
+from structmem_gpu.settings import BOOL, RATE, SIZE, STR, Enum, Settings, knob
+from structmem_gpu.stage import Stage, StageContext
+
+log = logging.getLogger(__name__)
+
+STAGE_NAME = "compress"
+# The reference's compression model (llmlingua_2 config default; add_locomo points at a local
+# copy of it).
+REFERENCE_MODEL = "microsoft/llmlingua-2-bert-base-multilingual-cased-meetingbank"
+
+
+@dataclass(frozen=True)
+class CompressSettings(Settings):
+    """conf/method/structmem.yaml `compress:`."""
+
+    node: ClassVar[str] = "compress"
+
+    # HF id or local folder of an LLMLingua-2 token classifier (llmlingua recognises the
+    # family by "bert-base-multilingual-cased" or "xlm-roberta-large" in the name).
+    model: str = knob(STR, REFERENCE_MODEL)
+    # Share of tokens kept (the reference's add_locomo: 0.6; its README says 0.8).
+    rate: float = knob(RATE, 0.6)
+    # The reference re-compresses a result of >= 512 model tokens (only when the segmenter
+    # lends the compressor its tokenizer, i.e. with topic segmentation on).
+    recompress: bool = knob(BOOL, True)
+    # Turns per llmlingua call (its forward passes take them 512-token chunk by chunk, this
+    # many at a time): more = faster on a GPU, more memory. Batch size 1 is the reference; a
+    # larger one may flip a word lying at its chunk's keep threshold (kernel float order).
+    batch_size: int = knob(SIZE, 64, hashed=False)
+    # auto = cuda when torch sees one, else cpu.
+    device: str = knob(Enum("auto", "cuda", "cpu"), "auto", hashed=False)
+
+
+def reference_message(text: str | None, caption: str | None) -> str:
+    """The reference LoCoMo driver's user message for a turn."""
+    text = text or ""
+    return f"{text} (image description: {caption})" if caption else text
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch  # already loaded by llmlingua's import chain when this is called
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tokenizer_data_fingerprint(cfg: DictConfig) -> Any:
+    """The tokenizer packages must be installed (the preflight's line when not)."""
+    from structmem_gpu.llm.tiktoken_data import INSTALL_HINT, missing
+
+    lacking = missing()
+    if lacking:
+        raise ConfigError(f"compress/segment need {', '.join(lacking)}: {INSTALL_HINT}")
+    return None
+
+
+def run_compress(ctx: StageContext) -> dict[str, pl.DataFrame]:
+    from tqdm.auto import tqdm
+
+    from structmem_gpu.llm.tiktoken_data import o200k_counter
+    from structmem_gpu.methods.structmem.lingua import Lingua, compress_texts, release
+
+    s: CompressSettings = ctx.settings
+    turns = ctx.read("turns").sort("conv_id", "session_index", "turn_index")
+    rows = list(turns.iter_rows(named=True))
+    texts = [reference_message(r["text"], r["image_caption"]) for r in rows]
+    lingua = Lingua(s.model, resolve_device(s.device), s.batch_size)
+    device = str(lingua.compressor.device)
+    with tqdm(total=sum(bool(t.strip()) for t in texts), desc="compress", unit="turn",
+              mininterval=1.0) as bar:
+        out = compress_texts(
+            texts,
+            lambda batch: lingua.compress_many(batch, s.rate),
+            lingua.model_tokens if s.recompress else None,
+            s.batch_size,
+            bar.update,
+        )
+    count = o200k_counter()
+    table = schemas.frame(
+        (
+            {
+                "conv_id": r["conv_id"], "event_id": r["event_id"],
+                "session_index": r["session_index"], "turn_index": r["turn_index"],
+                "text": t, "compressed": c.text,
+                "text_tokens": count(t), "compressed_tokens": count(c.text),
+                "text_model_tokens": lingua.model_tokens(t),
+                "compressed_model_tokens": lingua.model_tokens(c.text),
+                "passes": c.passes, "error": c.error,
+            }
+            for r, t, c in zip(rows, texts, out, strict=True)
+        ),
+        schemas.COMPRESSED_TURNS,
+    )
+    release(lingua)
+    tin, tout = int(table["text_tokens"].sum() or 0), int(table["compressed_tokens"].sum() or 0)
+    ctx.notes.update(
+        turns=table.height,
+        compressed=sum(bool(t.strip()) for t in texts),
+        recompressed=int((table["passes"] > 1).sum()),
+        errors=int(table["error"].is_not_null().sum()),
+        tokens_in=tin,
+        tokens_out=tout,
+        ratio=round(tout / tin, 4) if tin else None,
+        model=s.model,
+        rate=s.rate,
+        device=device,
+        batch_size=s.batch_size,
+    )
+    log.info("compress: %s", ctx.notes)
+    return {"compressed_turns": table}
+
+
+STAGE = Stage(
+    name=STAGE_NAME,
+    run=run_compress,
+    reads=("turns",),
+    writes=("compressed_turns",),
+    settings=CompressSettings,
+    extra_fingerprint=tokenizer_data_fingerprint,
+    uses=(),
+)
