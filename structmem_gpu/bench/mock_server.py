@@ -64,11 +64,11 @@ def http_response(body: bytes) -> bytes:
     return head + body
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection: answer each complete request in arrival order."""
+class _HTTPConnection(asyncio.Protocol):
+    """One keep-alive connection: splits the byte stream into complete requests, in arrival
+    order, and hands each to `respond` (HTTP/1.1 without pipelining reorders nothing)."""
 
-    def __init__(self, chat: bytes, other: bytes) -> None:
-        self.chat, self.other = chat, other
+    def __init__(self) -> None:
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
 
@@ -86,9 +86,25 @@ class _Connection(asyncio.Protocol):
             if len(self.buf) < total:
                 return  # the body is still arriving
             is_post = self.buf.startswith(b"POST")
+            body = bytes(self.buf[end + 4 : total])
             del self.buf[:total]
             assert self.transport is not None
-            self.transport.write(self.chat if is_post else self.other)
+            self.respond(is_post, body)
+
+    def respond(self, is_post: bool, body: bytes) -> None:
+        raise NotImplementedError
+
+
+class _Connection(_HTTPConnection):
+    """The zero-latency server: the same canned reply to every chat request."""
+
+    def __init__(self, chat: bytes, other: bytes) -> None:
+        super().__init__()
+        self.chat, self.other = chat, other
+
+    def respond(self, is_post: bool, body: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(self.chat if is_post else self.other)
 
 
 async def serve(port: int, reply_text: str) -> None:
@@ -183,38 +199,22 @@ def _paced_payload(text: str, p_tok: int, c_tok: int) -> bytes:
     }).encode()
 
 
-class _PacedConnection(asyncio.Protocol):
-    """One keep-alive connection; replies go out in request order (HTTP/1.1 without pipelining
-    reorders nothing: the client sends the next request on a connection after the reply)."""
+class _PacedConnection(_HTTPConnection):
+    """A chat request goes to the paced engine; its reply is written when the engine's
+    simulated step finishes it (replies stay in request order on a connection)."""
 
     def __init__(self, server: PacedServer, other: bytes) -> None:
+        super().__init__()
         self.server, self.other = server, other
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            m = _CONTENT_LENGTH.search(self.buf, 0, end)
-            total = end + 4 + (int(m.group(1)) if m else 0)
-            if len(self.buf) < total:
-                return
-            is_post = self.buf.startswith(b"POST")
-            body = bytes(self.buf[end + 4 : total])
-            del self.buf[:total]
-            assert self.transport is not None
-            if not is_post:
-                self.transport.write(self.other)
-                continue
-            fut = asyncio.get_running_loop().create_future()
-            fut.add_done_callback(self._send)
-            self.server.submit(body, fut)
+    def respond(self, is_post: bool, body: bytes) -> None:
+        assert self.transport is not None
+        if not is_post:
+            self.transport.write(self.other)
+            return
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(self._send)
+        self.server.submit(body, fut)
 
     def _send(self, fut: asyncio.Future) -> None:
         if self.transport is not None and not self.transport.is_closing():
