@@ -42,11 +42,11 @@ from structmem_gpu.llm.types import Sampling
 from structmem_gpu.methods.structmem.context import official_prompts
 from structmem_gpu.prompts import official
 from structmem_gpu.prompts import sources as S
+from structmem_gpu.prompts.pinned import PINNED
 
 ENV = "STRUCTMEM_OFFICIAL_DIR"
 # Each reference: its bare repository in STRUCTMEM_OFFICIAL_DIR and the commit read.
-OFFICIAL = {"lightmem": ("lightmem.git", "8fc9a91"), "mem0": ("mem0.git", "b3ede5b"),
-            "longmemeval": ("longmemeval.git", "9e0b455")}
+OFFICIAL = {name: (pin.folder, pin.commit[:7]) for name, pin in PINNED.items()}
 # The files each test reads (the work-tree copies hold only these).
 FILES = {
     "lightmem": ["experiments/locomo", "src/lightmem/memory/prompts.py"],
