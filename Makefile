@@ -94,13 +94,14 @@ $(GPU_STAMP):
 gpu-check:
 	$(CHECK_PY) jobs/gpu_check.py $(ARGS)
 
-# pip resolves `.[gpu]` against the registry without installing or downloading wheels (it
-# reads PEP 658 metadata). Non-fatal only when the registry cannot be reached at all.
+# pip resolves `.[gpu,compress]` (what setup-gpu installs beside dev/slurm) against the registry
+# without installing or downloading wheels (it reads PEP 658 metadata). Non-fatal only when the
+# registry cannot be reached at all.
 gpu-resolve: setup
 	@if ! $(PY) -m pip index versions vllm >/dev/null 2>&1; then \
 	  echo "gpu-resolve: package registry unreachable; the gpu extra was NOT checked"; exit 0; fi; \
 	t0=$$(date +%s); report=$$(mktemp); \
-	$(PY) -m pip install -q --dry-run --ignore-installed --report $$report '.[gpu]' \
+	$(PY) -m pip install -q --dry-run --ignore-installed --report $$report '.[gpu,compress]' \
 	  || { echo "gpu-resolve: the gpu extra does not resolve (see pip's message above)"; exit 1; }; \
 	$(PY) -c "import json; r = {i['metadata']['name'].lower(): i['metadata']['version'] for i in json.load(open('$$report'))['install']}; print('gpu-resolve: %d packages; vllm %s, torch %s, transformers %s, faiss-gpu %s' % (len(r), r['vllm'], r['torch'], r['transformers'], r['faiss-gpu']))"; \
 	rm -f $$report; echo "gpu-resolve: $$(( $$(date +%s) - t0 )) s"
