@@ -261,6 +261,14 @@ class SegmentStore:
 # --- maintenance: jobs/data.py cache {compact,verify} ---------------------------------------
 
 
+def retire_legacy(legacy: Path) -> None:
+    """After a SQLite-era cache file was copied into a segment: rename it *.converted (kept,
+    never read again) and drop its WAL side files."""
+    legacy.rename(legacy.with_name(legacy.name + ".converted"))
+    for side in ("-wal", "-shm"):
+        Path(f"{legacy}{side}").unlink(missing_ok=True)
+
+
 def iter_records(path: Path) -> Iterator[tuple[str, bytes, str | None]]:
     """Every record of one segment, crc-checked."""
     index = read_index(path)

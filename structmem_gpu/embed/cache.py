@@ -109,7 +109,5 @@ def convert_legacy(root: Path) -> int:
             n += len(rows)
     finally:
         conn.close()
-    legacy.rename(legacy.with_name(legacy.name + ".converted"))
-    for side in ("-wal", "-shm"):
-        Path(f"{legacy}{side}").unlink(missing_ok=True)
+    segstore.retire_legacy(legacy)
     return n

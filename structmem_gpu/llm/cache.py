@@ -371,7 +371,5 @@ def convert_legacy(cache_dir: Path) -> int:
             n += len(records)
     finally:
         conn.close()
-    legacy.rename(legacy.with_name(legacy.name + ".converted"))
-    for side in ("-wal", "-shm"):
-        Path(f"{legacy}{side}").unlink(missing_ok=True)
+    segstore.retire_legacy(legacy)
     return n
