@@ -12,6 +12,7 @@ import pytest
 from structmem_gpu.llm.cache import CACHE_FILE, CachedBackend, ResponseCache, cache_key, iter_rows
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling
+from tests.fixtures.llm import OneAtATime
 
 SCHEMA = {
     "type": "object",
@@ -127,19 +128,8 @@ def test_write_through_survives_a_crash_mid_batch(tmp_path: Path) -> None:
                 raise KeyboardInterrupt  # the job dies after three requests
             return super()._reply(r)
 
-    class OneByOne(Crashing):
-        """A backend that finishes requests one at a time (like the HTTP client)."""
-
-        def generate(
-            self, requests: Any, *, desc: str = "", on_result: Any = None
-        ) -> list[LLMResult]:
-            out = []
-            for i, r in enumerate(requests):
-                [res] = super().generate([r])
-                if on_result:
-                    on_result(i, res)
-                out.append(res)
-            return out
+    class OneByOne(Crashing, OneAtATime):
+        """Crashes after three requests, finishing them one at a time (like the HTTP client)."""
 
     reqs = [req(i) for i in range(6)]
     with pytest.raises(KeyboardInterrupt):

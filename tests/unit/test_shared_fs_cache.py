@@ -25,6 +25,7 @@ from structmem_gpu.llm.cache import CACHE_FILE, CachedBackend, CacheError, Respo
 from structmem_gpu.llm.dedup import cache_key
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling
+from tests.fixtures.llm import OneAtATime
 
 PUBLISH_EVERY = 200
 N_PER_JOB = 3000
@@ -64,18 +65,10 @@ def _no_locks_here(host: str) -> None:
     socket.gethostname = lambda: host  # type: ignore[assignment]
 
 
-class _Slow(ScriptedLLM):
-    """Answers one request at a time, like the HTTP client (so a kill lands mid-batch)."""
+class _Slow(OneAtATime):
+    """One request at a time, 1 ms apart."""
 
-    def generate(self, requests: Any, *, desc: str = "", on_result: Any = None) -> list[LLMResult]:
-        out = []
-        for i, r in enumerate(requests):
-            [res] = super().generate([r])
-            if on_result:
-                on_result(i, res)
-            out.append(res)
-            time.sleep(0.001)
-        return out
+    pause_s = 0.001
 
 
 def _writer(cache_dir: str, worker: int, out: str) -> None:
