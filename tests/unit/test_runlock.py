@@ -20,8 +20,10 @@ from structmem_gpu.runlock import HOLDER_NAME, RunDirBusyError, hold_run_dir
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _holder_process(run_dir: Path, ready: Path) -> subprocess.Popen[bytes]:
-    code = textwrap.dedent(f"""
+def _holder_process(run_dir: Path, ready: Path, pose: str = "") -> subprocess.Popen[bytes]:
+    """A child process that holds `run_dir` for 60 s (`pose`: code run first, e.g. another
+    host's name); returns once it holds it."""
+    code = pose + textwrap.dedent(f"""
         import time
         from pathlib import Path
         from structmem_gpu.runlock import hold_run_dir
@@ -113,21 +115,7 @@ socket.gethostname = lambda: {host!r}
 
 
 def _other_host_holder(run_dir: Path, ready: Path, host: str) -> subprocess.Popen[bytes]:
-    code = _POSE.format(host=host) + textwrap.dedent(f"""
-        import time
-        from pathlib import Path
-        from structmem_gpu.runlock import hold_run_dir
-        with hold_run_dir(Path({str(run_dir)!r})):
-            Path({str(ready)!r}).write_text("held")
-            time.sleep(60)
-    """)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "holder did not start"
-        time.sleep(0.05)
-    return proc
+    return _holder_process(run_dir, ready, pose=_POSE.format(host=host))
 
 
 def _no_locks(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
