@@ -26,6 +26,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 _CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)")
@@ -107,18 +108,23 @@ class _Connection(_HTTPConnection):
         self.transport.write(self.chat if is_post else self.other)
 
 
-async def serve(port: int, reply_text: str) -> None:
-    chat, other = http_response(completion_payload(reply_text)), http_response(_MODELS)
+async def _serve_until_signal(port: int, factory: Callable[[], asyncio.Protocol],
+                              banner: str) -> None:
+    """Listen on 127.0.0.1:port until SIGTERM/SIGINT; `banner` is the line tests wait for."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _Connection(chat, other), "127.0.0.1", port, backlog=4096
-    )
+    server = await loop.create_server(factory, "127.0.0.1", port, backlog=4096)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"mock chat server on 127.0.0.1:{port}", flush=True)
+    print(banner, flush=True)
     async with server:
         await stop.wait()
+
+
+async def serve(port: int, reply_text: str) -> None:
+    chat, other = http_response(completion_payload(reply_text)), http_response(_MODELS)
+    await _serve_until_signal(port, lambda: _Connection(chat, other),
+                              f"mock chat server on 127.0.0.1:{port}")
 
 
 # ---- the GPU-paced mode ----------------------------------------------------------------------
@@ -223,17 +229,9 @@ class _PacedConnection(_HTTPConnection):
 
 async def serve_paced(port: int, model: object, stats_path: Path | None) -> None:
     paced = PacedServer(model)
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _PacedConnection(paced, http_response(_MODELS)), "127.0.0.1", port, backlog=4096
-    )
     engine = asyncio.create_task(paced.run())
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"paced mock chat server on 127.0.0.1:{port} ({model})", flush=True)
-    async with server:
-        await stop.wait()
+    await _serve_until_signal(port, lambda: _PacedConnection(paced, http_response(_MODELS)),
+                              f"paced mock chat server on 127.0.0.1:{port} ({model})")
     engine.cancel()
     if stats_path is not None:
         tmp = stats_path.with_name(stats_path.name + ".tmp")
