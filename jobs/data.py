@@ -23,7 +23,7 @@ or verification failed (one line on stderr, no traceback).
 
 `models` composes the job's config from the same overrides (Hydra's compose API; `-m` expands
 a sweep, the experiment's own sweeper params included), lists every model that job loads
-(structmem_gpu/model_refs.py, the list the job's preflight checks: answer LLM, judges and
+(structmem_gpu/node/model_refs.py, the list the job's preflight checks: answer LLM, judges and
 panel members, encoder, window-packing tokenizer), prints their total size first (from the
 hub's metadata when it answers, else the presets' `weights_gb`), then downloads each with
 huggingface_hub's `snapshot_download` into the Hugging Face cache (HF_HOME / HF_HUB_CACHE;
@@ -44,7 +44,7 @@ and prints where. `--from DIR` fetches from local repositories DIR/lightmem.git,
 the code host. Exit codes: 0 all present; 1 `--check` found one missing; 2 a fetch failed.
 
 `cache` maintains paths.cache_dir (default .cache/structmem_gpu; its llm/ and embeddings/
-segment stores, structmem_gpu/segstore.py). `compact` first converts a cache of the SQLite era
+segment stores, structmem_gpu/core/segstore.py). `compact` first converts a cache of the SQLite era
 (llm/llm_responses.sqlite, embeddings/embeddings.sqlite; run it where SQLite's locks work, the
 host that wrote them) into segments and renames the file *.converted, then merges every
 published segment into one with one record per key; jobs may keep running meanwhile (a reader
@@ -68,8 +68,8 @@ if str(ROOT) not in sys.path:  # allow `python jobs/data.py` from a clean clone 
     sys.path.insert(0, str(ROOT))
 
 from structmem_gpu.data.locomo import LOCOMO_SHA256  # noqa: E402
-from structmem_gpu.errors import InputError, StructMemError  # noqa: E402
-from structmem_gpu.hashing import file_sha256  # noqa: E402
+from structmem_gpu.core.errors import InputError, StructMemError  # noqa: E402
+from structmem_gpu.core.hashing import file_sha256  # noqa: E402
 
 log = logging.getLogger("structmem_gpu.data_job")
 
@@ -402,9 +402,9 @@ def compose_job(overrides: Sequence[str]) -> Any:
     """The job's config, composed by Hydra as `jobs/run.py <overrides>` would compose it."""
     from hydra import compose, initialize_config_dir
 
-    from structmem_gpu.model_refs import NOT_FOR_MODELS
+    from structmem_gpu.node.model_refs import NOT_FOR_MODELS
 
-    from structmem_gpu.path_values import expand_paths
+    from structmem_gpu.config.path_values import expand_paths
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3",
                                job_name="data_models"):
@@ -437,10 +437,10 @@ def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
 
 
 def job_models(overrides: Sequence[str]) -> list[Any]:
-    """The job's models (structmem_gpu.model_refs.named_models, as its preflight lists them)."""
+    """The job's models (structmem_gpu.node.model_refs.named_models, as its preflight lists them)."""
     from structmem_gpu.methods.registry import stage_registry
-    from structmem_gpu.model_refs import named_models
-    from structmem_gpu.pipeline import job_stage_names
+    from structmem_gpu.node.model_refs import named_models
+    from structmem_gpu.run.pipeline import job_stage_names
 
     cfg = compose_job(overrides)
     registry = stage_registry(cfg)
@@ -455,7 +455,7 @@ def _folder_gb(path: Path) -> float:
 
 
 def _allow(ref: Any) -> list[str] | None:
-    from structmem_gpu.model_refs import TOKENIZER_FILES
+    from structmem_gpu.node.model_refs import TOKENIZER_FILES
 
     return list(TOKENIZER_FILES) if ref.tokenizer_only else None
 
@@ -463,7 +463,7 @@ def _allow(ref: Any) -> list[str] | None:
 def download_gb(ref: Any) -> float | None:
     """What a download of `ref` would fetch (GB) from the hub's file list (no file is
     fetched), else the size its preset states (`weights_gb`), else None."""
-    from structmem_gpu.model_refs import hub_cache_dir, hub_offline
+    from structmem_gpu.node.model_refs import hub_cache_dir, hub_offline
 
     if not hub_offline():
         from huggingface_hub import snapshot_download
@@ -483,7 +483,7 @@ def models_main(argv: Sequence[str]) -> int:
                         format="%(levelname)s %(message)s")
     from hydra.errors import HydraException
 
-    from structmem_gpu.model_refs import hub_cache_dir, locate
+    from structmem_gpu.node.model_refs import hub_cache_dir, locate
 
     try:
         points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
@@ -536,7 +536,7 @@ def _print_models(rows: Sequence[tuple[Any, Any, float | None]], cache: Path) ->
     total = f"{sum(known):.1f} GB" + (f" + {len(to_fetch) - len(known)} of unknown size"
                                        if len(known) < len(to_fetch) else "")
     print(f"{len(rows)} model(s); to download: {len(to_fetch)}, {total} (into {cache})")
-    from structmem_gpu.model_refs import resolved_snapshot
+    from structmem_gpu.node.model_refs import resolved_snapshot
 
     for ref, where, size in rows:
         if where.present:
@@ -556,7 +556,7 @@ def _print_models(rows: Sequence[tuple[Any, Any, float | None]], cache: Path) ->
 def _fetch_models(rows: Sequence[tuple[Any, Any, float | None]]) -> int:
     from huggingface_hub import snapshot_download
 
-    from structmem_gpu.model_refs import hub_cache_dir, locate, resolved_snapshot
+    from structmem_gpu.node.model_refs import hub_cache_dir, locate, resolved_snapshot
 
     failed = []
     for ref, where, _ in rows:
@@ -591,7 +591,7 @@ def _fetch_models(rows: Sequence[tuple[Any, Any, float | None]]) -> int:
 def cache_main(argv: Sequence[str]) -> int:
     import json
 
-    from structmem_gpu import segstore
+    from structmem_gpu.core import segstore
     from structmem_gpu.embed import cache as emb_cache
     from structmem_gpu.llm import cache as llm_cache
     from structmem_gpu.llm.dedup import KEY_VERSION

@@ -19,7 +19,7 @@
 
 A folder that is not itself a run directory (a multirun sweep dir) stands for the run
 directories below it. Expected errors (a missing shard, shards of different configs) print
-one line naming the shard and exit with code 2. Thin wrapper over structmem_gpu.merge,
+one line naming the shard and exit with code 2. Thin wrapper over structmem_gpu.run.merge,
 structmem_gpu.analysis.compare and structmem_gpu.eval.agreement.
 """
 
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow `python jobs/report.py` from a clean clone without install
     sys.path.insert(0, str(ROOT))
 
-from structmem_gpu.errors import StructMemError  # noqa: E402
+from structmem_gpu.core.errors import StructMemError  # noqa: E402
 
 log = logging.getLogger("structmem_gpu.report")
 CONF_DIR = ROOT / "conf"
@@ -53,7 +53,7 @@ def _compose(overrides: list[str]) -> DictConfig:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from structmem_gpu.merge import discover_run_dirs, group_by_config, merge_shards
+    from structmem_gpu.run.merge import discover_run_dirs, group_by_config, merge_shards
 
     shard_dirs = discover_run_dirs(args.dirs)
     cfg = _compose(args.override) if args.override else None
@@ -89,7 +89,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_agreement(args: argparse.Namespace) -> int:
     import polars as pl
 
-    from structmem_gpu.artifacts import RunDir
+    from structmem_gpu.core.artifacts import RunDir
     from structmem_gpu.eval.agreement import (
         agreement_markdown,
         judge_agreement,

@@ -4,13 +4,13 @@
     python jobs/run.py benchmark=locomo benchmark.path=FILE stages=[load] hydra.run.dir=DIR
     python jobs/run.py -m consolidate.seed_k=0,5,10,15,20      # Hydra multirun sweep
 
-Before any stage, the preflight (structmem_gpu/preflight.py) checks that the node has every
+Before any stage, the preflight (structmem_gpu/node/preflight.py) checks that the node has every
 model, engine, CUDA device and the disk space the job needs (README "Replicate on a GPU node");
 `dry_run=true` only reports what it finds. Expected errors (bad input files, bad config, a
 preflight problem, missing tables) end the job with exit code 2 and one line naming the file
 and record, without a traceback. In a multirun a failing point prints
 the same line and the sweep goes on; the sweep ends with a table of every point
-(structmem_gpu/sweep.py) and exits 1 when any point failed. A preempted job exits 75.
+(structmem_gpu/run/sweep.py) and exits 1 when any point failed. A preempted job exits 75.
 """
 
 from __future__ import annotations
@@ -28,15 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow `python jobs/run.py` from a clean clone without install
     sys.path.insert(0, str(ROOT))
 
-from structmem_gpu.errors import StructMemError  # noqa: E402
+from structmem_gpu.core.errors import StructMemError  # noqa: E402
 
 log = logging.getLogger("structmem_gpu.run")
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
-    from structmem_gpu import preempt, sweep
-    from structmem_gpu.path_values import expand_paths
+    from structmem_gpu.core import preempt
+    from structmem_gpu.run import sweep
+    from structmem_gpu.config.path_values import expand_paths
 
     expand_paths(cfg)  # `~/x`, `$HOME/x` in any path knob, as a shell expands them
     hydra_cfg = HydraConfig.get()
@@ -97,10 +98,11 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] 
             ) -> list[str]:
     """Check the config and the node (preflight), then run the stages (or print the dry-run
     estimate). The names of the stages the job went through (none for a dry run)."""
-    from structmem_gpu import preempt, preflight
-    from structmem_gpu.config_schema import check_config
+    from structmem_gpu.core import preempt
+    from structmem_gpu.node import preflight
+    from structmem_gpu.config.schema import check_config
     from structmem_gpu.methods.registry import stage_registry
-    from structmem_gpu.pipeline import job_stage_names
+    from structmem_gpu.run.pipeline import job_stage_names
 
     registry = stage_registry(cfg)
     # Types and ranges of every knob the job's stages (and every job) read, before anything runs.
@@ -113,13 +115,13 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] 
             preflight.enforce(preflight.check(cfg, stages, run_dir, overrides or []),
                               dry_run=dry_run)
         if dry_run:  # estimate requests and tokens per stage; no server, no files
-            from structmem_gpu.bench.dry_run import print_dry_run
+            from structmem_gpu.node.dry_run import print_dry_run
 
             print_dry_run(cfg)  # estimate, then the GPU memory plan; one that cannot fit: exit 2
             return []
-        from structmem_gpu.pipeline import run_stages, stages_to_run
-        from structmem_gpu.run_changes import log_changes
-        from structmem_gpu.runlock import hold_run_dir
+        from structmem_gpu.run.pipeline import run_stages, stages_to_run
+        from structmem_gpu.config.run_changes import log_changes
+        from structmem_gpu.core.runlock import hold_run_dir
 
         # The lock first, then Hydra's record of the job: a second job on this directory must
         # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
@@ -150,7 +152,7 @@ def save_job_config(cfg: DictConfig, run_dir: Path) -> None:
     this job holds the run directory."""
     from omegaconf import OmegaConf
 
-    from structmem_gpu.artifacts import atomic_write_text
+    from structmem_gpu.core.artifacts import atomic_write_text
 
     hydra_cfg = HydraConfig.get()
     out = run_dir / ".hydra"
@@ -161,6 +163,6 @@ def save_job_config(cfg: DictConfig, run_dir: Path) -> None:
 
 if __name__ == "__main__":
     main()
-    from structmem_gpu.sweep import last_exit_code
+    from structmem_gpu.run.sweep import last_exit_code
 
     sys.exit(last_exit_code())  # 1 after a multirun with a failed point, else 0

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 # submitit worker, which imports this package to unpickle its job, resolves them too. The vLLM
 # CPU environment (.venv-vllm) runs only llm/convert.py and has no omegaconf: nothing to register.
 if _find_spec("omegaconf") is not None:
-    from structmem_gpu import run_key as _run_key
+    from structmem_gpu.config import run_key as _run_key
     from structmem_gpu.prompts import pinned as _pinned
 
     _run_key.register()

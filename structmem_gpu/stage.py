@@ -8,7 +8,7 @@
     STAGE = Stage(name="extract", run=run_extract, reads=("turns",), writes=("entries",),
                   settings=ExtractSettings, depends=LLM_IDENTITY)
 
-`settings` is the stage's typed settings class (structmem_gpu/settings.py), built from its
+`settings` is the stage's typed settings class (structmem_gpu/config/settings.py), built from its
 config node (`settings.node`) and read by the stage as `ctx.settings`; `depends` names the
 dotted keys outside that node whose values change its output (the model that writes its rows,
 the benchmark's category selection ...). The pipeline (pipeline.py) decides whether to run a
@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 
 if TYPE_CHECKING:
     from structmem_gpu.embed.encoder import Encoder
-    from structmem_gpu.settings import Settings
+    from structmem_gpu.config.settings import Settings
     from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.artifacts import MANIFEST, atomic_write_text
-from structmem_gpu.errors import InputError
-from structmem_gpu.result_keys import changes_result, split_override
+from structmem_gpu.core.artifacts import MANIFEST, atomic_write_text
+from structmem_gpu.core.errors import InputError
+from structmem_gpu.config.result_keys import changes_result, split_override
 
 log = logging.getLogger(__name__)
 

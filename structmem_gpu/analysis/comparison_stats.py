@@ -24,7 +24,7 @@ import polars as pl
 from structmem_gpu.analysis.compare import label_columns, short_labels
 from structmem_gpu.analysis.paired import paired_comparison, paired_markdown
 from structmem_gpu.analysis.seeds import seed_groups, seeds_markdown
-from structmem_gpu.artifacts import atomic_write_text
+from structmem_gpu.core.artifacts import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import polars as pl
 
-from structmem_gpu.artifacts import MANIFEST
+from structmem_gpu.core.artifacts import MANIFEST
 
 # Re-exported: the per-question / per-conversation views live in provenance.py, runs and the
 # answers table in run.py; notebooks and tests keep importing them from here.
@@ -57,7 +57,7 @@ from structmem_gpu.analysis.run import (
     published_rows,
     scores_table,
 )
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 
 __all__ = [
     "FAILURE_TYPES",

@@ -36,7 +36,7 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 
 LEXICAL = ("f1_locomo", "f1_mem0", "bleu1")

@@ -23,7 +23,7 @@ import polars as pl
 import polars.selectors as cs
 
 from structmem_gpu.analysis.run import Run, answers_table
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 from structmem_gpu.eval import curves
 
 

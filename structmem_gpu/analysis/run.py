@@ -19,8 +19,8 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.artifacts import MANIFEST, RunDir
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.artifacts import MANIFEST, RunDir
+from structmem_gpu.core.errors import InputError
 from structmem_gpu.eval.published import PublishedRow, load_published, row_matches
 
 log = logging.getLogger(__name__)

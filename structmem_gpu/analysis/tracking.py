@@ -13,7 +13,7 @@ evidence recall; LongMemEval's task-averaged and abstention accuracy), build cos
 (manifest.json: calls, tokens, batches, wall seconds per stage) as metrics, and report/ (report.md,
 report.json, the figures) as artifacts. A sweep becomes one parent run (the sweep summary and
 the comparison with paired tests as artifacts) with one child run per point, logged by the
-sweep-summary callback at the end of the multirun on the launching host (structmem_gpu/sweep.py):
+sweep-summary callback at the end of the multirun on the launching host (structmem_gpu/run/sweep.py):
 the points, possibly SLURM array tasks, write nothing to the tracking store.
 
 The store is set explicitly, never mlflow's default (a SQLite file since mlflow 3.7, which a
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from structmem_gpu.config_schema import TrackingSettings
-from structmem_gpu.errors import ConfigError, InputError, StructMemError
+from structmem_gpu.config.schema import TrackingSettings
+from structmem_gpu.core.errors import ConfigError, InputError, StructMemError
 
 log = logging.getLogger(__name__)
 

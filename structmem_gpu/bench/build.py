@@ -38,7 +38,7 @@ from structmem_gpu.bench.harness import (
     reference_schedule,
     run_pipeline,
 )
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.errors import StructMemError
 
 log = logging.getLogger(__name__)
 

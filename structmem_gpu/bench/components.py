@@ -121,7 +121,7 @@ def faiss_throughput(
 
 def entries_frame(n: int) -> pl.DataFrame:
     """An entries table of n rows with realistic text (schemas.ENTRIES)."""
-    from structmem_gpu import schemas
+    from structmem_gpu.core import schemas
 
     texts = synthetic_texts(min(n, 5000))
     t0 = datetime(2023, 5, 8, 13, 56)
@@ -146,7 +146,7 @@ def entries_frame(n: int) -> pl.DataFrame:
 
 
 def parquet_throughput(n: int) -> dict[str, Any]:
-    from structmem_gpu.artifacts import atomic_write_parquet
+    from structmem_gpu.core.artifacts import atomic_write_parquet
 
     df = entries_frame(n)
     with tempfile.TemporaryDirectory(prefix="bench-parquet-") as tmp:

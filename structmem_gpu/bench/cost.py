@@ -31,7 +31,7 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 
 QA_STAGES = frozenset({"answer", "judge"})
 

@@ -73,7 +73,7 @@ def check_encoder(overrides: Sequence[str], texts: int) -> tuple[Outcome, Outcom
 
     from structmem_gpu.bench.components import synthetic_texts
     from structmem_gpu.embed.encoder import open_encoder
-    from structmem_gpu.gpu_plan import weights
+    from structmem_gpu.node.gpu_plan import weights
 
     ecfg = OmegaConf.to_container(compose(overrides).embedder, resolve=True)
     assert isinstance(ecfg, dict)
@@ -178,7 +178,7 @@ def check_vllm(model: str, overrides: Sequence[str], timeout_s: float = 240) -> 
         return Outcome("vllm", "skipped", why)
     import json
 
-    from structmem_gpu.gpu_plan import device_memory
+    from structmem_gpu.node.gpu_plan import device_memory
 
     util = 0.3  # a small model: leaves the GPU to anything else the node runs
     run_dir = Path(tempfile.mkdtemp(prefix="gpu-check-"))

@@ -108,7 +108,7 @@ def run_pipeline(
 ) -> float:
     """Run the configured stages into `run_dir` (forced: a bench always measures); wall seconds."""
     from structmem_gpu.methods.registry import stage_registry
-    from structmem_gpu.pipeline import run_stages
+    from structmem_gpu.run.pipeline import run_stages
 
     cfg = cfg.copy()
     OmegaConf.update(cfg, "force", True)

@@ -70,7 +70,7 @@ def run_lme_load(data_dir: Path, out_dir: Path, sizes: Sequence[tuple[int, int, 
 
 
 def _child(path: Path, out_dir: Path) -> dict[str, Any]:
-    from structmem_gpu.artifacts import RunDir
+    from structmem_gpu.core.artifacts import RunDir
     from structmem_gpu.data.longmemeval import load_longmemeval_compact
 
     t0 = time.perf_counter()

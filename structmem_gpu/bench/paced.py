@@ -110,7 +110,7 @@ class Recorder:
 @contextlib.contextmanager
 def recording(calls: list[dict[str, Any]], stages: list[dict[str, Any]]) -> Iterator[None]:
     """Within the block: every HTTP backend is recorded, and every stage's wall and CPU span."""
-    from structmem_gpu import pipeline
+    from structmem_gpu.run import pipeline
     from structmem_gpu.llm import factory
 
     real_http, real_run_one = factory._http_backend, pipeline._run_one

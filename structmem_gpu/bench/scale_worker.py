@@ -26,7 +26,7 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 
 log = logging.getLogger(__name__)
 

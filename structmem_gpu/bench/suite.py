@@ -167,7 +167,7 @@ def _other_llm_servers() -> int:
 
 
 def _meta(settings: BenchSettings, opts: SuiteOptions) -> dict[str, Any]:
-    from structmem_gpu.artifacts import git_commit
+    from structmem_gpu.core.artifacts import git_commit
 
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -334,7 +334,7 @@ class Suite:
         return lme_load.run_lme_load(data, self.settings.out_dir / "lme_load", self.sz["lme_load"])
 
     def part_dry_run(self) -> dict[str, Any]:
-        from structmem_gpu.bench import dry_run
+        from structmem_gpu.node import dry_run
 
         out: dict[str, Any] = {"build_config": dry_run.estimate(self.base)}
         if self.opts.tiny:

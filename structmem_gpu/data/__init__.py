@@ -21,7 +21,7 @@ from structmem_gpu.data.categories import CATEGORY_NAMES, LOCOMO_CATEGORIES, LON
 from structmem_gpu.data.common import display_text
 from structmem_gpu.data.locomo import load_locomo
 from structmem_gpu.data.longmemeval import load_longmemeval
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 __all__ = [
     "BENCHMARKS",

@@ -21,9 +21,9 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu import schemas
-from structmem_gpu.errors import ConfigError, InputError
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core import schemas
+from structmem_gpu.core.errors import ConfigError, InputError
+from structmem_gpu.core.hashing import stable_hash
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 
 __all__ = ["iter_json_list"]
 

@@ -58,7 +58,7 @@ from structmem_gpu.data.common import (
     session_turns,
     turns_frame,
 )
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 
 __all__ = ["LOCOMO_SHA256", "DATE_FORMAT", "display_text", "load_locomo", "normalise_evidence"]
 

@@ -71,8 +71,8 @@ from structmem_gpu.data.common import (
     session_turns,
 )
 from structmem_gpu.data.jsonstream import iter_json_list
-from structmem_gpu.errors import InputError
-from structmem_gpu.turns_store import CompactTurns, SessionStore
+from structmem_gpu.core.errors import InputError
+from structmem_gpu.core.turns_store import CompactTurns, SessionStore
 
 __all__ = [
     "DATE_FORMAT",

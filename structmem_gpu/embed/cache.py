@@ -9,7 +9,7 @@ little-endian float32 bytes (its length gives dim).
 
 The namespace is the encoder's model id plus its numeric precision: fp16 CUDA and fp32 CPU
 vectors differ in the third decimal, so they are never mixed. Storage is the same as the LLM
-cache's (structmem_gpu/segstore.py): each `put_many` (one encoder chunk) is published as one
+cache's (structmem_gpu/core/segstore.py): each `put_many` (one encoder chunk) is published as one
 immutable segment by an atomic rename, so jobs on several hosts may share `paths.cache_dir` on
 NFS, Lustre or GPFS — no SQLite, no shared memory, no POSIX/flock locks. A killed job loses
 only the chunk it was writing. `python jobs/data.py cache {compact,verify}` merges and checks
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from structmem_gpu import segstore
+from structmem_gpu.core import segstore
 
 log = logging.getLogger(__name__)
 

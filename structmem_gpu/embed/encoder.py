@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from structmem_gpu import preempt
+from structmem_gpu.core import preempt
 from structmem_gpu.embed.cache import EmbeddingCache, text_sha
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

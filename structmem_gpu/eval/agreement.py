@@ -31,7 +31,7 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.artifacts import atomic_write_text
+from structmem_gpu.core.artifacts import atomic_write_text
 
 
 def cohen_kappa(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:

@@ -19,7 +19,7 @@ non-empty.
   reasoning goes to the `reasoning` column; entries by speaker (first two groups, rank order;
   `answer.entry_layout: rank` = one ranked list), dates with weekday, syntheses as plain
   lines; the "Not mentioned" line only when category 5 / abstention questions are selected.
-- `reasoned`: our earlier reader (prompts/answer_structmem.py): a short phrase, no reasoning,
+- `reasoned`: our earlier reader (eval/prompts/answer_structmem.py): a short phrase, no reasoning,
   chronological entries under dates, dated syntheses, always the abstention line.
 
 Other builders (full_context, turn_rag, seem) have one reader each; the protocol is recorded
@@ -48,11 +48,11 @@ from typing import Any, ClassVar
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu import schemas
-from structmem_gpu.errors import ConfigError, MissingTableError
+from structmem_gpu.core import schemas
+from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
-from structmem_gpu.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob
+from structmem_gpu.config.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def answer_rows(
     prompts: Mapping[str, AnswerPrompt] | None = None,
     protocol: str = "paper",
 ) -> pl.DataFrame:
-    from structmem_gpu.prompts.answer_paper import split_reply
+    from structmem_gpu.eval.prompts.answer_paper import split_reply
 
     rows = []
     for (qid, conv), res in zip(questions.select("question_id", "conv_id").iter_rows(), results):
@@ -294,7 +294,7 @@ def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     results = ctx.generate(requests, desc="answer")
     answers = answer_rows(questions, results, prompts, protocol)
     failed = int((~answers["parse_ok"]).sum())
-    from structmem_gpu.prompts.answer_paper import has_final_line
+    from structmem_gpu.eval.prompts.answer_paper import has_final_line
 
     no_final = sum(
         1

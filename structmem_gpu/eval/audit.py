@@ -25,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.eval.agreement import judge_agreement
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from structmem_gpu.artifacts import RunDir
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.published import PublishedRow, load_published
 from structmem_gpu.eval.recall import TURN_CIRCUITS, EvidenceIndex

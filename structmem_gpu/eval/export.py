@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from structmem_gpu.artifacts import RunDir, atomic_write_text
+from structmem_gpu.core.artifacts import RunDir, atomic_write_text
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.report import hypotheses_jsonl
 
 FORMATS = ("longmemeval", "mem0", "lightmem")

@@ -50,24 +50,34 @@ from typing import Any, ClassVar
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
-from structmem_gpu.errors import ConfigError, StructMemError
+from structmem_gpu.core.errors import ConfigError, StructMemError
 from structmem_gpu.eval.answer import llm_identity
 from structmem_gpu.eval.metrics import lexical_scores, says_not_mentioned
 from structmem_gpu.eval.recall import recall_by_question
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, Message, Sampling, request_id
-from structmem_gpu.prompts import (
+from structmem_gpu.eval.prompts import (
     judge_locomo,
     judge_locomo_paper,
     judge_longmemeval,
     judge_longmemeval_paper,
-    official,
 )
-from structmem_gpu.config_schema import LLMSettings
-from structmem_gpu.settings import STR, TEMPERATURE, TOKENS, Enum, Rule, Settings, items, knob, sub
+from structmem_gpu.prompts import official
+from structmem_gpu.config.schema import LLMSettings
+from structmem_gpu.config.settings import (
+    STR,
+    TEMPERATURE,
+    TOKENS,
+    Enum,
+    Rule,
+    Settings,
+    items,
+    knob,
+    sub,
+)
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ import numpy as np
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.artifacts import RunDir, atomic_write_bytes
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.artifacts import RunDir, atomic_write_bytes
+from structmem_gpu.core.errors import InputError
 
 # Re-exported: the frames behind the figures live in curves.py (no matplotlib); callers keep
 # using plots.recall_at_k, plots.NothingToPlot, ... (notebooks, tests, jobs/report.py).

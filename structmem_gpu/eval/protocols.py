@@ -35,9 +35,9 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.artifacts import RunDir, atomic_write_text
+from structmem_gpu.core.artifacts import RunDir, atomic_write_text
 from structmem_gpu.data.categories import CATEGORY_NAMES, LOCOMO_ADVERSARIAL
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval import judge as J
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.metrics import lexical_scores
@@ -45,7 +45,7 @@ from structmem_gpu.eval.report import ReportSettings
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import Sampling
 from structmem_gpu.prompts import official
-from structmem_gpu.prompts.answer_structmem import NOT_MENTIONED
+from structmem_gpu.eval.prompts.answer_structmem import NOT_MENTIONED
 from structmem_gpu.stage import Backends, StageContext, judge_key, judge_members
 
 log = logging.getLogger(__name__)

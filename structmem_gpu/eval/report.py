@@ -36,14 +36,14 @@ from typing import Any, ClassVar
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.artifacts import atomic_write_text
+from structmem_gpu.core.artifacts import atomic_write_text
 from structmem_gpu.data.categories import (
     CATEGORY_NAMES,
     LOCOMO_ADVERSARIAL,
     LOCOMO_CATEGORIES,
     LONGMEMEVAL_TYPES,
 )
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.answer import answer_protocol
 from structmem_gpu.eval.judge import judge_identity, judge_protocol
@@ -56,7 +56,7 @@ from structmem_gpu.eval.published import (
     run_categories,
 )
 from structmem_gpu.eval.selection import selected_questions
-from structmem_gpu.settings import BOOL, COUNT, RATE, Int, Settings, knob
+from structmem_gpu.config.settings import BOOL, COUNT, RATE, Int, Settings, knob
 from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

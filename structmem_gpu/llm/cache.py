@@ -10,7 +10,7 @@ path/id + revision: two models never share an entry), backend request extras, th
 parameters, the prompt version, the JSON schema and the exact messages. Only parse_ok results
 are stored, so failures are re-sent next time.
 
-Storage (structmem_gpu/segstore.py): every process appends to segments of its own and
+Storage (structmem_gpu/core/segstore.py): every process appends to segments of its own and
 publishes them atomically by rename — every `publish_every` replies or `publish_s` seconds,
 whichever comes first, and whenever `CachedBackend.generate` returns or raises. Readers open
 published segments read-only and pick up other jobs' segments at each lookup. Nothing relies
@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from structmem_gpu import segstore
-from structmem_gpu.hashing import canonical_json
+from structmem_gpu.core import segstore
+from structmem_gpu.core.hashing import canonical_json
 
 # cache_key lives with the in-batch dedup (same key); importers of cache.cache_key still work
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.llm.dedup import KEY_VERSION, cache_key, send_distinct
 from structmem_gpu.llm.structured import OnResult, check_reply
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult

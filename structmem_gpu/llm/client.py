@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
-from structmem_gpu import preempt
+from structmem_gpu.core import preempt
 from structmem_gpu.llm.structured import OnResult, RawReply, RepairState, response_format
 from structmem_gpu.llm.types import LLMRequest, LLMResult
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from structmem_gpu.errors import ConfigError, StructMemError
+from structmem_gpu.core.errors import ConfigError, StructMemError
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.structured import OnResult
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
 

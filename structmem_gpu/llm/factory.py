@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.server import SMOLLM2_GGUF
 from structmem_gpu.llm.types import LLMBackend
 
@@ -69,7 +69,7 @@ DEFAULTS: dict[str, Any] = {
     # (${llm.budgets.*}); the backend itself ignores them.
     "budgets": None,
     # GB of the weights at 16 bits a parameter: the GPU memory plan's size when the model's
-    # files are not on disk (structmem_gpu/gpu_plan.py); the backend ignores it.
+    # files are not on disk (structmem_gpu/node/gpu_plan.py); the backend ignores it.
     "weights_gb": None,
     # The profile's model tests the pipeline's structure only (reports say so); the backend
     # ignores it (config_schema.LLMSettings.structure_only).
@@ -125,7 +125,7 @@ def weights_version(cfg: Mapping[str, Any]) -> str:
     if cfg.get("revision"):
         return str(cfg["revision"])
     if cfg.get("backend") in _VLLM_LOCAL and cfg.get("model") and not cfg.get("base_url"):
-        from structmem_gpu.hf_cache import resolved_snapshot
+        from structmem_gpu.core.hf_cache import resolved_snapshot
 
         return resolved_snapshot(str(cfg["model"]), None) or ""
     return ""

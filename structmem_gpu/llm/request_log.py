@@ -1,4 +1,4 @@
-"""One row per LLM request for `tables/requests.parquet` (schema `structmem_gpu.schemas.REQUESTS`).
+"""One row per LLM request for `tables/requests.parquet` (schema `structmem_gpu.core.schemas.REQUESTS`).
 
     df = to_frame(requests, results)
     # request_id='extract:7f3a..', stage='extract', conv_id='conv-26', model='smollm2|...|',
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from structmem_gpu.llm.types import LLMRequest, LLMResult
-from structmem_gpu.schemas import REQUESTS, frame
+from structmem_gpu.core.schemas import REQUESTS, frame
 
 
 def to_frame(requests: Sequence[LLMRequest], results: Sequence[LLMResult]) -> pl.DataFrame:

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from structmem_gpu import preempt
-from structmem_gpu.errors import ConfigError, StructMemError
+from structmem_gpu.core import preempt
+from structmem_gpu.core.errors import ConfigError, StructMemError
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from structmem_gpu import preempt
+from structmem_gpu.core import preempt
 from structmem_gpu.llm.server import RunningServer
 from structmem_gpu.llm.structured import OnResult
 from structmem_gpu.llm.types import LLMRequest, LLMResult

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from importlib.util import find_spec
 from pathlib import Path
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 # tiktoken's source URL for cl100k_base and its pinned sha256 (tiktoken_ext/openai_public.py):
 # the cache file name is sha1(URL), and tiktoken re-checks the hash when it reads the file.

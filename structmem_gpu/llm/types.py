@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.hashing import stable_hash
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from structmem_gpu import preempt
+from structmem_gpu.core import preempt
 from structmem_gpu.llm.structured import OnResult, RawReply, run_in_rounds, vllm_schema
 from structmem_gpu.llm.types import LLMRequest, LLMResult
 

@@ -1,7 +1,7 @@
 """Stage `load`: benchmark file -> tables/turns.parquet + tables/questions.parquet.
 
 LongMemEval writes `turns` in the compact layout (tables/turn_sessions.parquet +
-tables/turn_haystacks.parquet, structmem_gpu/turns_store.py): the file is streamed and each
+tables/turn_haystacks.parquet, structmem_gpu/core/turns_store.py): the file is streamed and each
 distinct session stored once; `RunDir.read_table("turns")` expands it for every reader.
 
     python jobs/run.py benchmark=locomo benchmark.path=locomo10.json stages=[load] hydra.run.dir=DIR
@@ -29,10 +29,10 @@ import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.data.locomo import LOCOMO_SHA256
-from structmem_gpu.errors import ConfigError
-from structmem_gpu.hashing import file_sha256
+from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.core.hashing import file_sha256
 from structmem_gpu.stage import Stage, StageContext
-from structmem_gpu.turns_store import CompactTurns
+from structmem_gpu.core.turns_store import CompactTurns
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.stage import Stage
 
 

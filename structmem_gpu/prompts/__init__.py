@@ -1,7 +1,9 @@
-"""Prompt modules, one per prompt, each with a VERSION (part of cache keys and provenance).
+"""Official texts (official.py, pinned.py, sources.py) and what every prompt module shares.
 
-Extraction (StructMem's two perspectives) shares one user message and one reply schema,
-defined here so that the factual and relational prompts cannot drift apart:
+Prompt modules live beside their method (methods/<m>/prompts/, eval/prompts/), one per prompt,
+each with a VERSION (part of cache keys and provenance). Extraction (StructMem's two
+perspectives, the graph baseline) shares one user message and one reply schema, defined here
+so that the factual and relational prompts cannot drift apart:
 
     >>> print(render_window(datetime(2023, 5, 8, 13, 56), [], [("Caroline", "I went hiking.")]))
     Session date: 2023-05-08 13:56 (Monday)
@@ -22,24 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from types import ModuleType
 from typing import Any
-
-from structmem_gpu.errors import ConfigError
-from structmem_gpu.prompts import factual, relational
-
-# kind of entry -> prompt module (each has VERSION, KIND, SYSTEM)
-EXTRACTION_PROMPTS: dict[str, ModuleType] = {factual.KIND: factual, relational.KIND: relational}
-
-
-def extraction_prompt(kind: str) -> ModuleType:
-    """The prompt module of an extraction perspective ("fact" | "relation")."""
-    try:
-        return EXTRACTION_PROMPTS[kind]
-    except KeyError:
-        raise ConfigError(
-            f"extract.perspectives: unknown perspective {kind!r}; expected some of {sorted(EXTRACTION_PROMPTS)}"
-        ) from None
 
 
 def extraction_schema(

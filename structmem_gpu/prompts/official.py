@@ -26,8 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.errors import ConfigError
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.prompts import sources as S
 
 SOURCE_NAMES = ("lightmem", "mem0", "longmemeval")
@@ -37,7 +37,7 @@ LIGHTMEM_JUDGE_FILE = "experiments/locomo/llm_judge.py"
 MEM0_JUDGE_FILE = "evaluation/metrics/llm_judge.py"
 LONGMEMEVAL_FILE = "src/evaluation/evaluate_qa.py"
 LONGMEMEVAL_FUNCTION = "get_anscheck_prompt"
-# The build prompts by use (prompts/reference.py fills them).
+# The build prompts by use (methods/structmem/prompts/reference.py fills them).
 BUILD_NAMES = {
     "fact": "LoCoMo_Event_Binding_factual",
     "relation": "LoCoMo_Event_Binding_relational",
@@ -122,7 +122,7 @@ def _constant(
 
 
 def lightmem_build(spec: str, var: str, what: str) -> OfficialText:
-    """A build prompt of src/lightmem/memory/prompts.py (prompts/reference.py fills it)."""
+    """A build prompt of src/lightmem/memory/prompts.py (methods/structmem/prompts/reference.py fills it)."""
     return _constant("lightmem", spec, LIGHTMEM_BUILD_FILE, var, what)[1]
 
 

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 RESOLVER = "official_source"
 FETCH_COMMAND = "python jobs/data.py official"

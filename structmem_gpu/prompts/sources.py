@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

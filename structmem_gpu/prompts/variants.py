@@ -7,7 +7,7 @@ causes and co-participation), opt-in.
 
 from __future__ import annotations
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 EXTRACTION_VARIANTS = ("default", "grounded")
 

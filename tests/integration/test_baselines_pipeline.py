@@ -20,10 +20,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.analysis.compare import compare_runs, discover_runs, write_comparison
 from structmem_gpu.methods.baselines.graph_memory import GRAPH_ENTITIES, GRAPH_RELATIONS
-from structmem_gpu.prompts import factual
+from structmem_gpu.methods.structmem.prompts import factual
 from tests.fixtures.llm import llamacpp_missing
 from tests.fixtures.pipeline import run_pipeline
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.eval.selection import selected_questions
 from tests.contract import REPORT_GROUP_KEYS
 from tests.fixtures.llm import llamacpp_missing

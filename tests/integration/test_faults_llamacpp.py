@@ -20,9 +20,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.llm.cache import CACHE_FILE
-from structmem_gpu.preempt import DEFAULT_EXIT_CODE
+from structmem_gpu.core.preempt import DEFAULT_EXIT_CODE
 from tests.fixtures.llm import cached_replies, llamacpp_missing, register_server_log
 
 pytestmark = [

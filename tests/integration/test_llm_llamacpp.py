@@ -23,7 +23,7 @@ from structmem_gpu.llm.factory import open_llm
 from structmem_gpu.llm.request_log import to_frame
 from structmem_gpu.llm.server import ServerError, launch_server, llamacpp_command
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling
-from structmem_gpu.schemas import REQUESTS
+from structmem_gpu.core.schemas import REQUESTS
 from tests.fixtures.llm import LlamaServer, llamacpp_cfg, llamacpp_missing, register_server_log
 
 pytestmark = [

@@ -20,9 +20,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.llm.cache import CACHE_FILE
-from structmem_gpu.merge import discover_run_dirs
+from structmem_gpu.run.merge import discover_run_dirs
 from tests.fixtures.llm import LlamaServer, cached_replies, llamacpp_missing
 from tests.fixtures.pipeline import run_pipeline
 

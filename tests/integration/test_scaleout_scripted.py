@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from tests.fixtures.pipeline import run_pipeline
 
 SMALL = [

@@ -10,9 +10,9 @@ import polars as pl
 import pytest
 
 from jobs.report import main as report_main
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.eval.agreement import cohen_kappa, fleiss_kappa, judge_agreement
-from structmem_gpu.schemas import JUDGMENTS, conform
+from structmem_gpu.core.schemas import JUDGMENTS, conform
 
 
 def test_cohen_kappa_textbook_example() -> None:

@@ -16,7 +16,7 @@ STAGE_MODULES = (
     "structmem_gpu.eval.report",
     "structmem_gpu.eval.report_md",
     "structmem_gpu.methods",
-    "structmem_gpu.pipeline",
+    "structmem_gpu.run.pipeline",
     "structmem_gpu.stage",
 )
 
@@ -58,7 +58,9 @@ def test_public_notebook_names_import_from_their_modules() -> None:
 @pytest.mark.parametrize("stage", ["audit_extraction.py", "audit_consolidation.py"])
 def test_audit_stages_use_the_structmem_interface_only(stage: str) -> None:
     mods = imported_modules(ROOT / "methods" / "structmem" / stage)
-    allowed = ("structmem_gpu.methods.structmem.audit_api", "structmem_gpu.methods.structmem.audit")
+    allowed = ("structmem_gpu.methods.structmem.audit_api", "structmem_gpu.methods.structmem.audit",
+               # prompt texts (they live beside their method, no stage internals)
+               "structmem_gpu.methods.structmem.prompts")
     internal = {
         m
         for m in mods

@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.answer import AnswerInputs, answer_protocol, answer_rows, make_requests
 from structmem_gpu.llm.types import LLMResult, Sampling
 from structmem_gpu.methods.structmem.context import build_prompts
-from structmem_gpu.prompts import answer_paper as A
-from structmem_gpu.prompts.answer_structmem import NOT_MENTIONED
+from structmem_gpu.eval.prompts import answer_paper as A
+from structmem_gpu.eval.prompts.answer_structmem import NOT_MENTIONED
 
 D1, D2, D3 = datetime(2023, 5, 8, 13, 56), datetime(2023, 6, 1, 9, 5), datetime(2023, 7, 2, 10)
 

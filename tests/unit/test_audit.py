@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.eval import audit
 from structmem_gpu.eval.agreement import cohen_kappa, fleiss_kappa

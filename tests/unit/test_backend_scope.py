@@ -9,9 +9,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.errors import GpuPlanError
+from structmem_gpu.core.errors import GpuPlanError
 from structmem_gpu.methods.registry import stage_registry
-from structmem_gpu.pipeline import run_stages
+from structmem_gpu.run.pipeline import run_stages
 from structmem_gpu.stage import ROLES, Stage, StageContext
 from tests.fixtures.pipeline import compose_cfg
 

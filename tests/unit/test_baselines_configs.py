@@ -9,11 +9,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.methods.structmem import consolidate, embed, extract
-from structmem_gpu.run_key import run_key
+from structmem_gpu.config.run_key import run_key
 from tests.unit.test_structmem_stages import FakeBackends, cfg_for, echo, run_stage
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -8,13 +8,13 @@ import polars as pl
 from omegaconf import OmegaConf
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
 from structmem_gpu.methods.baselines import flat
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.methods.structmem import embed, extract, retrieve
-from structmem_gpu.prompts import factual
+from structmem_gpu.methods.structmem.prompts import factual
 from tests.unit.test_structmem_stages import FakeBackends, cfg_for, echo, run_stage
 
 

@@ -18,7 +18,7 @@ import polars as pl
 from omegaconf import OmegaConf
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.embed.encoder import Encoder
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
 from structmem_gpu.llm.types import LLMRequest, LLMResult
@@ -33,7 +33,7 @@ from structmem_gpu.methods.baselines.graph_state import (
 )
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.methods.structmem import embed, extract
-from structmem_gpu.prompts import (
+from structmem_gpu.methods.baselines.prompts import (
     graph_entities,
     graph_entity_dedup,
     graph_relation_dedup,

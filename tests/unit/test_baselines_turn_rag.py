@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
 from structmem_gpu.eval.recall import recall_by_question

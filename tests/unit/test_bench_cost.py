@@ -8,8 +8,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from structmem_gpu import schemas
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core import schemas
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.bench.cost import (
     LOCOMO,
     PAPER_TABLE1,

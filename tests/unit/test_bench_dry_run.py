@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from structmem_gpu.bench.dry_run import estimate, format_estimate, token_counter
+from structmem_gpu.node.dry_run import estimate, format_estimate, token_counter
 from structmem_gpu.bench.harness import compose
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.methods.structmem.extract import plan_windows
@@ -100,7 +100,7 @@ def test_dry_run_estimates_compression_and_extraction_batches() -> None:
     """experiment=structmem_locomo_reference_code: the compress row states the compression
     volume, the segment row the (approximate) extraction batches, and extract sends one
     request pair per batch."""
-    from structmem_gpu.bench.dry_run import estimate
+    from structmem_gpu.node.dry_run import estimate
     from tests.fixtures.pipeline import compose_cfg
 
     cfg = compose_cfg(["experiment=structmem_locomo_reference_code", "benchmark=sample"])

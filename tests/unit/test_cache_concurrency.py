@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.embed.cache import CACHE_FILE as EMB_FILE
 from structmem_gpu.llm.cache import CACHE_FILE as LLM_FILE
 from tests.fixtures.pipeline import run_pipeline
@@ -33,7 +33,7 @@ def _job(cache_dir: str, run_dir: str, extra: list[str]) -> None:
 
 def _rows(path: Path, table: str) -> int:
     """Distinct keys of a segment store, every record checksum-verified."""
-    from structmem_gpu import segstore
+    from structmem_gpu.core import segstore
 
     out = segstore.verify(path)
     assert not out["damaged"], out

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from jobs.report import main as report_main
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 from structmem_gpu.analysis.compare import compare_runs, discover_runs, write_comparison
 
 CATS = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop"}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu import config_schema
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.config import schema as config_schema
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
 from tests.fixtures.pipeline import CONF_DIR, compose_cfg
 

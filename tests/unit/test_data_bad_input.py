@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from structmem_gpu.data import load_locomo, load_longmemeval
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 from tests.fixtures.data import tiny_locomo, tiny_longmemeval
 
 Loader = Callable[[Path], Any]

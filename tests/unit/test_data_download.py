@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "data.py"
 

@@ -8,11 +8,11 @@ from datetime import datetime
 import polars as pl
 import pytest
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.data import display_text, load_benchmark, load_locomo
 from structmem_gpu.data.categories import CATEGORY_NAMES, LOCOMO_CATEGORIES, category_name
 from structmem_gpu.data.locomo import normalise_evidence
-from structmem_gpu.errors import ConfigError, InputError
+from structmem_gpu.core.errors import ConfigError, InputError
 from tests.fixtures.data import tiny_locomo
 
 

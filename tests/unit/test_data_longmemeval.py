@@ -8,7 +8,7 @@ from datetime import datetime
 
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.data import load_benchmark, load_longmemeval
 from structmem_gpu.data.longmemeval import repeated_sessions
 from structmem_gpu.data.categories import LONGMEMEVAL_TYPES, longmemeval_category
@@ -145,7 +145,7 @@ def test_repeated_sessions_land_in_turns_parquet_and_the_load_notes(tmp_path, wr
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "more than once" in proc.stdout + proc.stderr  # the one warning line
-    from structmem_gpu.artifacts import RunDir
+    from structmem_gpu.core.artifacts import RunDir
 
     # LongMemEval turns are stored compactly (turns_store.py); the accessor expands them.
     assert not (run_dir / "tables" / "turns.parquet").exists()

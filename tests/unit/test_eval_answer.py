@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu import schemas
-from structmem_gpu.errors import ConfigError, MissingTableError
+from structmem_gpu.core import schemas
+from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.answer import (
     AnswerInputs,
     AnswerPrompt,
@@ -21,7 +21,7 @@ from structmem_gpu.eval.answer import (
 )
 from structmem_gpu.llm.types import LLMResult, Message, Sampling
 from structmem_gpu.methods.baselines.full_context import build_prompts, render_history
-from structmem_gpu.prompts import answer_structmem as P
+from structmem_gpu.eval.prompts import answer_structmem as P
 
 D1, D2 = datetime(2023, 5, 8, 13, 56), datetime(2023, 6, 1, 9, 5)
 

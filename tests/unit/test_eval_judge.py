@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu import schemas
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core import schemas
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.judge import (
     JUDGMENT_COLUMNS,
     RULE_CAT5,
@@ -22,7 +22,7 @@ from structmem_gpu.eval.judge import (
 )
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import Sampling
-from structmem_gpu.prompts import judge_locomo, judge_longmemeval
+from structmem_gpu.eval.prompts import judge_locomo, judge_longmemeval
 
 
 @pytest.mark.parametrize(

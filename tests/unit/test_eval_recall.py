@@ -6,7 +6,7 @@ from datetime import datetime
 
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.eval.recall import EvidenceIndex, evidence_recall, recall_by_question
 
 T = datetime(2023, 5, 8, 13, 56)

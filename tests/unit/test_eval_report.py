@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu import schemas
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core import schemas
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.published import harness_run, load_published, matching_rows
 from structmem_gpu.eval.report import (
     ReportSettings,

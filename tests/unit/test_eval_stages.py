@@ -16,12 +16,12 @@ import polars as pl
 import pytest
 from hydra import compose, initialize_config_dir
 
-from structmem_gpu.artifacts import RunDir
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.llm.scripted import ScriptedFailure, ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest
 from structmem_gpu.methods.registry import stage_registry
-from structmem_gpu.pipeline import run_stages
+from structmem_gpu.run.pipeline import run_stages
 from tests.contract import REPORT_GROUP_KEYS
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -38,11 +38,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.config_schema import check_config
+from structmem_gpu.config.schema import check_config
 from structmem_gpu.eval.published import comparison_lines, load_published, match_note
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
-from structmem_gpu.pipeline import config_hash, run_stages
+from structmem_gpu.run.pipeline import config_hash, run_stages
 from tests.fixtures.data import tiny_longmemeval
 from tests.fixtures.pipeline import CONF_DIR, load_job
 
@@ -364,7 +364,7 @@ def test_seem_no_eef_reaches_its_row_and_the_second_reading_does_not() -> None:
 
 def test_the_official_locomo_file_under_benchmark_sample_is_one_line(tmp_path: Path) -> None:
     from structmem_gpu.data.locomo import LOCOMO_SHA256
-    from structmem_gpu.hashing import file_sha256
+    from structmem_gpu.core.hashing import file_sha256
 
     path = os.environ.get("STRUCTMEM_LOCOMO_PATH")
     if not path or not Path(path).is_file() or file_sha256(path) != LOCOMO_SHA256:

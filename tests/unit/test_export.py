@@ -33,12 +33,12 @@ import polars as pl
 import pytest
 from hydra import compose, initialize_config_dir
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.eval.judge import build_request, judge_items, official_judges
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, Sampling
 from structmem_gpu.methods.registry import stage_registry
-from structmem_gpu.pipeline import run_stages
+from structmem_gpu.run.pipeline import run_stages
 from tests import official_repos
 from tests.unit.test_eval_metrics import official_word_tokenize  # noqa: F401 (fixture)
 

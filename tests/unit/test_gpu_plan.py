@@ -1,4 +1,4 @@
-"""GPU memory plan (structmem_gpu/gpu_plan.py) with fake device sizes (gpu.memory_gb): what
+"""GPU memory plan (structmem_gpu/node/gpu_plan.py) with fake device sizes (gpu.memory_gb): what
 each stage keeps resident under the release schedule, and the exact one-line refusals."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from structmem_gpu import gpu_plan
-from structmem_gpu.gpu_plan import job_stages, plan
+from structmem_gpu.node import gpu_plan
+from structmem_gpu.node.gpu_plan import job_stages, plan
 from structmem_gpu.stage import Stage
 from tests.fixtures.pipeline import compose_cfg
 

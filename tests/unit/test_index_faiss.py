@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.index.faiss_index import VectorIndex, gpu_available
 
 # Four unit vectors in 3-d: e1, e2, e3 and the normalised diagonal of e1/e2.

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.errors import InputError, MissingTableError
+from structmem_gpu.core.errors import InputError, MissingTableError
 from structmem_gpu.analysis.inspect import (
     FAILURE_TYPES,
     Run,

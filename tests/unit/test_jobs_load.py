@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.judge import JudgeItem, build_request, judge_protocol, read_label
 from structmem_gpu.llm.types import Sampling
-from structmem_gpu.prompts import judge_locomo_paper, judge_longmemeval_paper
+from structmem_gpu.eval.prompts import judge_locomo_paper, judge_longmemeval_paper
 
 
 def _item(**kw: object) -> JudgeItem:

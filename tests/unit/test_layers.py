@@ -20,24 +20,26 @@ PACKAGE = Path(__file__).resolve().parents[2] / "structmem_gpu"
 
 # structmem_gpu.<name>, lowest layer first.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # base: errors, hashes, table schemas, the run directory, locks, signals, config checks,
-    # which keys change a result (run directory names, changed-keys log, sweep point records)
-    ("errors", "hashing", "schemas", "turns_store", "artifacts", "segstore", "runlock",
-     "preempt", "config_schema", "result_keys", "run_key", "run_changes", "settings",
-     "hf_cache", "path_values"),
-    # backends and inputs: LLM clients, encoders, indexes, benchmark loaders, prompt texts
+    # core: errors, hashes, table schemas and layouts, the run directory, locks, signals,
+    # shared cache segments, the HF cache reader
+    ("core",),
+    # configuration: typed settings and their checks, which keys change a result (run
+    # directory names, changed-keys log, sweep point records), path values
+    ("config",),
+    # backends and inputs: LLM clients, encoders, indexes, benchmark loaders, official texts
     ("llm", "embed", "index", "data", "prompts"),
     # the stage contract (opens the LLM and encoder backends a stage asks for)
     ("stage",),
     # evaluation: answer -> judge -> metrics -> report (and what the report draws)
     ("eval",),
-    # memory methods: load, StructMem, SEEM, baselines (may use eval's answer helpers)
+    # memory methods: load, StructMem, SEEM, baselines, each with its prompts (may use eval's
+    # answer helpers)
     ("methods",),
     # notebook-side analysis of finished runs (imported by nothing in a stage)
     ("analysis",),
-    # drivers: run stages, merge shards, benchmarks, the models a job names, its preflight, the GPU
-    # plan, the sweep summary (paired tests and tracking of a multirun's points)
-    ("pipeline", "merge", "bench", "model_refs", "preflight", "gpu_plan", "sweep"),
+    # drivers: run (stages, shard merge, sweep summary), node readiness (the models a job names,
+    # its preflight, the GPU plan, the dry run), benchmarks
+    ("run", "node", "bench"),
 )
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
@@ -162,7 +164,7 @@ def test_no_package_loop() -> None:
         ("from structmem_gpu.analysis.inspect import load_run\n", "up"),
         ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
          "    from structmem_gpu.methods.structmem import extract\n", "up"),
-        ("def f():\n    from structmem_gpu import pipeline\n", "up"),
+        ("def f():\n    from structmem_gpu.run import pipeline\n", "up"),
         ("from structmem_gpu.eval import selection\n", None),
     ],
 )

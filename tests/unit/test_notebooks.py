@@ -86,7 +86,7 @@ def test_notebooks_are_stored_without_outputs(path: Path) -> None:
     text = "\n".join(c.source for c in code)
     for forbidden in (
         "run_stages",
-        "structmem_gpu.pipeline",
+        "structmem_gpu.run.pipeline",
         "structmem_gpu.llm",
         "structmem_gpu.methods",
     ):

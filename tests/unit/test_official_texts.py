@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu.errors import ConfigError, StructMemError
+from structmem_gpu.core.errors import ConfigError, StructMemError
 from structmem_gpu.eval.answer import AnswerPrompt, answer_rows
 from structmem_gpu.eval.judge import (
     JudgeItem,
@@ -24,8 +24,10 @@ from structmem_gpu.eval.judge import (
     official_judges,
 )
 from structmem_gpu.llm.types import LLMResult, Message, Sampling
-from structmem_gpu.prompts import answer_official, official, reference
-from structmem_gpu.prompts.answer_paper import PaperEntry
+from structmem_gpu.eval.prompts import answer_official
+from structmem_gpu.prompts import official
+from structmem_gpu.methods.structmem.prompts import reference
+from structmem_gpu.eval.prompts.answer_paper import PaperEntry
 
 READER = (
     "FAKE reader.\n{speaker_1_name}:\n{speaker_1_memories}\n{speaker_2_name}:\n"
@@ -347,7 +349,7 @@ def test_official_reader_only_on_locomo_format_benchmarks_under_paper(tmp_path: 
 
 
 def test_a_missing_official_text_stops_the_job_before_the_first_stage(tmp_path: Path) -> None:
-    from structmem_gpu.pipeline import run_stages
+    from structmem_gpu.run.pipeline import run_stages
     from structmem_gpu.stage import Stage
 
     ran: list[str] = []

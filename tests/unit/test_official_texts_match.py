@@ -35,7 +35,7 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.eval.answer import AnswerInputs
 from structmem_gpu.eval.judge import JudgeItem, build_request, official_judges, read_label
 from structmem_gpu.llm.types import Sampling

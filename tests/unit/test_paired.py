@@ -22,7 +22,7 @@ from structmem_gpu.analysis.paired import (
     paired_comparison,
     paired_diff,
 )
-from structmem_gpu.schemas import JUDGMENTS, frame
+from structmem_gpu.core.schemas import JUDGMENTS, frame
 
 NAMES = {"1": "multi-hop", "2": "temporal"}
 

@@ -1,6 +1,6 @@
 """Every path knob takes `~/x`, `$HOME/x` and relative paths alike: the shell expands an
 unquoted `$HOME`, Hydra cannot parse an unquoted `~` (quoted it reaches the job as typed), and
-jobs/run.py expands whatever still begins like a shell path (structmem_gpu/path_values.py)."""
+jobs/run.py expands whatever still begins like a shell path (structmem_gpu/config/path_values.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from structmem_gpu.path_values import expand_paths, expand_value
+from structmem_gpu.config.path_values import expand_paths, expand_value
 from tests.fixtures.pipeline import CONF_DIR
 
 KNOBS = ["benchmark.path", "paths.cache_dir", "prompts.sources.lightmem", "llm.model",

@@ -10,10 +10,10 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
-from structmem_gpu.artifacts import RunDir
-from structmem_gpu.errors import MissingTableError
-from structmem_gpu.pipeline import config_hash, fingerprint, run_stages, stage_config
-from structmem_gpu.settings import SIZE, Settings, knob
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.core.errors import MissingTableError
+from structmem_gpu.run.pipeline import config_hash, fingerprint, run_stages, stage_config
+from structmem_gpu.config.settings import SIZE, Settings, knob
 from structmem_gpu.stage import Stage, StageContext
 from tests.fixtures.pipeline import compose_cfg
 
@@ -180,7 +180,7 @@ def test_settings_fields_and_dependencies_change_the_fingerprint(tmp_path: Path)
 
 
 def test_replace_requests_keeps_other_stages(tmp_path: Path) -> None:
-    from structmem_gpu.schemas import REQUESTS, frame
+    from structmem_gpu.core.schemas import REQUESTS, frame
 
     def row(stage: str, rid: str) -> dict:
         return {k: None for k in REQUESTS} | {"request_id": rid, "stage": stage, "parse_ok": True, "cache_hit": False}

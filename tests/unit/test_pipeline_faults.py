@@ -13,13 +13,13 @@ from typing import Any
 import polars as pl
 import pytest
 
-from structmem_gpu import preempt
-from structmem_gpu.artifacts import RunDir, WriteError, atomic_write_parquet
-from structmem_gpu.errors import StageIncompleteError
+from structmem_gpu.core import preempt
+from structmem_gpu.core.artifacts import RunDir, WriteError, atomic_write_parquet
+from structmem_gpu.core.errors import StageIncompleteError
 from structmem_gpu.llm import scripted
 from structmem_gpu.llm.scripted import ScriptedFailure
 from structmem_gpu.llm.types import LLMRequest
-from structmem_gpu.preempt import Preempted
+from structmem_gpu.core.preempt import Preempted
 from tests.fixtures.pipeline import run_pipeline
 
 

@@ -15,11 +15,11 @@ import polars as pl
 import pytest
 
 from structmem_gpu.analysis import sweep_plots
-from structmem_gpu.errors import StructMemError
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval import plots
 from structmem_gpu.analysis.inspect import load_run, request_events, sweep_frame
 from structmem_gpu.eval.published import load_published
-from structmem_gpu.schemas import (
+from structmem_gpu.core.schemas import (
     ENTRIES,
     JUDGMENTS,
     QUESTIONS,

@@ -1,5 +1,5 @@
 """A stop signal (SIGTERM / SIGUSR2) ends a job within the preemption grace whatever it is
-doing: an encoder load, a server's start-up and readiness wait (structmem_gpu/preempt.py
+doing: an encoder load, a server's start-up and readiness wait (structmem_gpu/core/preempt.py
 `interruptible`), still exiting 75. Fake slow encoders and servers; no real model."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from structmem_gpu import preempt
+from structmem_gpu.core import preempt
 from structmem_gpu.llm.server import launch_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Preflight (structmem_gpu/preflight.py): a job that cannot run on this node stops in seconds,
+"""Preflight (structmem_gpu/node/preflight.py): a job that cannot run on this node stops in seconds,
 before any stage, with one line naming what is missing and the command that fixes it.
 
 No test reaches the network: every job runs with HF_HUB_OFFLINE=1 and an empty HF_HOME, and
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from structmem_gpu import model_refs, preflight
+from structmem_gpu.node import model_refs, preflight
 from structmem_gpu.methods.registry import stage_registry
-from structmem_gpu.pipeline import job_stage_names
+from structmem_gpu.run.pipeline import job_stage_names
 
 ROOT = Path(__file__).resolve().parents[2]
 

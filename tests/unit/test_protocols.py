@@ -13,11 +13,11 @@ import polars as pl
 import pytest
 from hydra import compose, initialize_config_dir
 
-from structmem_gpu.artifacts import RunDir, atomic_write_parquet
+from structmem_gpu.core.artifacts import RunDir, atomic_write_parquet
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest
 from structmem_gpu.methods.registry import stage_registry
-from structmem_gpu.pipeline import run_stages
+from structmem_gpu.run.pipeline import run_stages
 from tests import official_repos
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

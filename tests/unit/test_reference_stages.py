@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.hashing import stable_hash
 from tests.fixtures.pipeline import compose_cfg, run_pipeline
 
 # stable_hash(sorted extract request ids) of the sample at 782e59d (before compress/segment).
@@ -101,14 +101,14 @@ def test_reference_format_batches(tiny_lingua_model: str, tmp_path: Path) -> Non
     spec = official_repos.spec("lightmem")
     run = tmp_path / "run"
     run_pipeline(reference_overrides(tiny_lingua_model, tmp_path, f"prompts.sources.lightmem={spec}"), run)
-    from structmem_gpu.artifacts import RunDir
+    from structmem_gpu.core.artifacts import RunDir
 
     segs = pl.read_parquet(run / "tables" / "segments.parquet")
     comp = pl.read_parquet(run / "tables" / "compressed_turns.parquet")
     log = RunDir(run).read_table("requests").filter(pl.col("stage") == "extract")
     assert log.height > 0
     from structmem_gpu.methods.structmem.extract import segment_windows, with_compressed
-    from structmem_gpu.prompts.reference import render_reference_batch
+    from structmem_gpu.methods.structmem.prompts.reference import render_reference_batch
 
     turns = with_compressed(pl.read_parquet(run / "tables" / "turns.parquet"), comp)
     windows = segment_windows(turns, segs)

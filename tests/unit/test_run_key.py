@@ -1,4 +1,4 @@
-"""Run directories keyed by the configuration (structmem_gpu/run_key.py, conf/config.yaml)."""
+"""Run directories keyed by the configuration (structmem_gpu/config/run_key.py, conf/config.yaml)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from structmem_gpu.run_key import MAX_CHARS, run_key
-from structmem_gpu.result_keys import launch_key
+from structmem_gpu.config.run_key import MAX_CHARS, run_key
+from structmem_gpu.config.result_keys import launch_key
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -80,7 +80,7 @@ def test_hydra_run_dir_uses_the_key() -> None:
 
 
 def test_changed_keys_name_only_what_can_change_a_result() -> None:
-    from structmem_gpu.run_changes import changed_keys, describe
+    from structmem_gpu.config.run_changes import changed_keys, describe
 
     old = {"consolidate": {"seed_k": 15}, "paths": {"cache_dir": "/a"}, "llm": {"base_url": "x", "model": "m"}}
     new = {"consolidate": {"seed_k": 5}, "paths": {"cache_dir": "/b"}, "llm": {"base_url": "y", "model": "m"},

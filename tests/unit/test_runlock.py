@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from structmem_gpu.runlock import HOLDER_NAME, RunDirBusyError, hold_run_dir
+from structmem_gpu.core.runlock import HOLDER_NAME, RunDirBusyError, hold_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def _holder_process(run_dir: Path, ready: Path, pose: str = "") -> subprocess.Po
     code = pose + textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from structmem_gpu.runlock import hold_run_dir
+        from structmem_gpu.core.runlock import hold_run_dir
         with hold_run_dir(Path({str(run_dir)!r})):
             Path({str(ready)!r}).write_text("held")
             time.sleep(60)
@@ -69,7 +69,7 @@ def test_stale_holder_file_is_taken_over_with_a_warning(
     dead.wait()  # a pid that is gone now
     stale = {"host": socket.gethostname(), "pid": dead.pid, "started": "2026-01-01T00:00:00"}
     (run_dir / HOLDER_NAME).write_text(json.dumps(stale))
-    with caplog.at_level(logging.WARNING, logger="structmem_gpu.runlock"), hold_run_dir(run_dir):
+    with caplog.at_level(logging.WARNING, logger="structmem_gpu.core.runlock"), hold_run_dir(run_dir):
         pass
     lines = [r.getMessage() for r in caplog.records]
     assert any("taking over" in m and f"pid {dead.pid}" in m for m in lines), lines
@@ -133,7 +133,7 @@ def _no_locks(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
 def test_a_job_on_another_host_is_refused_until_its_heartbeat_is_stale(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from structmem_gpu import runlock
+    from structmem_gpu.core import runlock
 
     run_dir = tmp_path / "run"
     proc = _other_host_holder(run_dir, tmp_path / "ready", "node-a")
@@ -154,7 +154,7 @@ def test_a_job_on_another_host_is_refused_until_its_heartbeat_is_stale(
     # ... and is then taken over, with a warning naming the dead holder.
     monkeypatch.setattr(runlock, "STALE_S", 0.3)
     time.sleep(0.4)
-    with caplog.at_level(logging.WARNING, logger="structmem_gpu.runlock"), hold_run_dir(run_dir):
+    with caplog.at_level(logging.WARNING, logger="structmem_gpu.core.runlock"), hold_run_dir(run_dir):
         holder = json.loads((run_dir / HOLDER_NAME).read_text())
         assert holder["host"] == "node-b" and holder["pid"] == os.getpid()
     assert any("taking over" in r.getMessage() and "node-a" in r.getMessage()
@@ -163,7 +163,7 @@ def test_a_job_on_another_host_is_refused_until_its_heartbeat_is_stale(
 
 
 def test_the_heartbeat_advances_while_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from structmem_gpu import runlock
+    from structmem_gpu.core import runlock
 
     monkeypatch.setattr(runlock, "HEARTBEAT_S", 0.05)
     run_dir = tmp_path / "run"

@@ -16,8 +16,8 @@ import pytest
 
 from structmem_gpu.analysis.seeds import seed_groups, seeds_needed
 from structmem_gpu.analysis.tracking import store_uri
-from structmem_gpu.config_schema import TrackingSettings
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.config.schema import TrackingSettings
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.cache import CachedBackend, ResponseCache
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.seeded import SeededBackend

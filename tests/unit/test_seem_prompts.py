@@ -11,15 +11,15 @@ import pytest
 
 from structmem_gpu.llm.scripted import SchemaFaker
 from structmem_gpu.methods.seem.model import Event, clean_events, render_frame, split_actions
-from structmem_gpu.prompts import (
-    seem_filter,
-    seem_frame,
-    seem_fuse_window,
-    seem_judge,
-    seem_judge_fuse,
-    seem_merge,
-    seem_quadruples,
-    seem_query,
+from structmem_gpu.methods.seem.prompts import (
+    filter as seem_filter,
+    frame as seem_frame,
+    fuse_window as seem_fuse_window,
+    judge as seem_judge,
+    judge_fuse as seem_judge_fuse,
+    merge as seem_merge,
+    quadruples as seem_quadruples,
+    query as seem_query,
 )
 
 MODULES = ["seem_frame", "seem_judge_fuse", "seem_judge", "seem_merge", "seem_fuse_window", "seem_quadruples",

@@ -174,7 +174,7 @@ def test_answer_stage_resolves_the_seem_builder(tmp_path: Path, sample_path: Pat
 
 
 def test_builder_refuses_retrievals_of_another_method(tmp_path: Path, sample_path: Path) -> None:
-    from structmem_gpu.errors import MissingTableError
+    from structmem_gpu.core.errors import MissingTableError
 
     questions = new_run(tmp_path / "r", sample_path).read_table("questions")
     ret = pl.DataFrame({"question_id": ["x"], "circuit": ["entries"], "item_id": ["e"], "rank": [0]})

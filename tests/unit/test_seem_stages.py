@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.embed.encoder import Encoder
 from structmem_gpu.llm.scripted import Responder, ScriptedLLM

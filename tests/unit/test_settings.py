@@ -8,9 +8,19 @@ from typing import Any, ClassVar
 
 import pytest
 
-from structmem_gpu.errors import ConfigError
-from structmem_gpu.settings import (
-    BOOL, COUNT, SIZE, STR, List, Settings, covered, fingerprint_dict, knob, problems, sub,
+from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.config.settings import (
+    BOOL,
+    COUNT,
+    SIZE,
+    STR,
+    List,
+    Settings,
+    covered,
+    fingerprint_dict,
+    knob,
+    problems,
+    sub,
 )
 
 

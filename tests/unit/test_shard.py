@@ -10,8 +10,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.load import apply_shard, assign_shards, shard_assignment
 from tests.fixtures.pipeline import run_pipeline
 

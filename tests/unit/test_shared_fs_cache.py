@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from structmem_gpu import segstore
+from structmem_gpu.core import segstore
 from structmem_gpu.embed.cache import EmbeddingCache
 from structmem_gpu.llm.cache import CACHE_FILE, CachedBackend, CacheError, ResponseCache
 from structmem_gpu.llm.dedup import cache_key

@@ -8,8 +8,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from structmem_gpu import schemas
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core import schemas
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.types import LLMResult
 from structmem_gpu.methods.structmem.extract import (
     ExtractSettings,

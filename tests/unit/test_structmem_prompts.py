@@ -9,15 +9,10 @@ from datetime import datetime
 import jsonschema
 import pytest
 
-from structmem_gpu.errors import ConfigError
-from structmem_gpu.prompts import (
-    extraction_prompt,
-    extraction_schema,
-    factual,
-    relational,
-    render_window,
-    synthesis,
-)
+from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.methods.structmem.prompts import extraction_prompt
+from structmem_gpu.prompts import extraction_schema, render_window
+from structmem_gpu.methods.structmem.prompts import factual, relational, synthesis
 
 WHEN = datetime(2023, 8, 17, 14, 5)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.types import LLMResult
 from structmem_gpu.methods.structmem.extract import (
     ExtractSettings,
@@ -16,7 +16,8 @@ from structmem_gpu.methods.structmem.extract import (
     map_items,
     plan_windows,
 )
-from structmem_gpu.prompts import reference, synthesis
+from structmem_gpu.methods.structmem.prompts import reference
+from structmem_gpu.methods.structmem.prompts import synthesis
 from tests.unit.test_structmem_extract import turns_frame
 
 CHECKOUT = Path(__file__).parents[1] / "fixtures" / "lightmem_checkout"

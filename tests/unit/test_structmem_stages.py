@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import display_text, load_benchmark
 from structmem_gpu.embed.cache import text_sha
 from structmem_gpu.embed.encoder import Encoder

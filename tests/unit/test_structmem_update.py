@@ -23,14 +23,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from structmem_gpu import schemas
-from structmem_gpu.artifacts import RunDir
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core import schemas
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.types import LLMRequest
 from structmem_gpu.methods.structmem import update, update_view
 from structmem_gpu.methods.structmem.embed import embeddings_frame
 from structmem_gpu.prompts import pinned
-from structmem_gpu.prompts import update as P_update
+from structmem_gpu.methods.structmem.prompts import update as P_update
 from structmem_gpu.prompts import sources as S
 from tests.unit.test_structmem_stages import FakeBackends, cfg_for, run_stage
 

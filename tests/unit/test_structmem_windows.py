@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.structmem.windows import (
     Window,
     count_windows,

@@ -1,4 +1,4 @@
-"""The compact turns layout (structmem_gpu/turns_store.py) and the streaming LongMemEval load.
+"""The compact turns layout (structmem_gpu/core/turns_store.py) and the streaming LongMemEval load.
 
 - The expansion reproduces, row for row, what main's loader (commit 782e59d, before the
   compact layout) wrote as turns.parquet: tests/fixtures/longmemeval_layout/ holds a small
@@ -22,14 +22,14 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from structmem_gpu import schemas, turns_store
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core import schemas, turns_store
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.data.jsonstream import iter_json_list
 from structmem_gpu.data.longmemeval import load_longmemeval, load_longmemeval_compact
-from structmem_gpu.errors import InputError
+from structmem_gpu.core.errors import InputError
 from structmem_gpu.methods import load as load_stage
-from structmem_gpu.turns_store import CompactTurns
+from structmem_gpu.core.turns_store import CompactTurns
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "longmemeval_layout"
 HAYSTACKS = FIXTURES / "haystacks.json"
@@ -106,7 +106,7 @@ def test_rundir_accessor_both_layouts(tmp_path: Path) -> None:
 
 def test_load_stage_layouts(tmp_path: Path, compose_config) -> None:
     from structmem_gpu.methods.registry import stage_registry
-    from structmem_gpu.pipeline import run_stages
+    from structmem_gpu.run.pipeline import run_stages
 
     sample = compose_config(["debug=scripted", "stages=[load]"])
     run_stages(sample, tmp_path / "sample", stage_registry(sample))
@@ -184,9 +184,9 @@ def test_stream_reader_errors(tmp_path: Path, text: str, message: str) -> None:
 def test_merge_compact_shards(tmp_path: Path, compose_config) -> None:
     """Shards of a LongMemEval load merge into the unsharded turns; a session two shards
     share is kept once in the merged turn_sessions."""
-    from structmem_gpu.merge import read_shards, write_merged
+    from structmem_gpu.run.merge import read_shards, write_merged
     from structmem_gpu.methods.registry import stage_registry
-    from structmem_gpu.pipeline import run_stages
+    from structmem_gpu.run.pipeline import run_stages
 
     base = ["debug=scripted", "stages=[load]", "benchmark=longmemeval",
             f"benchmark.path={HAYSTACKS}", "num_shards=2"]

@@ -15,7 +15,7 @@ from structmem_gpu.llm.cache import CachedBackend, ResponseCache
 from structmem_gpu.llm.factory import model_id, resolve_config
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
-from structmem_gpu.model_refs import resolved_snapshot
+from structmem_gpu.node.model_refs import resolved_snapshot
 from tests.fixtures.pipeline import compose_cfg, load_job
 
 REPO = "Qwen/Qwen2.5-7B-Instruct"
@@ -105,7 +105,7 @@ def test_the_manifest_and_the_report_name_the_snapshots(
     from structmem_gpu.embed.encoder import resolve_model
     from structmem_gpu.eval.report_md import render_markdown, weights_line
     from structmem_gpu.methods.registry import stage_registry
-    from structmem_gpu.pipeline import run_header, weights
+    from structmem_gpu.run.pipeline import run_header, weights
 
     fake_snapshot(hub, REPO, A)
     cfg = compose_cfg(["llm=vllm_qwen2_5_7b", "benchmark=sample"])

@@ -20,7 +20,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.artifacts import RunDir
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.llm.cache import CACHE_FILE
 from tests.fixtures.llm import cached_replies
 from tests.fixtures.pipeline import run_pipeline

@@ -35,8 +35,8 @@ from structmem_gpu.methods.structmem.context import (
     reader_entries,
     with_update_view,
 )
-from structmem_gpu.prompts import answer_flat as P
-from structmem_gpu.prompts.answer_structmem import MemoryLine
+from structmem_gpu.methods.baselines.prompts import answer_flat as P
+from structmem_gpu.eval.prompts.answer_structmem import MemoryLine
 
 PROMPT_NAME = "flat"
 OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries

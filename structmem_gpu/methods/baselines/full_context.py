@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from structmem_gpu.data.common import display_text
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.eval.context_fit import fit_prompt, reader_fits, trim_note
-from structmem_gpu.prompts import answer_full_context as P
+from structmem_gpu.methods.baselines.prompts import answer_full_context as P
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from structmem_gpu.methods.baselines.graph_state import (
     NewRelation,
     Relation,
 )
-from structmem_gpu.prompts import graph_entity_dedup as PE
-from structmem_gpu.prompts import graph_relation_dedup as PR
+from structmem_gpu.methods.baselines.prompts import graph_entity_dedup as PE
+from structmem_gpu.methods.baselines.prompts import graph_relation_dedup as PR
 
 
 @dataclass

@@ -29,7 +29,8 @@ from structmem_gpu.methods.baselines.graph_state import (
     normalize,
 )
 from structmem_gpu.methods.structmem.extract import ExtractionWindow, plan_windows
-from structmem_gpu.prompts import graph_entities, graph_relations, render_window
+from structmem_gpu.methods.baselines.prompts import graph_entities, graph_relations
+from structmem_gpu.prompts import render_window
 
 STAGE_NAME = "graph"
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.llm.types import LLMRequest, LLMResult
 from structmem_gpu.methods.baselines import graph_dedup as D
 from structmem_gpu.methods.baselines import graph_extract as X

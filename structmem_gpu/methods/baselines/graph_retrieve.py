@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K
@@ -41,9 +41,9 @@ from structmem_gpu.methods.baselines.graph_state import ACTIVE, normalize
 from structmem_gpu.methods.structmem.context import entry_lines, paper_prompts
 from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.retrieve import search_rows
-from structmem_gpu.prompts import answer_graph as P
-from structmem_gpu.prompts.answer_structmem import MemoryLine
-from structmem_gpu.settings import COUNT, RATE, Settings, knob, sub
+from structmem_gpu.methods.baselines.prompts import answer_graph as P
+from structmem_gpu.eval.prompts.answer_structmem import MemoryLine
+from structmem_gpu.config.settings import COUNT, RATE, Settings, knob, sub
 from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

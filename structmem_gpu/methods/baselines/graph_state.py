@@ -29,9 +29,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from structmem_gpu.hashing import stable_hash
-from structmem_gpu.settings import (
-    COUNT, RATE, SIZE, STR, TEMPERATURE, TOKENS, List, Settings, knob, sub,
+from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.config.settings import (
+    COUNT,
+    RATE,
+    SIZE,
+    STR,
+    TEMPERATURE,
+    TOKENS,
+    List,
+    Settings,
+    knob,
+    sub,
 )
 
 ACTIVE, OBSOLETE = "active", "obsolete"

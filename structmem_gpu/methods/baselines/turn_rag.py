@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.data import display_text
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.eval.selection import selected_questions
@@ -36,8 +36,8 @@ from structmem_gpu.methods.structmem.embed import (
     encode_notes,
 )
 from structmem_gpu.methods.structmem.retrieve import search_rows
-from structmem_gpu.prompts import answer_turn_rag as P
-from structmem_gpu.settings import COUNT, Settings, knob
+from structmem_gpu.methods.baselines.prompts import answer_turn_rag as P
+from structmem_gpu.config.settings import COUNT, Settings, knob
 from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,10 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.errors import MissingTableError
+from structmem_gpu.core.errors import MissingTableError
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.eval.context_fit import fit_prompt, reader_fits, trim_note
-from structmem_gpu.prompts import seem_answer as P
+from structmem_gpu.methods.seem.prompts import answer as P
 
 log = logging.getLogger(__name__)
 

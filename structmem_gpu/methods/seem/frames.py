@@ -28,7 +28,7 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu import schemas as core_schemas
+from structmem_gpu.core import schemas as core_schemas
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.seem.model import FrameContent, content_from_reply
 from structmem_gpu.methods.seem.passages import (
@@ -39,7 +39,7 @@ from structmem_gpu.methods.seem.passages import (
 )
 from structmem_gpu.methods.seem.schemas import FRAMES_EXTRACTED
 from structmem_gpu.methods.seem.settings import FrameSettings
-from structmem_gpu.prompts import seem_frame
+from structmem_gpu.methods.seem.prompts import frame as seem_frame
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

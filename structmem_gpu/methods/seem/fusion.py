@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 from tqdm.auto import tqdm
 
-from structmem_gpu import schemas as core_schemas
+from structmem_gpu.core import schemas as core_schemas
 from structmem_gpu.llm.types import LLMRequest, LLMResult
 from structmem_gpu.methods.seem.fusion_requests import (
     PairJob,

@@ -26,8 +26,13 @@ from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.seem.model import FrameContent, content_from_reply, render_frame
 from structmem_gpu.methods.seem.settings import FrameSettings, FusionSettings
 from structmem_gpu.methods.seem.store import ConversationStore
-from structmem_gpu.prompts import seem_fuse_window, seem_judge, seem_judge_fuse, seem_merge
-from structmem_gpu.prompts.seem_judge_fuse import FrameView, evidence_line
+from structmem_gpu.methods.seem.prompts import (
+    fuse_window as seem_fuse_window,
+    judge as seem_judge,
+    judge_fuse as seem_judge_fuse,
+    merge as seem_merge,
+)
+from structmem_gpu.methods.seem.prompts.judge_fuse import FrameView, evidence_line
 
 STAGE_NAME = "fusion"
 

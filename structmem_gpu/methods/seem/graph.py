@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas as core_schemas
+from structmem_gpu.core import schemas as core_schemas
 from structmem_gpu.methods.seem.graph_build import (
     ConversationGraph,
     build_graph,

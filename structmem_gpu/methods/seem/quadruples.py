@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.seem.passages import Passage
 from structmem_gpu.methods.seem.settings import GraphSettings
-from structmem_gpu.prompts import seem_quadruples
+from structmem_gpu.methods.seem.prompts import quadruples as seem_quadruples
 
 STAGE_NAME = "graph"
 _NON_ALNUM = re.compile(r"[^a-z0-9 ]")

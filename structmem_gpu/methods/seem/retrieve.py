@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas as core_schemas
+from structmem_gpu.core import schemas as core_schemas
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.seem.graph import personalized_pagerank
@@ -43,7 +43,7 @@ from structmem_gpu.methods.seem.quadruples import clean_time, normalise
 from structmem_gpu.methods.seem.ranking import entity_weights, fact_scores, reset_vector, rpe, top_k
 from structmem_gpu.methods.seem.schemas import SEEM_RETRIEVALS
 from structmem_gpu.methods.seem.settings import RetrieveSettings
-from structmem_gpu.prompts import seem_filter, seem_query
+from structmem_gpu.methods.seem.prompts import filter as seem_filter, query as seem_query
 from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

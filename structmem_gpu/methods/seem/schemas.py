@@ -1,7 +1,7 @@
 """Polars schema constants of SEEM's own tables (docs/methods.md "SEEM: frames",
 "SEEM: graph memory layer"), one per table.
 
-`RunDir.write_table` conforms only the tables of `structmem_gpu.schemas.TABLES`; SEEM's
+`RunDir.write_table` conforms only the tables of `structmem_gpu.core.schemas.TABLES`; SEEM's
 stages build their frames with `frame(rows, SCHEMA)` from here, so every run writes identical
 dtypes. One `frames` row (sample-1, a question and its answer fused into one frame):
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from structmem_gpu.schemas import RETRIEVALS, Schema
+from structmem_gpu.core.schemas import RETRIEVALS, Schema
 
 _STR = pl.String()
 _I32 = pl.Int32()

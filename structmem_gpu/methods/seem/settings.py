@@ -14,9 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from structmem_gpu.prompts.seem_frame import FrameBounds
-from structmem_gpu.settings import (
-    BOOL, COUNT, RATE, SIZE, TEMPERATURE, TOKENS, Float, Int, Settings, knob, sub,
+from structmem_gpu.methods.seem.prompts.frame import FrameBounds
+from structmem_gpu.config.settings import (
+    BOOL,
+    COUNT,
+    RATE,
+    SIZE,
+    TEMPERATURE,
+    TOKENS,
+    Float,
+    Int,
+    Settings,
+    knob,
+    sub,
 )
 
 # Passages per F_ext / quadruple request (seem.passages_per_request; 1 = the spec).

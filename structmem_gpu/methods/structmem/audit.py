@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.artifacts import RunDir, atomic_write_text
-from structmem_gpu.settings import COUNT, SIZE, TEMPERATURE, TOKENS, Int, Settings, knob, sub
+from structmem_gpu.core.artifacts import RunDir, atomic_write_text
+from structmem_gpu.config.settings import COUNT, SIZE, TEMPERATURE, TOKENS, Int, Settings, knob, sub
 from structmem_gpu.eval.audit import (
     CONSOLIDATION_TABLE,
     EXTRACTION_TABLE,

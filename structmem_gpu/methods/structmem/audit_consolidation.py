@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.methods.structmem.audit import (
     CONSOLIDATION_COLUMNS,
     CONSOLIDATION_TABLE,
@@ -42,7 +42,7 @@ from structmem_gpu.methods.structmem.audit import (
     judge_panel_identity,
     write_audit_report,
 )
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.audit_api import (
@@ -51,9 +51,9 @@ from structmem_gpu.methods.structmem.audit_api import (
     conversation_views,
     plan_conversation,
 )
-from structmem_gpu.prompts import audit_consolidation as prompt
-from structmem_gpu.prompts import synthesis
-from structmem_gpu.settings import sub
+from structmem_gpu.methods.structmem.prompts import audit_consolidation as prompt
+from structmem_gpu.methods.structmem.prompts import synthesis
+from structmem_gpu.config.settings import sub
 from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 from omegaconf import OmegaConf
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.methods.structmem.audit import (
     EXTRACTION_COLUMNS,
     EXTRACTION_TABLE,
@@ -39,7 +39,7 @@ from structmem_gpu.methods.structmem.audit import (
     write_audit_report,
 )
 from structmem_gpu.eval.judge import parse_label
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.audit_api import (
@@ -47,8 +47,8 @@ from structmem_gpu.methods.structmem.audit_api import (
     ExtractSettings,
     plan_from_settings,
 )
-from structmem_gpu.prompts import audit_extraction as prompt
-from structmem_gpu.settings import sub
+from structmem_gpu.methods.structmem.prompts import audit_extraction as prompt
+from structmem_gpu.config.settings import sub
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 import polars as pl
 from omegaconf import DictConfig
 
-from structmem_gpu import schemas
-from structmem_gpu.errors import ConfigError
-from structmem_gpu.settings import BOOL, RATE, SIZE, STR, Enum, Settings, knob
+from structmem_gpu.core import schemas
+from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.config.settings import BOOL, RATE, SIZE, STR, Enum, Settings, knob
 from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)

@@ -43,8 +43,8 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
-from structmem_gpu import schemas
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core import schemas
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import (
     attach_embeddings,
@@ -61,10 +61,19 @@ from structmem_gpu.methods.structmem.windows import (
     top_k_in_pool,
     windows_by_conversation,
 )
-from structmem_gpu.prompts import synthesis
-from structmem_gpu.prompts.reference import reference_fingerprint
-from structmem_gpu.settings import (
-    BOOL, COUNT, STR_OR_NULL, TEMPERATURE, TOKENS, TOP_P, Enum, Float, Settings, knob,
+from structmem_gpu.methods.structmem.prompts import synthesis
+from structmem_gpu.methods.structmem.prompts.reference import reference_fingerprint
+from structmem_gpu.config.settings import (
+    BOOL,
+    COUNT,
+    STR_OR_NULL,
+    TEMPERATURE,
+    TOKENS,
+    TOP_P,
+    Enum,
+    Float,
+    Settings,
+    knob,
 )
 from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 
@@ -177,7 +186,7 @@ def plan_conversation(
     by_event = event_index(events)
     scores = queries @ view.matrix.T if view.windows else np.zeros((0, len(ids)), dtype=np.float32)
     if s.reference_dir is not None:
-        from structmem_gpu.prompts import reference
+        from structmem_gpu.methods.structmem.prompts import reference
 
         version = reference.version(s.reference_dir, "synthesis")
     else:

@@ -4,7 +4,7 @@
 Protocol `paper` (default): retrieved entries by speaker (answer.entry_layout /
 answer.speaker_groups, rank order) plus the retrieved syntheses as plain lines
 (prompts/answer_paper.py); `reasoned`: chronological entries under dates and dated syntheses
-(prompts/answer_structmem.py). `paper_prompts` and `entry_lines` are shared with the flat and
+(eval/prompts/answer_structmem.py). `paper_prompts` and `entry_lines` are shared with the flat and
 graph-memory readers, which show StructMem's entries too. A `paper` prompt over the answer
 model's context drops its lowest-ranked entries and syntheses first until it fits
 (eval/context_fit.py); ordinary prompts are unchanged.
@@ -23,10 +23,10 @@ from typing import Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol, wants_abstention
 from structmem_gpu.eval.context_fit import fit_prompt, keep_top, reader_fits, trim_note
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.methods.structmem.update_view import qa_entries, view_fingerprint
 from structmem_gpu.prompts import official
 from structmem_gpu.prompts.official import source_spec
@@ -81,7 +81,7 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
         if official_reader(inputs.cfg):
             return official_prompts(inputs, retrievals, entries, OFFICIAL_READER, texts)
         return paper_prompts(inputs, retrievals, entries, lambda q: [texts.get(q, [])], None)
-    from structmem_gpu.prompts import answer_structmem as P
+    from structmem_gpu.eval.prompts import answer_structmem as P
 
     lines = entry_lines(retrievals, entries, P.MemoryLine)
     synths = _synthesis_lines(retrievals, syntheses, P.SynthesisLine)
@@ -103,7 +103,7 @@ def paper_prompts(
 ) -> dict[str, AnswerPrompt]:
     """Reader `paper` prompts: the entry block (answer.entry_layout) plus `extra(qid)` — a
     list of already-rendered blocks, or lists of synthesis texts — per question."""
-    from structmem_gpu.prompts import answer_paper as A
+    from structmem_gpu.eval.prompts import answer_paper as A
 
     layout = str(OmegaConf.select(inputs.cfg, "answer.entry_layout", default="speakers"))
     groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=A.MAX_GROUPS))
@@ -148,8 +148,8 @@ def official_prompts(
     """Reader `paper` with the official LightMem reader text `reader` (prompts/answer_official.py):
     its two speaker slots replace answer.entry_layout / speaker_groups, and the reply as a whole
     is the prediction (the template has no final-line instruction)."""
-    from structmem_gpu.prompts import answer_official as O
-    from structmem_gpu.prompts.answer_paper import MAX_GROUPS, PaperEntry
+    from structmem_gpu.eval.prompts import answer_official as O
+    from structmem_gpu.eval.prompts.answer_paper import MAX_GROUPS, PaperEntry
 
     layout = str(OmegaConf.select(inputs.cfg, "answer.entry_layout", default="speakers"))
     groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=MAX_GROUPS))

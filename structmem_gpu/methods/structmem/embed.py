@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.embed.cache import text_sha
 from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 

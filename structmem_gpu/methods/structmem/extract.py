@@ -35,17 +35,29 @@ from typing import Any, ClassVar
 import polars as pl
 from omegaconf import OmegaConf
 
-from structmem_gpu import schemas, turns_store
+from structmem_gpu.core import schemas, turns_store
 from structmem_gpu.data import display_text
-from structmem_gpu.errors import ConfigError
-from structmem_gpu.hashing import stable_hash
+from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
 from structmem_gpu.llm.tokens import CHARS_COUNTER, TextCounter, chars_tokens, text_counter
 from structmem_gpu.methods.structmem.packing import pack_lengths, split_text
-from structmem_gpu.prompts import extraction_prompt, extraction_schema, render_window
-from structmem_gpu.prompts.reference import reference_fingerprint
-from structmem_gpu.settings import (
-    BOOL, COUNT, SIZE, STR_OR_NULL, TEMPERATURE, TOKENS, TOP_P, Enum, Int, List, Settings, knob,
+from structmem_gpu.methods.structmem.prompts import extraction_prompt
+from structmem_gpu.prompts import extraction_schema, render_window
+from structmem_gpu.methods.structmem.prompts.reference import reference_fingerprint
+from structmem_gpu.config.settings import (
+    BOOL,
+    COUNT,
+    SIZE,
+    STR_OR_NULL,
+    TEMPERATURE,
+    TOKENS,
+    TOP_P,
+    Enum,
+    Int,
+    List,
+    Settings,
+    knob,
 )
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
 
@@ -118,7 +130,7 @@ class ExtractSettings(Settings):
     window_tokens: int | None = knob(Int(ge=1, null=True, note="null = fixed turn windows"), None)
     # what counts window_tokens: "chars" (characters / 4) or an HF tokenizer id / local folder
     window_tokenizer: str | None = knob(STR_OR_NULL, "chars")  # null = chars
-    # a LightMem checkout: its prompts (prompts/reference.py)
+    # a LightMem checkout: its prompts (methods/structmem/prompts/reference.py)
     reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
     worked_example: bool = knob(BOOL, True)  # the default prompts' worked examples (off for tiny models)
     # What the windows hold: turns = the raw turns in session windows (default);
@@ -377,7 +389,7 @@ def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LL
 
 def reference_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
     """The request in the reference format (prompts.reference_dir: its prompt and line format)."""
-    from structmem_gpu.prompts import reference as R
+    from structmem_gpu.methods.structmem.prompts import reference as R
 
     assert s.reference_dir is not None
     system = R.reference_prompt(s.reference_dir, kind)

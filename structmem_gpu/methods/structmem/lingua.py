@@ -51,7 +51,7 @@ class Lingua:
 
         from pathlib import Path
 
-        from structmem_gpu.errors import ConfigError
+        from structmem_gpu.core.errors import ConfigError
 
         self.model_name = model
         # A hub id loads from the local cache only (the preflight and `jobs/data.py models`

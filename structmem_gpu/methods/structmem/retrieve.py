@@ -29,12 +29,12 @@ import numpy as np
 import polars as pl
 from tqdm import tqdm
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import GPU_MAX_K, VectorIndex
 from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.update_view import deleted_ids, keeps_syntheses, view_fingerprint
-from structmem_gpu.settings import COUNT, Settings, knob
+from structmem_gpu.config.settings import COUNT, Settings, knob
 from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

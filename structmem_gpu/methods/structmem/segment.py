@@ -28,13 +28,13 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.methods.structmem import segmenting as S
 from structmem_gpu.methods.structmem.compress import (
     resolve_device,
     tokenizer_data_fingerprint,
 )
-from structmem_gpu.settings import SIZE, STR, Enum, Int, List, Settings, knob
+from structmem_gpu.config.settings import SIZE, STR, Enum, Int, List, Settings, knob
 from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
 
 log = logging.getLogger(__name__)

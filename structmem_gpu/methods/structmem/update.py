@@ -39,15 +39,25 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from structmem_gpu import schemas
+from structmem_gpu.core import schemas
 from structmem_gpu.llm.types import LLMRequest, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import attach_embeddings, embedding_matrix
 from structmem_gpu.methods.structmem.update_view import READS
-from structmem_gpu.prompts import update as P
+from structmem_gpu.methods.structmem.prompts import update as P
 from structmem_gpu.prompts.official import fingerprint as official_fingerprint
 from structmem_gpu.prompts.official import lightmem_update, source_spec
-from structmem_gpu.settings import (
-    BOOL, COUNT, RATE, SIZE, STR_OR_NULL, TEMPERATURE, TOKENS, TOP_P, Enum, Settings, knob,
+from structmem_gpu.config.settings import (
+    BOOL,
+    COUNT,
+    RATE,
+    SIZE,
+    STR_OR_NULL,
+    TEMPERATURE,
+    TOKENS,
+    TOP_P,
+    Enum,
+    Settings,
+    knob,
 )
 from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
 

@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 from omegaconf import OmegaConf
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 READS = ("pre", "post")
 

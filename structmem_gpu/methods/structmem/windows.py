@@ -26,7 +26,7 @@ from datetime import datetime
 import numpy as np
 import polars as pl
 
-from structmem_gpu.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError
 
 SEED_SCOPES = ("historical", "global")
 

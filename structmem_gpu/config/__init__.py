@@ -1,0 +1,1 @@
+"""Configuration: typed settings, their checks, and which keys change a result."""

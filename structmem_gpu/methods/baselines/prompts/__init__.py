@@ -1,0 +1,1 @@
+"""Prompt texts of the baselines (graph memory, flat, turn RAG, full context)."""

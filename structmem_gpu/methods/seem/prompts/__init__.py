@@ -1,0 +1,1 @@
+"""SEEM's prompt texts (frames, fusion, graph, retrieval, answer)."""

@@ -1,0 +1,419 @@
+"""GPU memory plan: per stage, what the job keeps resident on each GPU, checked before any
+server starts (docs/performance.md "GPU memory plan").
+
+    p = plan(cfg, stages)          # stages: the job's Stage objects, in order
+    print(p.format())              # one block per stage: residents per GPU against the device
+    p.refusal                      # None, or one line: stage, sum, device size, the fixing knob
+
+Residents follow the pipeline's release schedule (a backend stays open only while a
+remaining stage uses it, Stage.uses): a launched vLLM server (`vllm_server` without
+`base_url`, or `vllm_offline`) reserves `gpu_memory_utilization` x device memory on each of
+its tensor x data parallel GPUs, and its weights (per tensor-parallel rank) plus
+`gpu.headroom_gb` must fit inside that share; the encoder (embedder.device auto/cuda) holds its
+weights in its dtype (fp16 on CUDA when embedder.fp16, else float32); FAISS-GPU (index.use_gpu)
+holds its scratch memory from the first retrieve stage to the end of the process. Per GPU,
+shares + encoder + FAISS + headroom must fit the device. Where a backend opened earlier and
+needed later does not fit beside a stage's own backends, the plan releases it before that stage
+(`evict_before`) and the pipeline opens it again when a later stage asks for it.
+
+Device memory: `gpu.memory_gb` when set (plan for a GPU node from a login node), else the first
+CUDA device torch sees; neither = the size is unknown and nothing is refused. Weight sizes come
+from the model's own files when they are on disk (a local folder, or the HF cache: never a
+download): `model.safetensors.index.json` metadata.total_size, else the *.safetensors (or
+*.bin) sizes, with config.json's dtype; else from the preset's `weights_gb`.
+
+`plan` is pure and cheap (file sizes, one torch device query), so the preflight and the
+pipeline may both call it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.node.model_refs import cached_snapshot
+from structmem_gpu.stage import Stage, backend_keys, judge_members, judge_key
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+_GPU_LLM_BACKENDS = ("vllm_server", "vllm_offline")
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+# FAISS StandardGpuResources' default temporary memory on a large GPU (1.5 GiB; faiss
+# GpuResources.cpp): one shared instance per process (index/faiss_index.py).
+FAISS_SCRATCH_GB = 1.5 * 2**30 / GB
+MAX_UTILIZATION = 0.95  # what the plan proposes at most for one server (vLLM's own default is 0.9)
+
+
+@dataclass(frozen=True)
+class Weights:
+    gb: float | None  # on the GPU, in the dtype it runs in; None = unknown
+    source: str  # "files <path>" | "preset weights_gb" | why unknown
+
+
+@dataclass(frozen=True)
+class Resident:
+    """One backend on the GPU(s): a server's share or the encoder's / FAISS' own memory."""
+
+    key: str  # Backends key: llm | judge-<name> | encoder | faiss
+    what: str  # e.g. "vLLM server Qwen/Qwen2.5-7B-Instruct"
+    gpus: tuple[int, ...]
+    weights: Weights  # per GPU (a tensor-parallel rank holds 1/tp of them)
+    utilization: float | None = None  # servers: their gpu_memory_utilization
+    knob: str = ""  # the config node that sizes it (llm, judge.llm, judge.qwen_llm, embedder)
+    tp: int = 1  # servers: tensor_parallel_size (weights are per rank)
+
+    def reserved_gb(self, device_gb: float | None) -> float | None:
+        """What it holds on each of its GPUs: a server its share, others their weights."""
+        if self.utilization is not None:
+            return None if device_gb is None else self.utilization * device_gb
+        return self.weights.gb
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: str
+    residents: tuple[Resident, ...]
+    evict: tuple[str, ...] = ()  # backends released before the stage (their room is needed)
+
+
+@dataclass
+class GpuPlan:
+    device_gb: float | None
+    device_source: str  # gpu.memory_gb | "torch: <device name>" | why unknown
+    headroom_gb: float
+    stages: list[StagePlan] = field(default_factory=list)
+    refusal: str | None = None
+    notes: list[str] = field(default_factory=list)  # attached servers, CPU backends ...
+
+    def evict_before(self, stage: str) -> set[str]:
+        return {k for s in self.stages if s.stage == stage for k in s.evict}
+
+    def format(self) -> str:
+        dev = "unknown (no CUDA device seen; set gpu.memory_gb to plan for a GPU node)" \
+            if self.device_gb is None else f"{self.device_gb:.1f} GB per GPU ({self.device_source})"
+        lines = [f"GPU memory plan: device {dev}; headroom {self.headroom_gb:.1f} GB per GPU"]
+        for sp in self.stages:
+            head = f"  {sp.stage:<20}"
+            if sp.evict:
+                head += f"(releases {', '.join(sp.evict)} first) "
+            if not sp.residents:
+                lines.append(head + "nothing on a GPU")
+                continue
+            for gpu in sorted({g for r in sp.residents for g in r.gpus}):
+                on = [r for r in sp.residents if gpu in r.gpus]
+                parts = [_describe(r, self.device_gb) for r in on]
+                total = _gpu_total(on, self.device_gb, self.headroom_gb)
+                tail = "" if total is None or self.device_gb is None else \
+                    f" + {self.headroom_gb:.1f} headroom = {total:.1f} of {self.device_gb:.1f} GB"
+                lines.append(f"{head}GPU {gpu}: {' + '.join(parts)}{tail}")
+                head = " " * len(head)
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.refusal:
+            lines.append(f"  REFUSED: {self.refusal}")
+        return "\n".join(lines)
+
+
+def _describe(r: Resident, device_gb: float | None) -> str:
+    w = "?" if r.weights.gb is None else f"{r.weights.gb:.1f}"
+    if r.utilization is not None:
+        share = "?" if device_gb is None else f"{r.utilization * device_gb:.1f}"
+        return (f"{r.key} ({r.what}) {share} GB = share {r.utilization:.2f} "
+                f"[weights {w} GB by {r.weights.source}, rest KV cache]")
+    return f"{r.key} ({r.what}) {w} GB [{r.weights.source}]"
+
+
+def _gpu_total(on: Sequence[Resident], device_gb: float | None, headroom_gb: float) -> float | None:
+    sizes = [r.reserved_gb(device_gb) for r in on]
+    return None if any(s is None for s in sizes) else sum(sizes) + headroom_gb  # type: ignore[misc]
+
+
+# ---- sizes ---------------------------------------------------------------------------------
+
+
+def device_memory(cfg: DictConfig) -> tuple[float | None, str]:
+    """(GB per GPU, where it came from): gpu.memory_gb, else torch's first CUDA device."""
+    stated = OmegaConf.select(cfg, "gpu.memory_gb", default=None)
+    if stated is not None:
+        return float(stated), "gpu.memory_gb"
+    try:
+        import torch  # the encoder imports it anyway; only its device query is used here
+    except ImportError:
+        return None, "torch not installed"
+    if not torch.cuda.is_available():
+        return None, "no CUDA device"
+    props = torch.cuda.get_device_properties(0)
+    return props.total_memory / GB, f"torch: {props.name}"
+
+
+def _local_folder(model: str, revision: str | None) -> Path | None:
+    """The model's folder on disk: the path itself, or its HF-cache snapshot (no download)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_absolute() or model.count("/") != 1:
+        return None
+    try:
+        return cached_snapshot(model, revision)  # the preflight's lookup (honours HF_HOME now)
+    except ImportError:
+        return None
+
+
+def _stored_bytes_per_param(folder: Path) -> int | None:
+    try:
+        conf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = conf.get("torch_dtype") or conf.get("dtype")
+    return _DTYPE_BYTES.get(str(dtype)) if dtype else None
+
+
+def _files_size(folder: Path) -> int | None:
+    """Bytes of the weights as stored: the safetensors index's total, else the weight files."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"]
+            return int(total)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    for suffix in _WEIGHT_SUFFIXES:
+        files = [p for p in folder.glob(f"*{suffix}") if p.is_file()]
+        if files:
+            return sum(p.stat().st_size for p in files)
+    return None
+
+
+def weights(node: Mapping[str, Any], *, runtime_bytes: int | None = None) -> Weights:
+    """A model's weight size: its own files when local, else the preset's weights_gb (stated
+    at 16 bits a parameter). `runtime_bytes` (encoder: 2 in fp16, 4 in float32) rescales the
+    stored size to the dtype it runs in; None = as stored (vLLM loads the checkpoint's dtype)."""
+    model = node.get("model")
+    if model is None and "device" in node:  # the packaged MiniLM, found as the encoder finds it
+        from structmem_gpu.embed.encoder import resolve_model
+        from structmem_gpu.core.errors import ConfigError
+
+        try:
+            model = resolve_model(None)[0]
+        except ConfigError:  # the package is absent: sized from weights_gb, if stated
+            model = None
+    folder = _local_folder(str(model), node.get("revision")) if model else None
+    if folder is not None:
+        size = _files_size(folder)
+        if size:
+            stored = _stored_bytes_per_param(folder)
+            scale = runtime_bytes / stored if runtime_bytes and stored else 1.0
+            return Weights(size * scale / GB, "local files")
+    stated = node.get("weights_gb")
+    if stated is not None:
+        return Weights(float(stated) * (runtime_bytes or 2) / 2, "preset weights_gb")
+    return Weights(None, "no local files and no weights_gb")
+
+
+# ---- what each backend key puts on the GPUs -----------------------------------------------
+
+
+def _llm_node(cfg: DictConfig, key: str) -> tuple[dict[str, Any] | None, str]:
+    """(llm config, the node path whose knobs size it) of a Backends key."""
+    if key == "llm" or cfg.get("debug_profile") == "scripted":  # scripted: every role is llm
+        lnode = OmegaConf.select(cfg, "llm", default=None)
+        node = OmegaConf.to_container(lnode, resolve=True) if lnode is not None else None
+        scripted = {"backend": "scripted"}
+        return (node if key == "llm" else scripted), "llm"  # type: ignore[return-value]
+    panel = OmegaConf.select(cfg, "judge.panel", default=None)
+    for i, (name, llm_cfg) in enumerate(judge_members(cfg)):
+        if judge_key(name, llm_cfg) != key:
+            continue
+        if not panel:
+            return llm_cfg, "judge.llm"
+        raw = panel[i]._get_node("llm")._value()  # the member's interpolation, if it has one
+        if isinstance(raw, str) and raw.startswith("${"):
+            return llm_cfg, raw[2:-1]  # e.g. judge.qwen_llm: its knobs are set there
+        return llm_cfg, f"judge.panel.{i}.llm"
+    return None, key
+
+
+def resident(cfg: DictConfig, key: str, device_gb: float | None) -> Resident | str | None:
+    """The key's GPU resident; a note (str) when it is ours but not on our GPU; None = nothing."""
+    if key == "encoder":
+        enode = OmegaConf.select(cfg, "embedder", default=None)
+        if enode is None:  # a config without an encoder (toy pipelines in tests)
+            return None
+        e = OmegaConf.to_container(enode, resolve=True)
+        assert isinstance(e, dict)
+        device = str(e.get("device") or "auto")
+        on_gpu = device.startswith("cuda") or (device == "auto" and device_gb is not None)
+        if not on_gpu:
+            return None
+        gpu = int(device.split(":")[1]) if ":" in device else 0
+        nbytes = 2 if e.get("fp16", True) else 4
+        return Resident("encoder", str(e.get("model") or "packaged MiniLM"), (gpu,),
+                        weights(e, runtime_bytes=nbytes), knob="embedder")
+    node, knob = _llm_node(cfg, key)
+    if not node or node.get("backend") not in _GPU_LLM_BACKENDS:
+        return None
+    if node.get("base_url") and node.get("backend") == "vllm_server":
+        return f"{key}: attached server {node['base_url']} (not ours: not planned, never stopped)"
+    tp = int(node.get("tensor_parallel_size") or 1)
+    dp = int(node.get("data_parallel_size") or 1)
+    w = weights(node)
+    per_rank = Weights(None if w.gb is None else w.gb / tp, w.source)
+    kind = "vLLM server" if node["backend"] == "vllm_server" else "vLLM engine (in process)"
+    return Resident(key, f"{kind} {node.get('model')}", tuple(range(tp * dp)), per_rank,
+                    float(node.get("gpu_memory_utilization") or 0.9), knob, tp)
+
+
+# LLMLingua-2 (compress.model, bert-base-multilingual-cased: 178M parameters, loaded in its
+# stored float32) for the stages that load it; weights_gb is stated at 16 bits a parameter.
+COMPRESSION_STAGES = ("compress", "segment")
+COMPRESSION_WEIGHTS_GB = 0.36
+
+
+def compression_resident(cfg: DictConfig, device_gb: float | None) -> Resident | None:
+    """The compression model on GPU 0 while a compress/segment stage runs (compress.device
+    cuda, or auto with a GPU); None otherwise."""
+    model = OmegaConf.select(cfg, "compress.model", default=None)
+    device = str(OmegaConf.select(cfg, "compress.device", default="auto"))
+    if model is None or not (device == "cuda" or (device == "auto" and device_gb is not None)):
+        return None
+    w = weights({"model": model, "weights_gb": COMPRESSION_WEIGHTS_GB}, runtime_bytes=4)
+    return Resident("compression", f"LLMLingua-2 {model}", (0,), w, knob="compress")
+
+
+def _faiss_on_gpu(cfg: DictConfig, device_gb: float | None) -> bool:
+    use = OmegaConf.select(cfg, "index.use_gpu", default="auto")
+    if use is True:
+        return True
+    if use != "auto" or device_gb is None:
+        return False
+    names = {d.metadata["Name"].lower() for d in metadata.distributions() if d.metadata["Name"]}
+    return any(n.startswith("faiss-gpu") or n.startswith("faiss_gpu") for n in names)
+
+
+# ---- the check -------------------------------------------------------------------------------
+
+
+def _fit_problem(stage: str, on: Sequence[Resident], device_gb: float, headroom: float,
+                 source: str) -> str | None:
+    """One refusal line for residents `on` (one stage) when they do not fit, else None."""
+    dev = f"the {device_gb:.1f} GB GPU ({source})"
+    for r in on:  # each server's weights inside its own share
+        if r.utilization is None or r.weights.gb is None:
+            continue
+        need = r.weights.gb + headroom
+        if need <= r.utilization * device_gb:
+            continue
+        head = (f"gpu plan: stage {stage}: {r.key} ({r.what}) weights {r.weights.gb:.1f} GB + "
+                f"{headroom:.1f} GB headroom do not fit its share {r.utilization:.2f} x "
+                f"{device_gb:.1f} GB = {r.utilization * device_gb:.1f} GB of {dev}")
+        if need <= MAX_UTILIZATION * device_gb:
+            return head + f"; set {r.knob}.gpu_memory_utilization={_ceil2(need / device_gb)}"
+        total, tp = r.weights.gb * r.tp, r.tp * 2
+        while total / tp + headroom > r.utilization * device_gb and tp < 64:
+            tp *= 2
+        return (head + f"; no share of one GPU holds it: set {r.knob}.tensor_parallel_size={tp} "
+                f"({tp} GPUs) or use a smaller model")
+    for gpu in sorted({g for r in on for g in r.gpus}):
+        here = [r for r in on if gpu in r.gpus]
+        total = _gpu_total(here, device_gb, headroom)
+        if total is None or total <= device_gb:
+            continue
+        parts = " + ".join(f"{r.key} {r.reserved_gb(device_gb):.1f} GB" for r in here)
+        parts += f" + {headroom:.1f} GB headroom"
+        head = (f"gpu plan: stage {stage} does not fit GPU {gpu}: {parts} = {total:.1f} GB > "
+                f"{dev}")
+        return head + "; " + _fix(here, device_gb, headroom)
+    return None
+
+
+def _fix(here: Sequence[Resident], device_gb: float, headroom: float) -> str:
+    servers = [r for r in here if r.utilization is not None]
+    fixed = sum(r.weights.gb or 0.0 for r in here if r.utilization is None)
+    encoder = any(r.key == "encoder" for r in here)
+    alt = " or embedder.device=cpu" if encoder else ""
+    free = device_gb - fixed - headroom
+    needs = [(r.weights.gb or 0.0) + headroom for r in servers]
+    if servers and sum(needs) <= free:
+        spare = free - sum(needs)
+        utils = [math.floor((n + spare * n / sum(needs)) / device_gb * 100) / 100 for n in needs]
+        if all(u * device_gb >= n for u, n in zip(utils, needs)):
+            knobs = " ".join(f"{r.knob}.gpu_memory_utilization={u:.2f}"
+                             for r, u in zip(servers, utils))
+            return f"set {knobs}{alt}"
+    if encoder:
+        return "set embedder.device=cpu (the servers leave no room for the encoder)"
+    names = ", ".join(r.knob for r in servers)
+    return (f"the servers ({names}) do not fit one GPU together: more GPUs "
+            "(tensor_parallel_size) or smaller models")
+
+
+def _ceil2(x: float) -> str:
+    return f"{math.ceil(x * 100) / 100:.2f}"
+
+
+def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
+    """The plan for the job's `stages` (in order), following the pipeline's release schedule."""
+    device_gb, source = device_memory(cfg)
+    stated = OmegaConf.select(cfg, "gpu.headroom_gb", default=None)
+    headroom = 2.0 if stated is None else float(stated)  # conf/config.yaml's default
+    out = GpuPlan(device_gb, source, headroom)
+    keys = [backend_keys(cfg, s.uses) for s in stages]
+    cache: dict[str, Resident | str | None] = {}
+
+    def res(key: str) -> Resident | None:
+        if key not in cache:
+            cache[key] = resident(cfg, key, device_gb)
+            if isinstance(cache[key], str):
+                out.notes.append(str(cache[key]))
+        found = cache[key]
+        return found if isinstance(found, Resident) else None
+
+    faiss = _faiss_on_gpu(cfg, device_gb)
+    faiss_from = next((i for i, s in enumerate(stages) if s.name == "retrieve"), None)
+    open_now: set[str] = set()
+    for i, stage in enumerate(stages):
+        need = keys[i]
+        carried = open_now - need
+        scratch = Resident("faiss", "FAISS-GPU scratch", (0,), Weights(FAISS_SCRATCH_GB, "faiss default"))
+        extra = [scratch] if faiss and faiss_from is not None and i >= faiss_from else []
+        if stage.name in COMPRESSION_STAGES and (comp := compression_resident(cfg, device_gb)):
+            extra.append(comp)  # loaded and dropped by the stage itself
+        own = [r for k in sorted(need) if (r := res(k))] + extra
+        kept = [r for k in sorted(carried) if (r := res(k))]
+        evict: tuple[str, ...] = ()
+        problem = None
+        if device_gb is not None:
+            problem = _fit_problem(stage.name, own, device_gb, headroom, source)
+            together = _fit_problem(stage.name, own + kept, device_gb, headroom, source)
+            if problem is None and kept and together:
+                evict, kept = tuple(r.key for r in kept), []
+        if problem and out.refusal is None:
+            out.refusal = problem
+        out.stages.append(StagePlan(stage.name, tuple(own + kept), evict))
+        later = set().union(*keys[i + 1:]) if i + 1 < len(keys) else set()
+        open_now = (need | carried) - set(evict)
+        open_now &= later
+    return out
+
+
+def check(cfg: DictConfig, stages: Sequence[Stage]) -> str | None:
+    """The refusal line of the job's plan, or None when it fits (or the device is unknown)."""
+    return plan(cfg, stages).refusal
+
+
+def job_stages(cfg: DictConfig) -> list[Stage]:
+    """The job's Stage objects in order (stages=[...] or the method's list)."""
+    from structmem_gpu.methods.registry import stage_registry
+
+    names = list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
+    registry = stage_registry(cfg)
+    return [registry[n] for n in names if n in registry]

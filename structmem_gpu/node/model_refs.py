@@ -1,0 +1,268 @@
+"""Which models a job's config names, and whether each is on this machine.
+
+    refs = named_models(cfg, stages)        # answer LLM, judges, encoder, window tokenizer
+    for ref in refs:
+        print(ref.key, ref.name, locate(ref).status)   # local | cached | missing | ...
+
+Read by the preflight (structmem_gpu/node/preflight.py) and by `python jobs/data.py models`, so
+the job checks exactly what the download fetched. A stage's `uses` (roles "llm", "judges",
+"encoder"; absent = all of them) decides which models a job names. Attached servers
+(`llm.base_url`), external endpoints and the scripted LLM name no model of ours; with
+`debug=scripted` every judge is the scripted LLM too (stage.Backends).
+
+Presence is decided from files only: a local folder or file, or a complete snapshot in the
+Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); nothing
+here touches the network (`hub_probe` in preflight.py does, once, with a short timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+# The HF cache lookups live a layer below (the LLM factory keys its cache with the snapshot).
+from structmem_gpu.core.hf_cache import hub_cache_dir, is_path as _is_path, resolved_snapshot
+
+ROLES = ("llm", "judges", "encoder")
+# Files a tokenizer-only download fetches (`extract.window_tokenizer`): no weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                   "vocab.txt", "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                   "spiece.model", "sentencepiece.bpe.model", "config.json")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# A job's overrides that `jobs/data.py models` leaves out: Hydra's own node (it does not
+# compose outside a job) and switches that name no model.
+NOT_FOR_MODELS = ("hydra.", "dry_run=", "force=")
+# Backends that load weights we must find: a launched llama.cpp / vLLM server, offline vLLM.
+LAUNCHED = ("llamacpp", "vllm_server", "vllm_offline")
+
+
+@dataclass(frozen=True)
+class NamedLLM:
+    """One llm config a job would open: `key` is its config path (llm, judge.llm, ...)."""
+
+    role: str  # "answer LLM", "judge qwen2_5_32b"
+    key: str
+    cfg: Mapping[str, Any]
+
+    @property
+    def launched(self) -> bool:
+        """True when the job starts this model itself (not attached, external or scripted)."""
+        return self.cfg.get("backend") in LAUNCHED and not self.cfg.get("base_url")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model the job loads: a hub id or a local path, and what of it is needed."""
+
+    role: str  # "answer LLM", "judge qwen2_5_32b", "encoder", "window tokenizer"
+    key: str  # the config key naming it, e.g. judge.panel[1].llm.model
+    name: str  # hub id, local folder or file
+    revision: str | None = None
+    tokenizer_only: bool = False  # only tokenizer files are needed (window packing)
+    gguf: bool = False  # a llama.cpp GGUF file: must be a local file
+    convert_from_gguf: str | None = None  # vllm_cpu: the folder is made from a GGUF on first use
+    weights_gb: float | None = None  # size the preset states (llm/embedder `weights_gb`)
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a model is: status local (folder/file) | cached (HF cache) | missing (hub id not
+    in the cache) | missing_path (a path that does not exist: nothing to download)."""
+
+    status: str
+    path: Path | None = None
+    detail: str = ""
+
+    @property
+    def present(self) -> bool:
+        return self.status in ("local", "cached")
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, DictConfig) or OmegaConf.is_list(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def job_roles(stages: Iterable[Any]) -> set[str]:
+    """Roles the job's stages use (`Stage.uses`; a stage without it may use every role)."""
+    out: set[str] = set()
+    for stage in stages:
+        uses = getattr(stage, "uses", None)
+        out |= set(ROLES) if uses is None else set(uses)
+    return out
+
+
+def named_llms(cfg: DictConfig, stages: Sequence[Any]) -> list[NamedLLM]:
+    """The llm configs the job opens, as Backends would: the answer model, then each judge
+    (a panel member or judge with `llm: null` is the answer model; debug=scripted: every judge
+    is the scripted answer model)."""
+    roles = job_roles(stages)
+    answer = NamedLLM("answer LLM", "llm", _plain(cfg.llm))
+    out: list[NamedLLM] = []
+    needs_answer = "llm" in roles
+    if "judges" in roles and cfg.get("judge") is not None:
+        judge = _plain(cfg.judge)
+        panel = judge.get("panel")
+        members = (list(enumerate(panel)) if panel else [(None, {"name": judge.get("name"),
+                                                                  "llm": judge.get("llm")})])
+        scripted = cfg.get("debug_profile") == "scripted"
+        for i, member in members:
+            if member.get("llm") is None or scripted:
+                needs_answer = True
+                continue
+            key = "judge.llm" if i is None else f"judge.panel[{i}].llm"
+            out.append(NamedLLM(f"judge {member.get('name')}", key, member["llm"]))
+    return ([answer] if needs_answer else []) + out
+
+
+def _weights_gb(node: Mapping[str, Any]) -> float | None:
+    value = node.get("weights_gb")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _llm_model(llm: NamedLLM) -> ModelRef | None:
+    c = llm.cfg
+    if not llm.launched:
+        return None
+    if c.get("backend") == "llamacpp":
+        if c.get("model") is None:
+            from structmem_gpu.llm.server import packaged_smollm2_gguf
+
+            name = str(packaged_smollm2_gguf())  # ConfigError naming the package when absent
+        else:
+            name = str(c["model"])
+        return ModelRef(llm.role, f"{llm.key}.model", name, gguf=True, weights_gb=_weights_gb(c))
+    if not c.get("model"):
+        return None  # the factory refuses it with its own line (llm.model must name ...)
+    return ModelRef(llm.role, f"{llm.key}.model", str(c["model"]), revision=c.get("revision"),
+                    convert_from_gguf=c.get("convert_from_gguf"), weights_gb=_weights_gb(c))
+
+
+def _encoder_model(cfg: DictConfig) -> ModelRef:
+    emb = _plain(cfg.embedder)
+    name = emb.get("model")
+    if name is None:  # the packaged MiniLM (embed/encoder.py resolves it the same way)
+        from structmem_gpu.embed.encoder import resolve_model
+
+        name = resolve_model(None)[0]
+    return ModelRef("encoder", "embedder.model", str(name), weights_gb=_weights_gb(emb))
+
+
+def window_tokenizer(cfg: DictConfig, stage_names: Sequence[str]) -> ModelRef | None:
+    """`extract.window_tokenizer` when the job runs extract and packs by a tokenizer (a value
+    other than `chars`); None when the knob is absent or null."""
+    if "extract" not in stage_names:
+        return None
+    value = OmegaConf.select(cfg, "extract.window_tokenizer", default=None)
+    if value is None or str(value) == "chars":
+        return None
+    rev = OmegaConf.select(cfg, "llm.revision", default=None)
+    same_as_llm = str(value) == str(OmegaConf.select(cfg, "llm.model", default=""))
+    return ModelRef("window tokenizer", "extract.window_tokenizer", str(value),
+                    revision=rev if same_as_llm else None, tokenizer_only=True)
+
+
+def compression_model(cfg: DictConfig, stage_names: Sequence[str]) -> ModelRef | None:
+    """`compress.model` (LLMLingua-2, shared by the segment stage) when the job runs either."""
+    if not {"compress", "segment"} & set(stage_names):
+        return None
+    value = OmegaConf.select(cfg, "compress.model", default=None)
+    return None if value is None else ModelRef("compression model", "compress.model", str(value))
+
+
+def named_models(cfg: DictConfig, stages: Sequence[Any]) -> list[ModelRef]:
+    """Every model the job loads, each once (the same model in two roles keeps its first)."""
+    refs = [ref for llm in named_llms(cfg, stages) if (ref := _llm_model(llm)) is not None]
+    if "encoder" in job_roles(stages):
+        refs.append(_encoder_model(cfg))
+    tok = window_tokenizer(cfg, [str(getattr(s, "name", s)) for s in stages])
+    if tok is not None:
+        refs.append(tok)
+    comp = compression_model(cfg, [str(getattr(s, "name", s)) for s in stages])
+    if comp is not None:
+        refs.append(comp)
+    seen: dict[tuple[str, str | None], ModelRef] = {}
+    for ref in refs:
+        key = (ref.name, ref.revision)
+        if key in seen and ref.tokenizer_only:
+            continue  # the weights' download has the tokenizer files too
+        if key in seen and seen[key].tokenizer_only:
+            del seen[key]  # the full download replaces the tokenizer-only one
+        seen.setdefault(key, ref)
+    return list(seen.values())
+
+
+# ---- the local Hugging Face cache ---------------------------------------------------------
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE set to a true value: nothing may reach the hub."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def weights_record(refs: Sequence[ModelRef]) -> list[dict[str, Any]]:
+    """The manifest's `weights`: per model role the repository (hub id or path), the revision
+    asked for and the snapshot resolved in the local cache (None: a local folder or file, or
+    not cached on this host)."""
+    return [{"role": r.role, "key": r.key, "repository": r.name, "revision": r.revision,
+             "snapshot": resolved_snapshot(r.name, r.revision)} for r in refs]
+
+
+def cached_snapshot(repo: str, revision: str | None) -> Path | None:
+    """The cached snapshot folder of `repo` at `revision` (None = main), if any."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for marker in ("config.json", "modules.json", "tokenizer_config.json", "tokenizer.json",
+                   "model.safetensors.index.json"):
+        hit = try_to_load_from_cache(repo, marker, cache_dir=hub_cache_dir(), revision=revision)
+        if isinstance(hit, str):
+            return Path(hit).parent
+    return None
+
+
+def _weights_complete(folder: Path) -> str:
+    """'' when `folder` holds complete weights, else what is missing."""
+    for index in folder.glob("*.safetensors.index.json"):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError) as exc:
+            return f"unreadable {index.name} ({exc})"
+        absent = sorted(s for s in shards if not (folder / s).is_file())
+        if absent:
+            return f"{len(absent)} of {len(shards)} weight shards missing (e.g. {absent[0]})"
+        return ""
+    if any(p.suffix in _WEIGHT_SUFFIXES and p.is_file() for p in folder.rglob("*")):
+        return ""
+    return "no weight files"
+
+
+def _tokenizer_complete(folder: Path) -> str:
+    names = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+    return "" if any((folder / n).is_file() for n in names) else "no tokenizer files"
+
+
+def locate(ref: ModelRef) -> Location:
+    """Where `ref` is on this machine, from files only."""
+    path = Path(ref.name).expanduser()
+    if ref.gguf:
+        ok = path.is_file()
+        return Location("local" if ok else "missing_path", path, "" if ok else "no such file")
+    if path.is_dir():
+        missing = _tokenizer_complete(path) if ref.tokenizer_only else _weights_complete(path)
+        return Location("missing_path", path, missing) if missing else Location("local", path)
+    if _is_path(ref.name):
+        return Location("missing_path", path, "no such folder")
+    snap = cached_snapshot(ref.name, ref.revision)
+    if snap is None:
+        return Location("missing", None, f"not in the Hugging Face cache {hub_cache_dir()}")
+    missing = _tokenizer_complete(snap) if ref.tokenizer_only else _weights_complete(snap)
+    if missing:
+        return Location("missing", snap, f"incomplete in the Hugging Face cache ({missing})")
+    return Location("cached", snap)

@@ -1,0 +1,1 @@
+"""Running jobs: the stage pipeline, merging shards, the multirun summary."""
