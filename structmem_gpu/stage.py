@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from structmem_gpu.core.artifacts import RunDir
 
 if TYPE_CHECKING:
+    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.embed.encoder import Encoder
     from structmem_gpu.config.settings import Settings
     from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
@@ -239,6 +240,13 @@ class StageContext:
     # stopping); non-empty = the stage is incomplete (pipeline.py), never "done". Which requests
     # they were is in request_frames (column `unanswered`).
     unanswered_endpoints: set[str] = field(default_factory=set)
+
+    @functools.cached_property
+    def job(self) -> "JobConfig":
+        """The job's configuration as typed objects (structmem_gpu/config/job.py)."""
+        from structmem_gpu.config.job import JobConfig
+
+        return JobConfig.from_cfg(self.cfg)
 
     @functools.cached_property
     def settings(self) -> Any:

@@ -242,8 +242,14 @@ class PromptsSettings(Settings):
 
 @dataclass(frozen=True)
 class PathsSettings(Settings):
+    """paths (conf/paths/default.yaml): where runs, caches and data live. Never changes a result."""
+
     open_keys: ClassVar[Mapping[str, Any]] = {"*": STR}
 
+    root_dir: str | None = knob(STR_OR_NULL, None)
+    output_dir: str | None = knob(STR_OR_NULL, None)  # run directories live under it
+    cache_dir: str | None = knob(STR_OR_NULL, None)  # LLM response and embedding caches
+    data_dir: str | None = knob(STR_OR_NULL, None)  # downloaded benchmark files
     # The folder of the pinned official checkouts (lightmem.git, mem0.git, longmemeval.git;
     # prompts/pinned.py): STRUCTMEM_OFFICIAL_DIR, else <data_dir>/official. Where they are
     # never changes a result (their commits and text hashes are fingerprinted).

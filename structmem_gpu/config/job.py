@@ -1,0 +1,59 @@
+"""One job's configuration as typed objects: what stages, backends and drivers read.
+
+    job = JobConfig.from_cfg(cfg)          # the entry point's Hydra DictConfig, checked once
+    job.root.llm.model                     # the job's typed nodes (config.schema.JobSettings)
+    job.root.paths.cache_dir
+    job.settings(ConsolidateSettings)      # a stage's own node, typed and checked (cached)
+
+Only the configuration package and the entry points (jobs/*.py) read OmegaConf; everything
+below them receives a JobConfig (a stage: `ctx.job`) or the typed settings it needs.
+`plain` (the resolved config as plain containers) and `select` exist for what must see the
+whole configuration as data: the saved config, the config hash and stage fingerprints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from structmem_gpu.config.schema import JobSettings
+from structmem_gpu.config.settings import Settings, select as _select, to_plain
+
+S = TypeVar("S", bound=Settings)
+_MISSING = object()
+
+
+class JobConfig:
+    """A checked job configuration: typed root nodes plus each node's settings on demand."""
+
+    def __init__(self, plain: Mapping[str, Any]) -> None:
+        self._plain = dict(plain)
+        self.root: JobSettings = JobSettings.from_cfg(self._plain)
+        self._settings: dict[type, Any] = {}
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> "JobConfig":
+        """From a Hydra/OmegaConf config (interpolations resolved) or a plain mapping; a
+        JobConfig is returned as it is."""
+        if isinstance(cfg, JobConfig):
+            return cfg
+        return cls(to_plain(cfg))
+
+    def settings(self, cls: type[S]) -> S:
+        """The typed settings of `cls.node` for this job (checked once, then cached)."""
+        if cls not in self._settings:
+            self._settings[cls] = cls.from_cfg(self._plain)
+        return self._settings[cls]
+
+    @property
+    def plain(self) -> Mapping[str, Any]:
+        """The resolved configuration as read-only plain data (saved config, hashes)."""
+        return MappingProxyType(self._plain)
+
+    def select(self, key: str, default: Any = None) -> Any:
+        """The plain value at dotted `key` (fingerprint material; stage code reads typed fields)."""
+        return _select(self._plain, key, default)
+
+    def has(self, key: str) -> bool:
+        return _select(self._plain, key, _MISSING) is not _MISSING
