@@ -29,7 +29,7 @@ B = seem_frame.FrameBounds(max_events=2, max_participants=2, max_actions=3, max_
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_prompt_module_has_a_version(name: str) -> None:
-    mod = importlib.import_module(f"structmem_gpu.prompts.{name}")
+    mod = importlib.import_module(f"structmem_gpu.methods.seem.prompts.{name.removeprefix('seem_')}")
     assert mod.VERSION == f"{name}/1" and mod.__doc__
 
 
