@@ -75,7 +75,14 @@ from structmem_gpu.config.settings import (
     Settings,
     knob,
 )
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +318,51 @@ def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"syntheses": syntheses_frame(rows), "synthesis_embeddings": emb_frame}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
+
+
+def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
+    """The stage's greedy windows over the turns' times (entries inherit their turn's time),
+    so the count is the stage's whenever every session yields an entry, else an upper bound;
+    prompts of the real synthesis messages with the turns standing in for the entries (one
+    per turn and perspective) and seed_k seed events; completion min(max_tokens, 450)."""
+    from structmem_gpu.methods.structmem.extract import ExtractSettings
+
+    s = inp.job.settings(ConsolidateSettings)
+    if not s.enabled:
+        return StageEstimate(STAGE_NAME, 0, 0, 0, "consolidate.enabled=false", 0, build=True)
+    x = inp.job.settings(ExtractSettings)
+    kinds = list(x.perspectives)
+    frame = inp.turns.rename({"session_time": "event_time"})
+    prompt = n = over = 0
+    for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
+        recs = [
+            synthesis.Record(r["event_time"], r["speaker"], k, (r["text"] or "")[: x.max_item_chars])
+            for r in rows.iter_rows(named=True)
+            for k in kinds
+        ]
+        per = len(kinds)
+        for w in wins:
+            buffer = recs[w.start * per : w.end * per]
+            pool = (recs[: w.start * per] if s.seed_scope == "historical"
+                    else recs[: w.start * per] + recs[w.end * per :])
+            if not s.seed_exclude_buffer:
+                pool = pool + buffer
+            context = pool[-s.seed_k * per :] if s.seed_k else []
+            msgs = synthesis.build_messages(s.prompt_variant, buffer, context)
+            prompt += inp.counter.messages(msgs)
+            over += inp.over(msgs, s.max_tokens)
+            n += 1
+    return StageEstimate(
+        STAGE_NAME, n, prompt, n * min(s.max_tokens, SYNTHESIS_COMPLETION),
+        "upper bound: greedy windows over turn times (the stage's count when every turn "
+        "yields an entry); turns stand in for entries",
+        over if inp.checked else None, bound=True, build=True,
+    )
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_consolidate,
@@ -321,4 +373,5 @@ STAGE = Stage(
     version="2",  # 2: the seed query is encoded as an entry (no query instruction)
     extra_fingerprint=reference_fingerprint,
     uses=("llm", "encoder"),
+    estimate=estimate_consolidate,
 )
