@@ -47,7 +47,7 @@ from structmem_gpu.methods.seem.fusion_requests import (
     parse_groups,
     window_request,
 )
-from structmem_gpu.methods.seem.model import FrameContent, events_from_rows, render_frame
+from structmem_gpu.methods.seem.model import Event, FrameContent, events_from_rows, render_frame
 from structmem_gpu.methods.seem.passages import by_conversation, passage_list, passages_from_turns
 from structmem_gpu.methods.seem.schemas import FRAME_OF, FRAMES
 from structmem_gpu.methods.seem.settings import FrameSettings, FusionSettings
@@ -310,19 +310,35 @@ def run_fusion(ctx: StageContext) -> dict[str, pl.DataFrame]:
 FUSION_COMPLETION = 80  # a verdict, and for "same" a fused frame of max_events short events
 
 
+def filled(text: str, chars: int) -> str:
+    """`chars` characters of `text`, repeated as needed: stand-in prose of a given length."""
+    text = text.strip() or "x"
+    return ((text + " ") * (chars // (len(text) + 1) + 1))[:chars]
+
+
+def schema_limit_frame(text: str, f: FrameSettings) -> FrameContent:
+    """A frame as long as frames' reply schema allows (summary_chars, max_events events with
+    every role at max_chars), written with the passage's words: what a later prompt that
+    shows an extracted frame holds at most."""
+    one = filled(text, f.max_chars)
+    event = Event(tuple([one] * f.max_participants), tuple([one] * min(f.max_actions, f.max_actions_schema)),
+                  one, one, one, one)
+    return FrameContent(filled(text, f.summary_chars), tuple([event] * f.max_events))
+
+
 def estimate_fusion(inp: EstimateInputs) -> StageEstimate:
     """An UPPER BOUND: which frame a new one is judged against, and whether it merges, depends
     on the extracted frames (replies of `frames`), so the count is the most the wavefront can
     send: window 1, every frame but a conversation's first (twice with strict_two_call);
     windowed, every window but a lone first one. Prompts: the stage's own request builders on
-    stand-in frames (each passage's frame = its text up to summary_chars, no merges), each new
+    stand-in frames at the reply schema's limits (`schema_limit_frame`; no merges), each new
     frame judged against the previous (window: against the window's length of earlier frames)."""
     s = inp.job.settings(FusionSettings)
     f = s.frames or inp.job.settings(FrameSettings)
     passages = passage_list(passages_from_turns(inp.turns))
     prompt = n = over = 0
     for conv_id, ps in by_conversation(passages).items():
-        initial = [FrameContent(p.display[: f.summary_chars], ()) for p in ps]
+        initial = [schema_limit_frame(p.display, f) for p in ps]
         st = ConversationStore.create(conv_id, ps, initial, np.zeros((len(ps), 1), dtype=np.float32))
         requests: list[LLMRequest] = []
         if s.window == 1:

@@ -248,17 +248,21 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
 
 QUERY_QUADRUPLE_TOKENS = 30  # one query quadruple in JSON
 FILTER_COMPLETION = 12  # {"relevant": [1, 3]}
-FACT_LINE_CHARS = 120  # a fact line: subject, relation, object and time of a quadruple
 
 
 def estimate_retrieve(inp: EstimateInputs) -> StageEstimate:
     """An UPPER BOUND: one query-quadruple request per selected question (exact) and, with
     fact_filter, one filter request per question whose fact search returns candidates (the
     facts come from `graph`'s replies: at most every question). Filter prompts list facts_k
-    stand-in facts (turns of the question's conversation cut to a fact line's length)."""
+    stand-in facts at the quadruple schema's limits (seem.graph.max_chars per slot)."""
+    from structmem_gpu.methods.seem.fusion import filled
+    from structmem_gpu.methods.seem.settings import GraphSettings
+
     rs = inp.job.settings(RetrieveSettings)
+    slot = inp.job.settings(GraphSettings).max_chars
     questions = _questions(inp.selected)
-    texts = {c: [(t or "")[:FACT_LINE_CHARS] for t in part["text"].to_list()]
+    # a fact line at the quadruple schema's limit: four slots of max_chars, the turn's words
+    texts = {c: [" | ".join([filled(t or "", slot)] * 4) for t in part["text"].to_list()]
              for (c,), part in inp.turns.group_by("conv_id", maintain_order=True)}
     questions = [q for q in questions if q.conv_id in texts]
     reqs = [query_request(q, rs) for q in questions]
