@@ -37,7 +37,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -83,6 +83,9 @@ from structmem_gpu.stage import (
     StageContext,
     StageEstimate,
 )
+
+if TYPE_CHECKING:
+    from structmem_gpu.methods.structmem.extract import ExtractSettings
 
 log = logging.getLogger(__name__)
 
@@ -323,11 +326,29 @@ def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
 SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
 
 
+def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
+    """The turns standing in for the entries of one perspective: per extraction window (the
+    extract stage's own plan) its first extract.max_items turns, as a reply holds at most
+    that many items. Every session keeps a turn, so the synthesis windows stay the same."""
+    from structmem_gpu.core.errors import ConfigError
+    from structmem_gpu.methods.structmem.extract import plan_from_settings
+
+    if x.max_items is None or x.input != "turns":
+        return inp.turns
+    try:
+        windows, _ = plan_from_settings(inp.turns, x, inp.job.select("llm"))
+    except ConfigError:  # the window tokenizer is not here (the extract row says so)
+        return inp.turns
+    kept = {t.event_id for w in windows for t in w.turns[: x.max_items]}
+    return inp.turns.filter(pl.col("event_id").is_in(list(kept)))
+
+
 def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
     """The stage's greedy windows over the turns' times (entries inherit their turn's time),
     so the count is the stage's whenever every session yields an entry, else an upper bound;
-    prompts of the real synthesis messages with the turns standing in for the entries (one
-    per turn and perspective) and seed_k seed events; completion min(max_tokens, 450)."""
+    prompts of the real synthesis messages with turns standing in for the entries (one per
+    perspective for each turn an extraction reply can hold, `entry_stand_ins`) and seed_k seed
+    events; completion min(max_tokens, 450)."""
     from structmem_gpu.methods.structmem.extract import ExtractSettings
 
     s = inp.job.settings(ConsolidateSettings)
@@ -335,7 +356,7 @@ def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
         return StageEstimate(STAGE_NAME, 0, 0, 0, "consolidate.enabled=false", 0, build=True)
     x = inp.job.settings(ExtractSettings)
     kinds = list(x.perspectives)
-    frame = inp.turns.rename({"session_time": "event_time"})
+    frame = entry_stand_ins(inp, x).rename({"session_time": "event_time"})
     prompt = n = over = 0
     for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
         recs = [
