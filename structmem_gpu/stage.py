@@ -135,6 +135,10 @@ class EstimateInputs:
     counter: MessageCounter
     check: OverContext | None = None  # the answer/build model's context guard (None: unchecked)
     judge_check: OverContext | None = None  # the judge's (None: the answer model's)
+    # Stand-ins of the tables earlier stages write (entries, syntheses, retrievals...), shaped
+    # as the stage writes them with content from the turns: a hook leaves its own for the
+    # hooks after it, so a reader can render its real prompts (eval/answer.estimate_answer).
+    stand_ins: dict[str, pl.DataFrame] = field(default_factory=dict)
 
     def over(self, messages: "Sequence[Message]", max_tokens: int, *, judge: bool = False) -> int:
         """1 when the context guard would not send this request, else 0."""

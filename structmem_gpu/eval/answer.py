@@ -328,21 +328,23 @@ STRUCTMEM_READER = "structmem_gpu.methods.structmem.context:build_prompts"
 
 
 def reader_prompts(inp: EstimateInputs, s: AnswerSettings) -> list[Any] | None:
-    """The reader's own prompts (`answer.prompt`) when the loaded turns are all it reads
-    (full_context); None when it needs a table of an earlier stage (a memory)."""
+    """The reader's own prompts (`answer.prompt`) on the loaded turns and the stand-in tables
+    earlier hooks left (EstimateInputs.stand_ins: entries, syntheses, retrievals); None when
+    it needs a table no hook stands in for (SEEM's memory, the graph's relations)."""
     builder = context_builder(s.prompt)
     # the builder reads the job's config as the stage hands it over
     cfg = OmegaConf.create(dict(inp.job.plain))
     try:
-        prompts = builder(AnswerInputs(cfg, inp.selected, {"turns": inp.turns}))
+        prompts = builder(AnswerInputs(cfg, inp.selected, {"turns": inp.turns, **inp.stand_ins}))
     except MissingTableError:
         return None
     return [prompts[q].messages for q in inp.selected["question_id"].to_list()]
 
 
 def estimate_answer(inp: EstimateInputs) -> StageEstimate:
-    """Exact count: one request per selected question. Prompts: the reader's own when it
-    reads only the turns (full_context: exact), else the StructMem reader's template
+    """Exact count: one request per selected question. Prompts: the reader's own (exact for
+    full_context, which reads only the turns; on stand-in memories for structmem, flat and
+    turn_rag), else the StructMem reader's template
     (answer.protocol's) filled with stand-ins of the configured sizes (entries_k entries cut
     to extract.max_item_chars, syntheses_k syntheses)."""
     from datetime import datetime
@@ -356,7 +358,9 @@ def estimate_answer(inp: EstimateInputs) -> StageEstimate:
         paper = s.protocol == "paper"
         comp = min(s.max_tokens, ANSWER_PAPER_COMPLETION if paper else ANSWER_COMPLETION)
         return StageEstimate("answer", len(own), sum(inp.counter.messages(m) for m in own),
-                             len(own) * comp, "1 per selected question (the reader's own prompts)",
+                             len(own) * comp,
+                             "1 per selected question (the reader's own prompts"
+                             + (" on stand-in memories)" if inp.stand_ins else ")"),
                              sum(inp.over(m, s.max_tokens) for m in own) if inp.checked else None)
     # Sizes of the memory the method retrieves: keys of other stages' nodes, read as data
     # (the reader's inputs differ per method; absent = that memory is not shown).

@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.llm.tokens import CHARS_PER_TOKEN
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import (
     attach_embeddings,
@@ -343,6 +344,19 @@ def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
     return inp.turns.filter(pl.col("event_id").is_in(list(kept)))
 
 
+def stand_in_synthesis(conv_id: str, index: int, buffer: Sequence[Any], s: ConsolidateSettings) -> dict[str, Any]:
+    """A SYNTHESES row as long as the expected reply (min(max_tokens, 450) tokens), written
+    with its buffer's words (for the dry run's readers)."""
+    words = " ".join(r.text for r in buffer).split() or ["event"]
+    chars = CHARS_PER_TOKEN * min(s.max_tokens, SYNTHESIS_COMPLETION)
+    text = " ".join(words * (chars // max(len(" ".join(words)), 1) + 1))[:chars]
+    times = [r.time for r in buffer if r.time is not None]
+    return {"synth_id": f"{conv_id}:synth:{index}", "conv_id": conv_id, "window_index": index,
+            "window_start": min(times, default=None), "window_end": max(times, default=None),
+            "text": text, "buffer_entry_ids": [], "seed_entry_ids": [], "context_entry_ids": [],
+            "request_id": "", "prompt_version": "", "parse_ok": True}
+
+
 def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
     """The stage's greedy windows over the turns' times (entries inherit their turn's time),
     so the count is the stage's whenever every session yields an entry, else an upper bound;
@@ -358,6 +372,7 @@ def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
     kinds = list(x.perspectives)
     frame = entry_stand_ins(inp, x).rename({"session_time": "event_time"})
     prompt = n = over = 0
+    synths: list[dict[str, Any]] = []
     for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
         recs = [
             synthesis.Record(r["event_time"], r["speaker"], k, (r["text"] or "")[: x.max_item_chars])
@@ -376,6 +391,8 @@ def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
             prompt += inp.counter.messages(msgs)
             over += inp.over(msgs, s.max_tokens)
             n += 1
+            synths.append(stand_in_synthesis(str(rows["conv_id"][0]), len(synths), buffer, s))
+    inp.stand_ins["syntheses"] = schemas.frame(synths, schemas.SYNTHESES)
     return StageEstimate(
         STAGE_NAME, n, prompt, n * min(s.max_tokens, SYNTHESIS_COMPLETION),
         "upper bound: greedy windows over turn times (the stage's count when every turn "

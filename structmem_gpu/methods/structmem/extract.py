@@ -655,6 +655,21 @@ def approximate_batches(turns: pl.DataFrame, budget: int, count: Callable[[str],
     return out
 
 
+def stand_in_entries(windows: Sequence[ExtractionWindow], s: ExtractSettings) -> pl.DataFrame:
+    """ENTRIES rows as the stage could write them: per window and perspective, one entry for
+    each of its first max_items turns, the turn's text cut to max_item_chars (for the dry
+    run's later hooks: the readers' prompts)."""
+    rows = [
+        {"entry_id": f"{kind}:{t.event_id}:{t.part}", "conv_id": w.conv_id, "event_id": t.event_id,
+         "dia_id": t.dia_id, "session_index": t.session_index, "turn_index": t.turn_index,
+         "event_time": t.session_time, "speaker": t.speaker, "kind": kind,
+         "text": t.text[: s.max_item_chars], "request_id": "", "prompt_version": "", "model": ""}
+        for kind in s.perspectives for w in windows
+        for t in (w.turns if s.max_items is None else w.turns[: s.max_items])
+    ]
+    return schemas.frame(rows, schemas.ENTRIES)
+
+
 def estimate_extract(inp: EstimateInputs) -> StageEstimate:
     """Exact: the stage's own windows (`plan_from_settings`) and request builder, so the count
     and the prompts are the job's (with extract.input=compressed | segments the turns are the
@@ -696,6 +711,7 @@ def estimate_extract(inp: EstimateInputs) -> StageEstimate:
             items = len(w.turns) if s.max_items is None else min(len(w.turns), s.max_items)
             completion += int(min(s.max_tokens, 6 + items * item_tokens))
             n += 1
+    inp.stand_ins["entries"] = stand_in_entries(windows, s)
     return StageEstimate(
         STAGE_NAME, n, prompt, completion,
         (f"APPROXIMATE ({s.input}: stand-in compression, see compress/segment rows): " if s.input != "turns" else "")
