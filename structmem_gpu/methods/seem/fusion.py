@@ -316,14 +316,14 @@ def filled(text: str, chars: int) -> str:
     return ((text + " ") * (chars // (len(text) + 1) + 1))[:chars]
 
 
-def schema_limit_frame(text: str, f: FrameSettings) -> FrameContent:
-    """A frame as long as frames' reply schema allows (summary_chars, max_events events with
-    every role at max_chars), written with the passage's words: what a later prompt that
-    shows an extracted frame holds at most."""
+def stand_in_frame(text: str, f: FrameSettings) -> FrameContent:
+    """A frame as the frames estimate expects a reply (FRAME_EVENT_TOKENS): the summary at
+    summary_chars and one event (two participants, one action, every role at max_chars),
+    written with the passage's words; the schema's limits (up to max_events events) would
+    make a bound that a 1-3 sentence frame never comes near."""
     one = filled(text, f.max_chars)
-    event = Event(tuple([one] * f.max_participants), tuple([one] * min(f.max_actions, f.max_actions_schema)),
-                  one, one, one, one)
-    return FrameContent(filled(text, f.summary_chars), tuple([event] * f.max_events))
+    event = Event(tuple([one] * min(2, f.max_participants)), (one,), one, one, one, one)
+    return FrameContent(filled(text, f.summary_chars), (event,)[: f.max_events])
 
 
 def estimate_fusion(inp: EstimateInputs) -> StageEstimate:
@@ -331,14 +331,14 @@ def estimate_fusion(inp: EstimateInputs) -> StageEstimate:
     on the extracted frames (replies of `frames`), so the count is the most the wavefront can
     send: window 1, every frame but a conversation's first (twice with strict_two_call);
     windowed, every window but a lone first one. Prompts: the stage's own request builders on
-    stand-in frames at the reply schema's limits (`schema_limit_frame`; no merges), each new
-    frame judged against the previous (window: against the window's length of earlier frames)."""
+    stand-in frames (`stand_in_frame`; no merges), each new frame judged against the previous
+    (window: against the window's length of earlier frames)."""
     s = inp.job.settings(FusionSettings)
     f = s.frames or inp.job.settings(FrameSettings)
     passages = passage_list(passages_from_turns(inp.turns))
     prompt = n = over = 0
     for conv_id, ps in by_conversation(passages).items():
-        initial = [schema_limit_frame(p.display, f) for p in ps]
+        initial = [stand_in_frame(p.display, f) for p in ps]
         st = ConversationStore.create(conv_id, ps, initial, np.zeros((len(ps), 1), dtype=np.float32))
         requests: list[LLMRequest] = []
         if s.window == 1:
