@@ -125,3 +125,32 @@ def test_dry_run_estimates_compression_and_extraction_batches() -> None:
     assert rows["extract"]["basis"].startswith("APPROXIMATE (segments")
     plain = {r["stage"]: r for r in estimate(compose_cfg(["benchmark=sample"]))["stages"]}
     assert "compress" not in plain and not plain["extract"]["basis"].startswith("APPROXIMATE")
+
+
+def test_gguf_counter_counts_as_llama_cpp_does() -> None:
+    """llm.backend=llamacpp: the prompt as llama.cpp's chat handler renders and tokenizes it
+    (whole prompt, special tokens, no added BOS), though counted piece by piece with a cache:
+    blank lines, indents and lines that recur must not change the count."""
+    import pytest
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from structmem_gpu.llm.server import packaged_smollm2_gguf
+    from structmem_gpu.llm.types import Message
+    from structmem_gpu.node.dry_run import gguf_counter
+
+    counter = token_counter({"backend": "llamacpp", "model": None, "tokenizer": "chars"})
+    assert counter.name.startswith("gguf:") and gguf_counter("/nonexistent.gguf") is None
+    vocab = llama_cpp.Llama(model_path=str(packaged_smollm2_gguf()), vocab_only=True, verbose=False)
+    fmt = Jinja2ChatFormatter(template=vocab.metadata["tokenizer.chat_template"],
+                              eos_token=vocab._model.token_get_text(vocab.token_eos()),
+                              bos_token=vocab._model.token_get_text(vocab.token_bos()))
+    for messages in (
+        [Message("user", "Q?\nA")],
+        [Message("system", "Rules:\n- one\n\n\n# Two\n  indented: yes\n"),
+         Message("user", "Memories of Lena:\n- (3 March) ran 10 km.\n- (3 March) ran 10 km.\n\nQuestion: how far?")],
+    ):
+        r = fmt(messages=[m.as_dict() for m in messages])
+        whole = len(vocab.tokenize(r.prompt.encode(), add_bos=not r.added_special, special=True))
+        assert counter.messages(messages) == whole
