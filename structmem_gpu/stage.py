@@ -68,11 +68,17 @@ class Stage:
     # bound (StageEstimate.bound) where they do. None = nothing to say beyond `uses`: a stage
     # without "llm" / "judges" sends 0 requests, one with them is "not estimated".
     estimate: "Callable[[EstimateInputs], StageEstimate] | None" = None
+    # What the stage loads itself besides the backends of `uses` (LOADS): the GPU memory plan
+    # (node/gpu_plan.py) counts the compression model and FAISS-GPU scratch where they are.
+    loads: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.uses or ()) - set(ROLES))
         if unknown:
             raise ValueError(f"stage {self.name!r}: unknown uses {unknown}; roles are {ROLES}")
+        other = sorted(set(self.loads) - set(LOADS))
+        if other:
+            raise ValueError(f"stage {self.name!r}: unknown loads {other}; known: {LOADS}")
 
     @property
     def sends_llm_requests(self) -> bool:
@@ -149,6 +155,10 @@ class EstimateInputs:
     def checked(self) -> bool:
         return self.check is not None
 
+
+# compression_model = LLMLingua-2 (compress.model), loaded and dropped by the stage;
+# faiss = a FAISS index searched in the stage (GPU scratch with index.use_gpu).
+LOADS = ("compression_model", "faiss")
 
 # llm = the answer/build model; judges = every judge of `judge` (panel members included; one
 # with `llm: null` is the answer model's backend); encoder = the sentence encoder.

@@ -190,4 +190,5 @@ RETRIEVE_STAGE = Stage(
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
     uses=("encoder",),
     estimate=estimate_retrieve_turns,
+    loads=("faiss",),
 )

@@ -194,4 +194,5 @@ STAGE = Stage(
     extra_fingerprint=tokenizer_data_fingerprint,
     uses=(),
     estimate=estimate_compress,
+    loads=("compression_model",),
 )

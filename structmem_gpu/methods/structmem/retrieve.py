@@ -213,4 +213,5 @@ STAGE = Stage(
     extra_fingerprint=view_fingerprint,  # None unless update.read=post
     uses=("encoder",),
     estimate=estimate_retrieve,
+    loads=("faiss",),
 )

@@ -221,4 +221,5 @@ STAGE = Stage(
     extra_fingerprint=tokenizer_data_fingerprint,
     uses=("encoder",),
     estimate=estimate_segment,
+    loads=("compression_model",),  # the segmenter shares compress.model
 )
