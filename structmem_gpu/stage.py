@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from structmem_gpu.config.job import JobConfig
     from structmem_gpu.embed.encoder import Encoder
     from structmem_gpu.config.settings import Settings
-    from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
+    from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult, Message
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,103 @@ class Stage:
     # what these roles keep resident. None = undeclared, read as every role (every packaged
     # stage declares it; Backends refuses a role a stage did not declare). Not fingerprinted.
     uses: tuple[str, ...] | None = None
+    # What the stage will send, without a server (the dry run, node/dry_run.py): requests and
+    # prompt/completion tokens built by the stage's own request builders on the loaded turns
+    # and questions. Exact where its requests do not depend on earlier replies; an upper
+    # bound (StageEstimate.bound) where they do. None = nothing to say beyond `uses`: a stage
+    # without "llm" / "judges" sends 0 requests, one with them is "not estimated".
+    estimate: "Callable[[EstimateInputs], StageEstimate] | None" = None
+    # What the stage loads itself besides the backends of `uses` (LOADS): the GPU memory plan
+    # (node/gpu_plan.py) counts the compression model and FAISS-GPU scratch where they are.
+    loads: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.uses or ()) - set(ROLES))
         if unknown:
             raise ValueError(f"stage {self.name!r}: unknown uses {unknown}; roles are {ROLES}")
+        other = sorted(set(self.loads) - set(LOADS))
+        if other:
+            raise ValueError(f"stage {self.name!r}: unknown loads {other}; known: {LOADS}")
 
+    @property
+    def sends_llm_requests(self) -> bool:
+        """Whether the stage may send LLM requests (`uses` names "llm" or "judges"; an
+        undeclared `uses` may)."""
+        return self.uses is None or bool({"llm", "judges"} & set(self.uses))
+
+    def describe(self, inputs: "EstimateInputs") -> "StageEstimate":
+        """The stage's dry-run row: its estimate hook, else 0 requests for a stage without
+        an LLM role, else "not estimated"."""
+        if self.estimate is not None:
+            return self.estimate(inputs)
+        if not self.sends_llm_requests:
+            return StageEstimate(self.name, 0, 0, 0, "no LLM", 0)
+        return StageEstimate(self.name, None, None, None, "LLM stage: not estimated")
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One stage's dry-run row. `bound`: requests (and tokens) are an upper bound, because
+    what the stage sends depends on earlier replies (a fusion judged "same", a dedup shortlist
+    built from extracted names); otherwise the count is what the stage will send."""
+
+    stage: str
+    requests: int | None  # None = not estimated
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    basis: str
+    # requests the context guard would not send (llm/context_guard.py); None = not estimated
+    over_context: int | None = None
+    window_plan: str | None = None  # extract: digest of the windows (the job's manifest shows it)
+    bound: bool = False
+    # build stages (a memory's construction, compared with the paper's build cost)
+    build: bool = False
+
+
+class MessageCounter(Protocol):
+    """Counts the prompt tokens of one chat request (node/dry_run.TokenCounter)."""
+
+    name: str
+
+    def messages(self, messages: "Sequence[Message]") -> int: ...
+
+
+class OverContext(Protocol):
+    """The context guard's rule without a server (node/dry_run.ContextCheck)."""
+
+    def over(self, messages: "Sequence[Message]", max_tokens: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class EstimateInputs:
+    """What a stage's estimate hook reads: the job's typed configuration, the benchmark as the
+    load stage produces it (shard applied), the selected questions, and the counters."""
+
+    job: "JobConfig"
+    turns: pl.DataFrame
+    questions: pl.DataFrame  # every question of the loaded conversations
+    selected: pl.DataFrame  # the questions the job answers (benchmark.categories)
+    counter: MessageCounter
+    check: OverContext | None = None  # the answer/build model's context guard (None: unchecked)
+    judge_check: OverContext | None = None  # the judge's (None: the answer model's)
+    # Stand-ins of the tables earlier stages write (entries, syntheses, retrievals...), shaped
+    # as the stage writes them with content from the turns: a hook leaves its own for the
+    # hooks after it, so a reader can render its real prompts (eval/answer.estimate_answer).
+    stand_ins: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+    def over(self, messages: "Sequence[Message]", max_tokens: int, *, judge: bool = False) -> int:
+        """1 when the context guard would not send this request, else 0."""
+        check = (self.judge_check or self.check) if judge else self.check
+        return int(check is not None and check.over(messages, max_tokens))
+
+    @property
+    def checked(self) -> bool:
+        return self.check is not None
+
+
+# compression_model = LLMLingua-2 (compress.model), loaded and dropped by the stage;
+# faiss = a FAISS index searched in the stage (GPU scratch with index.use_gpu).
+LOADS = ("compression_model", "faiss")
 
 # llm = the answer/build model; judges = every judge of `judge` (panel members included; one
 # with `llm: null` is the answer model's backend); encoder = the sentence encoder.

@@ -32,8 +32,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.bench.fit import rate, share
 from structmem_gpu.bench.harness import (
-    LLM_STAGE_NAMES,
     BenchSettings,
+    llm_stages,
     manifest_stages,
     reference_schedule,
     run_pipeline,
@@ -131,13 +131,13 @@ def run_build(
     return out
 
 
-def _leg(run_dir: Path, stages: Sequence[str]) -> dict[str, Any]:
+def _leg(run_dir: Path, stages: Sequence[str], llm: Sequence[str]) -> dict[str, Any]:
     costs = manifest_stages(run_dir)
     missing = [s for s in stages if s not in costs]
     if missing:
         raise RuntimeError(f"{run_dir}: stages {missing} did not run")
     sel = [costs[s] for s in stages]
-    llm_sel = [costs[s] for s in stages if s in LLM_STAGE_NAMES]
+    llm_sel = [costs[s] for s in stages if s in llm]
     wall = sum(float(c["wall_s"]) for c in sel)
     llm_wall = sum(float(c["wall_s"]) for c in llm_sel)
     calls = sum(int(c["calls"]) for c in llm_sel)
@@ -211,10 +211,10 @@ def run_schedule(settings: BenchSettings, dataset: Sequence[str]) -> dict[str, A
     with reference_schedule():
         run_pipeline(cfg, ref_dir)
     load["reference"].append(_load1())
-    batched, reference = _leg(batched_run, stages), _leg(ref_dir, stages)
+    llm = llm_stages(cfg, stages)  # the stages whose `uses` name an LLM role
+    batched, reference = _leg(batched_run, stages, llm), _leg(ref_dir, stages, llm)
     for name, leg in (("batched", batched), ("reference", reference)):
         leg["loadavg_start_end"] = load[name]  # unequal load = a ratio to distrust
-    llm_stages = [s for s in stages if s in LLM_STAGE_NAMES]
     return {
         "stages": stages,
         "batched": batched,
@@ -225,6 +225,6 @@ def run_schedule(settings: BenchSettings, dataset: Sequence[str]) -> dict[str, A
             if batched["llm_stages_wall_s"]
             else None
         ),
-        "differences": differing_replies(batched_run, ref_dir, llm_stages),
+        "differences": differing_replies(batched_run, ref_dir, llm),
         "max_in_flight": int(OmegaConf.select(cfg, "llm.max_in_flight", default=1) or 1),
     }

@@ -30,8 +30,6 @@ from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
-LLM_STAGE_NAMES = ("extract", "consolidate", "frames", "fusion", "graph", "answer", "judge")
-
 
 @dataclass
 class BenchSettings:
@@ -117,6 +115,15 @@ def run_pipeline(
         cfg, run_dir, registry if registry is not None else stage_registry(cfg)
     )
     return time.perf_counter() - t0
+
+
+def llm_stages(cfg: DictConfig, stages: Sequence[str]) -> list[str]:
+    """The stages among `stages` that may send LLM requests, as each Stage declares it
+    (`uses` names "llm" or "judges"; stage.py), in the given order."""
+    from structmem_gpu.methods.registry import stage_registry
+
+    registry = stage_registry(cfg)
+    return [s for s in stages if registry[s].sends_llm_requests]
 
 
 def manifest_stages(run_dir: Path) -> dict[str, dict[str, Any]]:

@@ -303,9 +303,9 @@ def _dry_run(p: Mapping[str, Any]) -> list[str]:
             f"\n{name}: method `{est['method']}`, benchmark `{est['benchmark']}` "
             f"({est['conversations']} conversations, {est['turns']} turns, "
             f"{est['questions_selected']} questions), tokens by {est['tokenizer']}:\n",
-            md_table(
-                [*est["stages"], {"stage": "total", **est["total"]}],
-                ["stage", "requests", "prompt_tokens", "completion_tokens", "basis"],
+            md_table(  # bound: an upper bound (the stage's requests depend on replies)
+                [*est["stages"], {"stage": "total", **est["total"], "bound": est.get("bound")}],
+                ["stage", "requests", "bound", "prompt_tokens", "completion_tokens", "basis"],
             ),
         ]
     return out

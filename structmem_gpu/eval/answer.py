@@ -53,7 +53,7 @@ from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
 from structmem_gpu.config.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob
-from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +317,80 @@ def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"answers": answers}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+ANSWER_COMPLETION = 16  # a short phrase (answer.protocol=reasoned)
+# answer.protocol=paper: a few reasoning steps with the date arithmetic, then the answer line
+ANSWER_PAPER_COMPLETION = 200
+SYNTHESIS_TOKENS = 450  # a synthesis is as long as its reply: at most a 350-word narrative
+# The reader the prompts are rendered with (other readers are estimated with its template).
+STRUCTMEM_READER = "structmem_gpu.methods.structmem.context:build_prompts"
+
+
+def reader_prompts(inp: EstimateInputs, s: AnswerSettings) -> list[Any] | None:
+    """The reader's own prompts (`answer.prompt`) on the loaded turns and the stand-in tables
+    earlier hooks left (EstimateInputs.stand_ins: entries, syntheses, retrievals); None when
+    it needs a table no hook stands in for (SEEM's memory, the graph's relations)."""
+    builder = context_builder(s.prompt)
+    # the builder reads the job's config as the stage hands it over
+    cfg = OmegaConf.create(dict(inp.job.plain))
+    try:
+        prompts = builder(AnswerInputs(cfg, inp.selected, {"turns": inp.turns, **inp.stand_ins}))
+    except MissingTableError:
+        return None
+    return [prompts[q].messages for q in inp.selected["question_id"].to_list()]
+
+
+def estimate_answer(inp: EstimateInputs) -> StageEstimate:
+    """Exact count: one request per selected question. Prompts: the reader's own (exact for
+    full_context, which reads only the turns; on stand-in memories for structmem, flat and
+    turn_rag), else the StructMem reader's template
+    (answer.protocol's) filled with stand-ins of the configured sizes (entries_k entries cut
+    to extract.max_item_chars, syntheses_k syntheses)."""
+    from datetime import datetime
+
+    from structmem_gpu.eval.prompts import answer_structmem as P
+
+    s = inp.job.settings(AnswerSettings)
+    qs, turns, job = inp.selected, inp.turns, inp.job
+    own = reader_prompts(inp, s)
+    if own is not None:
+        paper = s.protocol == "paper"
+        comp = min(s.max_tokens, ANSWER_PAPER_COMPLETION if paper else ANSWER_COMPLETION)
+        return StageEstimate("answer", len(own), sum(inp.counter.messages(m) for m in own),
+                             len(own) * comp,
+                             "1 per selected question (the reader's own prompts"
+                             + (" on stand-in memories)" if inp.stand_ins else ")"),
+                             sum(inp.over(m, s.max_tokens) for m in own) if inp.checked else None)
+    # Sizes of the memory the method retrieves: keys of other stages' nodes, read as data
+    # (the reader's inputs differ per method; absent = that memory is not shown).
+    k = int(job.select("retrieve.entries_k") or 0)
+    sk = int(job.select("retrieve.syntheses_k") or 0) if job.select("consolidate.enabled") else 0
+    cap = job.select("extract.max_item_chars")
+    texts = [(x or "")[: int(cap)] if cap else (x or "") for x in turns["text"].to_list()]
+    t = datetime(2023, 5, 8)
+    entries = ([P.MemoryLine(turns["speaker"][i % turns.height], t, texts[i % len(texts)]) for i in range(k)]
+               if texts else [])
+    synth_tokens = min(int(job.select("consolidate.max_tokens") or 0), SYNTHESIS_TOKENS)
+    synth = [P.SynthesisLine(t, t, "word " * int(synth_tokens * 0.75))] * sk
+    paper = s.protocol == "paper"
+    if paper:
+        from structmem_gpu.eval.prompts import answer_paper as A
+
+        block = [A.render_entries([A.PaperEntry(e.speaker, e.time, e.text) for e in entries]),
+                 A.render_summaries([x.text for x in synth])]
+        prompts = [A.build_messages(q, block) for q in qs["question"].to_list()]
+    else:
+        prompts = [P.build_messages(q, entries, synth) for q in qs["question"].to_list()]
+    prompt = sum(inp.counter.messages(m) for m in prompts)
+    over = sum(inp.over(m, s.max_tokens) for m in prompts)
+    note = "" if s.prompt == STRUCTMEM_READER else " (StructMem template as a stand-in for answer.prompt)"
+    comp = min(s.max_tokens, ANSWER_PAPER_COMPLETION if paper else ANSWER_COMPLETION)
+    return StageEstimate("answer", qs.height, prompt, qs.height * comp,
+                         f"1 per selected question; {k} entries + {sk} syntheses{note}",
+                         over if inp.checked else None)
+
+
 STAGE = Stage(
     name="answer",
     run=run_answer,
@@ -330,4 +404,5 @@ STAGE = Stage(
     # 3: the reply column (judge.input=reply judges it).
     version="3",
     uses=("llm",),
+    estimate=estimate_answer,
 )

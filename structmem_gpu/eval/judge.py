@@ -78,7 +78,7 @@ from structmem_gpu.config.settings import (
     knob,
     sub,
 )
-from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -501,6 +501,41 @@ def judge_identity(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+JUDGE_COMPLETION = 40  # one sentence of reasoning + label (judge.protocol=reasoned)
+JUDGE_PAPER_COMPLETION = 8  # {"label": "CORRECT"} (judge.protocol=paper)
+ANSWER_REPLY_TOKENS = 200  # the paper reader's reply the judge reads (judge.input=reply)
+
+
+def estimate_judge(inp: EstimateInputs) -> StageEstimate:
+    """An upper bound, exact unless an answer comes back empty (judged WRONG by rule, no
+    request): one request per selected question but category 5 (scored by rule) per judge of
+    the panel; prompts of the real LoCoMo judge template with a stand-in answer."""
+    from structmem_gpu.eval.answer import AnswerSettings
+
+    s = inp.job.settings(JudgeSettings)
+    a = inp.job.settings(AnswerSettings)
+    qs = inp.selected.filter(pl.col("category") != LOCOMO_ADVERSARIAL)
+    judges = len(s.panel) if s.panel else 1
+    paper = s.protocol == "paper"
+    build = judge_locomo_paper.build_messages if paper else judge_locomo.build_messages
+    # judge.input=reply after the paper reader: the judge reads the reader's whole reply.
+    whole = s.input == "reply" and a.protocol == "paper"
+    reply_tokens = min(a.max_tokens, ANSWER_REPLY_TOKENS)
+    stand_in = "word " * int(reply_tokens * 0.75) if whole else "a short generated answer"
+    prompts = [build(q, ans or "", stand_in) for q, ans in qs.select("question", "answer").iter_rows()]
+    prompt = sum(inp.counter.messages(m) for m in prompts)
+    over = judges * sum(inp.over(m, s.max_tokens, judge=True) for m in prompts)
+    comp = min(s.max_tokens, JUDGE_PAPER_COMPLETION if paper else JUDGE_COMPLETION)
+    return StageEstimate(
+        "judge", qs.height * judges, prompt * judges, qs.height * judges * comp,
+        f"upper bound: 1 per selected question (category 5 by rule; an empty answer too) x "
+        f"{judges} judge(s)",
+        over if inp.checked else None, bound=True,
+    )
+
+
 # judgments is deliberately NOT an optional_read: it is this stage's own output, so hashing it
 # would change the fingerprint after every run and the stage would never be skipped.
 STAGE = Stage(
@@ -516,4 +551,5 @@ STAGE = Stage(
     # 3: judge.input (the reply by default) and the judge_input column.
     version="3",
     uses=("judges",),
+    estimate=estimate_judge,
 )

@@ -273,8 +273,8 @@ def resident(cfg: DictConfig, key: str, device_gb: float | None) -> Resident | s
 
 
 # LLMLingua-2 (compress.model, bert-base-multilingual-cased: 178M parameters, loaded in its
-# stored float32) for the stages that load it; weights_gb is stated at 16 bits a parameter.
-COMPRESSION_STAGES = ("compress", "segment")
+# stored float32) for the stages that load it (Stage.loads); weights_gb is stated at 16 bits a
+# parameter.
 COMPRESSION_WEIGHTS_GB = 0.36
 
 
@@ -378,14 +378,15 @@ def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
         return found if isinstance(found, Resident) else None
 
     faiss = _faiss_on_gpu(cfg, device_gb)
-    faiss_from = next((i for i, s in enumerate(stages) if s.name == "retrieve"), None)
+    # from the first stage that searches a FAISS index (Stage.loads; SEEM's retrieve does not)
+    faiss_from = next((i for i, s in enumerate(stages) if "faiss" in s.loads), None)
     open_now: set[str] = set()
     for i, stage in enumerate(stages):
         need = keys[i]
         carried = open_now - need
         scratch = Resident("faiss", "FAISS-GPU scratch", (0,), Weights(FAISS_SCRATCH_GB, "faiss default"))
         extra = [scratch] if faiss and faiss_from is not None and i >= faiss_from else []
-        if stage.name in COMPRESSION_STAGES and (comp := compression_resident(cfg, device_gb)):
+        if "compression_model" in stage.loads and (comp := compression_resident(cfg, device_gb)):
             extra.append(comp)  # loaded and dropped by the stage itself
         own = [r for k in sorted(need) if (r := res(k))] + extra
         kept = [r for k in sorted(carried) if (r := res(k))]

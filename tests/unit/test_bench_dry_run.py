@@ -32,7 +32,8 @@ def test_counts_match_the_stage_builders_on_the_sample() -> None:
     assert rows["judge"]["requests"] == selected.height  # category 5 is not selected by default
     for name in ("load", "embed", "retrieve", "report"):
         assert rows[name]["requests"] == 0
-    assert est["complete"] and est["tokenizer"] == "chars/4"
+    # llm.backend=llamacpp: prompts counted as llama.cpp counts them (the GGUF's vocabulary)
+    assert est["complete"] and est["tokenizer"].startswith("gguf:")
     assert est["total"]["requests"] == sum(r["requests"] for r in est["stages"])
     assert all(r["prompt_tokens"] > 0 for r in est["stages"] if r["requests"])
     # Replies are capped by max_tokens.
@@ -54,11 +55,23 @@ def test_switches_change_the_estimate() -> None:
     assert judged["answer"]["requests"] == 22 and judged["judge"]["requests"] == 18  # cat 5 by rule
 
 
-def test_other_llm_stages_are_marked_not_estimated() -> None:
+def test_a_stage_without_a_hook_says_what_its_roles_allow() -> None:
+    """No estimate hook: 0 requests for a stage whose `uses` names no LLM role, "not
+    estimated" (None, the table's "?") for one that may send requests."""
+    from structmem_gpu.stage import Stage
+
+    def run(ctx):  # never called
+        raise AssertionError
+
+    no_llm = Stage(name="index", run=run, uses=("encoder",))
+    llm = Stage(name="rerank", run=run, uses=("llm",))
+    inputs = None  # not read without a hook
+    assert no_llm.describe(inputs).requests == 0  # type: ignore[arg-type]
+    assert llm.describe(inputs).requests is None  # type: ignore[arg-type]
     est = estimate(compose(CONF, ["debug=ci", "method=seem"]))
-    assert not est["complete"]
-    assert any(r["requests"] is None for r in est["stages"])
-    assert "?" in format_estimate(est)
+    assert est["complete"] and est["bound"]  # fusion and retrieve's fact filter are bounds
+    text = format_estimate(est)
+    assert "<=" in text and "?" not in text
 
 
 def test_token_counter_falls_back_to_chars() -> None:
@@ -112,3 +125,32 @@ def test_dry_run_estimates_compression_and_extraction_batches() -> None:
     assert rows["extract"]["basis"].startswith("APPROXIMATE (segments")
     plain = {r["stage"]: r for r in estimate(compose_cfg(["benchmark=sample"]))["stages"]}
     assert "compress" not in plain and not plain["extract"]["basis"].startswith("APPROXIMATE")
+
+
+def test_gguf_counter_counts_as_llama_cpp_does() -> None:
+    """llm.backend=llamacpp: the prompt as llama.cpp's chat handler renders and tokenizes it
+    (whole prompt, special tokens, no added BOS), though counted piece by piece with a cache:
+    blank lines, indents and lines that recur must not change the count."""
+    import pytest
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from structmem_gpu.llm.server import packaged_smollm2_gguf
+    from structmem_gpu.llm.types import Message
+    from structmem_gpu.node.dry_run import gguf_counter
+
+    counter = token_counter({"backend": "llamacpp", "model": None, "tokenizer": "chars"})
+    assert counter.name.startswith("gguf:") and gguf_counter("/nonexistent.gguf") is None
+    vocab = llama_cpp.Llama(model_path=str(packaged_smollm2_gguf()), vocab_only=True, verbose=False)
+    fmt = Jinja2ChatFormatter(template=vocab.metadata["tokenizer.chat_template"],
+                              eos_token=vocab._model.token_get_text(vocab.token_eos()),
+                              bos_token=vocab._model.token_get_text(vocab.token_bos()))
+    for messages in (
+        [Message("user", "Q?\nA")],
+        [Message("system", "Rules:\n- one\n\n\n# Two\n  indented: yes\n"),
+         Message("user", "Memories of Lena:\n- (3 March) ran 10 km.\n- (3 March) ran 10 km.\n\nQuestion: how far?")],
+    ):
+        r = fmt(messages=[m.as_dict() for m in messages])
+        whole = len(vocab.tokenize(r.prompt.encode(), add_bos=not r.added_special, special=True))
+        assert counter.messages(messages) == whole

@@ -173,3 +173,12 @@ def test_dry_run_prints_the_plan_and_exits_2_on_refusal(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "judge-qwen2_5_32b (vLLM server Qwen/Qwen2.5-32B-Instruct) 126.9 GB" in ok.stdout
     assert not (tmp_path / "r" / "manifest.json").exists()
+
+
+def test_faiss_scratch_only_from_a_stage_that_searches_faiss() -> None:
+    """Stage.loads names the FAISS index: StructMem's retrieve holds the scratch from its
+    stage on; SEEM's retrieve (PPR, no FAISS) holds none, though it is named "retrieve"."""
+    structmem = job_plan("gpu.memory_gb=80", "index.use_gpu=true")
+    assert "faiss" in residents(structmem, "retrieve") and "faiss" not in residents(structmem, "embed")
+    seem = job_plan("method=seem", "gpu.memory_gb=80", "index.use_gpu=true")
+    assert not any("faiss" in residents(seem, s.stage) for s in seem.stages)

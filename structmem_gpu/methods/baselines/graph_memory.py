@@ -49,7 +49,14 @@ from structmem_gpu.methods.baselines.graph_state import (
     NewRelation,
 )
 from structmem_gpu.methods.structmem.extract import ExtractionWindow
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +301,44 @@ def run_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return wave.tables()
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+GRAPH_ITEM_TOKENS = 20  # one entity / relation / dedup decision in JSON
+
+
+def estimate_graph(inp: EstimateInputs) -> StageEstimate:
+    """An UPPER BOUND: per window, the entity request (exact: the stage's own windows and
+    builder) and at most one request of each later sub-step (relations need >= 2 entities;
+    each dedup batch asks once per conversation and step, and only when the shortlist built
+    from earlier replies is not empty). Prompts: entity prompts exact; relation prompts with
+    the window's speakers as its entities; each dedup prompt counted as its window's relation
+    prompt (a stand-in: the candidates come from replies)."""
+    s = inp.job.settings(GraphSettings)
+    windows = [w for ws in X.windows_by_conversation(inp.turns, s.turns_per_request).values() for w in ws]
+    prompt = over = 0
+    completion = 0
+    for w in windows:
+        ent = X.entity_request(w, s)
+        speakers = list(dict.fromkeys(t.speaker for t in w.turns))
+        shown = [(f"e{i}", name, "person") for i, name in enumerate(speakers or ["?", "?"])]
+        shown += [("e-other", "someone", "person")] * max(0, 2 - len(shown))
+        rel = X.relation_plan(w, shown, s)
+        rel_msgs = rel.request.messages if rel is not None else ent.messages
+        prompt += inp.counter.messages(ent.messages) + 3 * inp.counter.messages(rel_msgs)
+        over += inp.over(ent.messages, s.max_tokens["entities"])
+        over += inp.over(rel_msgs, s.max_tokens["relations"])
+        completion += min(s.max_tokens["entities"], s.max_entities * GRAPH_ITEM_TOKENS)
+        completion += min(s.max_tokens["relations"], s.max_relations * GRAPH_ITEM_TOKENS)
+        completion += min(s.max_tokens["entity_dedup"], s.max_entities * GRAPH_ITEM_TOKENS)
+        completion += min(s.max_tokens["relation_dedup"], s.max_relations * GRAPH_ITEM_TOKENS)
+    return StageEstimate(
+        X.STAGE_NAME, 4 * len(windows), prompt, completion,
+        f"upper bound: {len(windows)} windows x 4 sub-steps (entities exact; relations and the "
+        "two dedups at most one each)",
+        over if inp.checked else None, bound=True, build=True,
+    )
+
+
 STAGE = Stage(
     name=X.STAGE_NAME,
     run=run_graph,
@@ -302,4 +347,5 @@ STAGE = Stage(
     settings=GraphSettings,
     depends=(*LLM_IDENTITY, *EMBEDDER_IDENTITY),
     uses=("llm", "encoder"),
+    estimate=estimate_graph,
 )

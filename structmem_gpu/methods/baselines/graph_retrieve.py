@@ -291,4 +291,5 @@ STAGE = Stage(
     settings=GraphRetrieveSettings,
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
     uses=("encoder",),
+    loads=("faiss",),
 )

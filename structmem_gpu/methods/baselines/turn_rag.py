@@ -38,7 +38,7 @@ from structmem_gpu.methods.structmem.embed import (
 from structmem_gpu.methods.structmem.retrieve import search_rows
 from structmem_gpu.methods.baselines.prompts import answer_turn_rag as P
 from structmem_gpu.config.settings import COUNT, Settings, knob
-from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import EMBEDDER_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,20 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
 
 
 
+def estimate_retrieve_turns(inp: EstimateInputs) -> StageEstimate:
+    """No LLM. Leaves stand-in retrievals for the reader's prompts: per selected question the
+    first turns_k turns of its conversation (the ranking needs the encoder)."""
+    k = inp.job.settings(TurnRetrieveSettings).turns_k
+    by_conv = {str(c): part.sort("session_index", "turn_index")["event_id"].to_list()
+               for (c,), part in inp.turns.group_by("conv_id", maintain_order=True)}
+    rows = [{"question_id": qid, "conv_id": conv, "circuit": CIRCUIT, "rank": r, "item_id": item,
+             "score": 0.0}
+            for qid, conv in inp.selected.select("question_id", "conv_id").iter_rows()
+            for r, item in enumerate(by_conv.get(str(conv), [])[:k])]
+    inp.stand_ins["retrievals"] = schemas.frame(rows, schemas.RETRIEVALS)
+    return StageEstimate("retrieve", 0, 0, 0, "no LLM", 0)
+
+
 EMBED_STAGE = Stage(
     name="embed", run=run_embed_turns, reads=("turns",), writes=(TABLE,), depends=EMBEDDER_IDENTITY,
     uses=("encoder",),
@@ -175,4 +189,6 @@ RETRIEVE_STAGE = Stage(
     settings=TurnRetrieveSettings,
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
     uses=("encoder",),
+    estimate=estimate_retrieve_turns,
+    loads=("faiss",),
 )

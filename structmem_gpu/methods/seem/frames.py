@@ -40,7 +40,8 @@ from structmem_gpu.methods.seem.passages import (
 from structmem_gpu.methods.seem.schemas import FRAMES_EXTRACTED
 from structmem_gpu.methods.seem.settings import FrameSettings
 from structmem_gpu.methods.seem.prompts import frame as seem_frame
-from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.llm.tokens import CHARS_PER_TOKEN
+from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,30 @@ def run_frames(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"passages": passages_df, "frames_extracted": frames}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+FRAME_EVENT_TOKENS = 40  # one event's slots in JSON (participants, action, time, place...)
+
+
+def estimate_frames(inp: EstimateInputs) -> StageEstimate:
+    """Exact: the stage's own passage groups and request builder on the loaded turns.
+    Completion per passage: its summary (the text up to summary_chars) and one event."""
+    s = inp.job.settings(FrameSettings)
+    groups = request_groups(passage_list(passages_from_turns(inp.turns)), s.passages_per_request)
+    prompt = completion = over = 0
+    for g in groups:
+        req = build_request(g, s)
+        prompt += inp.counter.messages(req.messages)
+        over += inp.over(req.messages, s.max_tokens)
+        reply = sum(min(len(p.display), s.summary_chars) // CHARS_PER_TOKEN + FRAME_EVENT_TOKENS for p in g)
+        completion += min(s.max_tokens, reply)
+    return StageEstimate(STAGE_NAME, len(groups), prompt, completion,
+                         f"{sum(map(len, groups))} passages in groups of <= {s.passages_per_request} (exact prompts)",
+                         over if inp.checked else None, build=True)
+
+
 STAGE = Stage(
     name=STAGE_NAME, run=run_frames, reads=("turns",), writes=("passages", "frames_extracted"),
     settings=FrameSettings, depends=LLM_IDENTITY,
-    uses=("llm",),
+    uses=("llm",), estimate=estimate_frames,
 )

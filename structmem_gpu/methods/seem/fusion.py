@@ -47,12 +47,19 @@ from structmem_gpu.methods.seem.fusion_requests import (
     parse_groups,
     window_request,
 )
-from structmem_gpu.methods.seem.model import FrameContent, events_from_rows, render_frame
-from structmem_gpu.methods.seem.passages import by_conversation, passage_list
+from structmem_gpu.methods.seem.model import Event, FrameContent, events_from_rows, render_frame
+from structmem_gpu.methods.seem.passages import by_conversation, passage_list, passages_from_turns
 from structmem_gpu.methods.seem.schemas import FRAME_OF, FRAMES
 from structmem_gpu.methods.seem.settings import FrameSettings, FusionSettings
 from structmem_gpu.methods.seem.store import ConversationStore
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +305,71 @@ def run_fusion(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"frames": frames, "frame_of": frame_of}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+FUSION_COMPLETION = 80  # a verdict, and for "same" a fused frame of max_events short events
+
+
+def filled(text: str, chars: int) -> str:
+    """`chars` characters of `text`, repeated as needed: stand-in prose of a given length."""
+    text = text.strip() or "x"
+    return ((text + " ") * (chars // (len(text) + 1) + 1))[:chars]
+
+
+def stand_in_frame(text: str, f: FrameSettings) -> FrameContent:
+    """A frame as the frames estimate expects a reply (FRAME_EVENT_TOKENS): the summary at
+    summary_chars and one event (two participants, one action, every role at max_chars),
+    written with the passage's words; the schema's limits (up to max_events events) would
+    make a bound that a 1-3 sentence frame never comes near."""
+    one = filled(text, f.max_chars)
+    event = Event(tuple([one] * min(2, f.max_participants)), (one,), one, one, one, one)
+    return FrameContent(filled(text, f.summary_chars), (event,)[: f.max_events])
+
+
+def estimate_fusion(inp: EstimateInputs) -> StageEstimate:
+    """An UPPER BOUND: which frame a new one is judged against, and whether it merges, depends
+    on the extracted frames (replies of `frames`), so the count is the most the wavefront can
+    send: window 1, every frame but a conversation's first (twice with strict_two_call);
+    windowed, every window but a lone first one. Prompts: the stage's own request builders on
+    stand-in frames (`stand_in_frame`; no merges), each new frame judged against the previous
+    (window: against the window's length of earlier frames)."""
+    s = inp.job.settings(FusionSettings)
+    f = s.frames or inp.job.settings(FrameSettings)
+    passages = passage_list(passages_from_turns(inp.turns))
+    prompt = n = over = 0
+    for conv_id, ps in by_conversation(passages).items():
+        initial = [stand_in_frame(p.display, f) for p in ps]
+        st = ConversationStore.create(conv_id, ps, initial, np.zeros((len(ps), 1), dtype=np.float32))
+        requests: list[LLMRequest] = []
+        if s.window == 1:
+            for t in range(len(ps)):
+                if t:
+                    job = PairJob(st, t, t - 1, 0.0)
+                    kinds = ("judge", "merge") if s.strict_two_call else ("judge_fuse",)
+                    requests += [pair_request(job, kind, s, f) for kind in kinds]
+                st.insert(t)
+        else:
+            for k in range(math.ceil(len(ps) / s.window)):
+                positions = tuple(range(k * s.window, min((k + 1) * s.window, len(ps))))
+                cands = tuple(range(max(0, len(st.frames) - s.window), len(st.frames)))
+                if len(positions) > 1 or cands:
+                    requests.append(window_request(WindowJob(st, positions, cands, (0.0,) * len(cands)), s, f))
+                for p in positions:
+                    st.insert(p)
+        for req in requests:
+            prompt += inp.counter.messages(req.messages)
+            over += inp.over(req.messages, s.max_tokens)
+        n += len(requests)
+    return StageEstimate(
+        "fusion", n, prompt, n * min(s.max_tokens, FUSION_COMPLETION),
+        f"upper bound: every judgeable frame sent (window {s.window}"
+        f"{', two calls' if s.strict_two_call else ''}); stand-in frames from the passages",
+        over if inp.checked else None, bound=True, build=True,
+    )
+
+
 STAGE = Stage(
     name="fusion", run=run_fusion, reads=("passages", "frames_extracted"), writes=("frames", "frame_of"),
     settings=FusionSettings, depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
-    uses=("llm", "encoder"),
+    uses=("llm", "encoder"), estimate=estimate_fusion,
 )

@@ -35,11 +35,23 @@ from structmem_gpu.methods.seem.graph_build import (
     dedup_facts,
     entity_names,
 )
-from structmem_gpu.methods.seem.passages import by_conversation, passage_list, request_groups
+from structmem_gpu.methods.seem.passages import (
+    by_conversation,
+    passage_list,
+    passages_from_turns,
+    request_groups,
+)
 from structmem_gpu.methods.seem.quadruples import build_request, collect_facts
 from structmem_gpu.methods.seem.schemas import ENTITIES, FACTS, GRAPH_EDGES, GRAPH_NODES
 from structmem_gpu.methods.seem.settings import GraphSettings
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +138,30 @@ def run_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return tables
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+QUADRUPLE_TOKENS = 30  # one quadruple in JSON (subject, relation, object, time)
+
+
+def estimate_graph(inp: EstimateInputs) -> StageEstimate:
+    """Exact: the stage's own passage groups and quadruple request builder on the loaded
+    turns. Completion: max_quadruples quadruples per passage, capped at max_tokens."""
+    s = inp.job.settings(GraphSettings)
+    groups = request_groups(passage_list(passages_from_turns(inp.turns)), s.passages_per_request)
+    prompt = completion = over = 0
+    for g in groups:
+        req = build_request(g, s)
+        prompt += inp.counter.messages(req.messages)
+        over += inp.over(req.messages, s.max_tokens)
+        completion += min(s.max_tokens, len(g) * s.max_quadruples * QUADRUPLE_TOKENS)
+    return StageEstimate("graph", len(groups), prompt, completion,
+                         f"{sum(map(len, groups))} passages in groups of <= {s.passages_per_request} (exact prompts)",
+                         over if inp.checked else None, build=True)
+
+
 STAGE = Stage(
     name="graph", run=run_graph, reads=("passages",),
     writes=("facts", "entities", "graph_nodes", "graph_edges"),
     settings=GraphSettings, depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
-    uses=("llm", "encoder"),
+    uses=("llm", "encoder"), estimate=estimate_graph,
 )

@@ -44,7 +44,14 @@ from structmem_gpu.methods.seem.ranking import entity_weights, fact_scores, rese
 from structmem_gpu.methods.seem.schemas import SEEM_RETRIEVALS
 from structmem_gpu.methods.seem.settings import RetrieveSettings
 from structmem_gpu.methods.seem.prompts import filter as seem_filter, query as seem_query
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +244,45 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"retrievals": core_schemas.frame(rows, SEEM_RETRIEVALS)}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+QUERY_QUADRUPLE_TOKENS = 30  # one query quadruple in JSON
+FILTER_COMPLETION = 12  # {"relevant": [1, 3]}
+
+
+def estimate_retrieve(inp: EstimateInputs) -> StageEstimate:
+    """An UPPER BOUND: one query-quadruple request per selected question (exact) and, with
+    fact_filter, one filter request per question whose fact search returns candidates (the
+    facts come from `graph`'s replies: at most every question). Filter prompts list facts_k
+    stand-in facts at the quadruple schema's limits (seem.graph.max_chars per slot)."""
+    from structmem_gpu.methods.seem.fusion import filled
+    from structmem_gpu.methods.seem.settings import GraphSettings
+
+    rs = inp.job.settings(RetrieveSettings)
+    slot = inp.job.settings(GraphSettings).max_chars
+    questions = _questions(inp.selected)
+    # a fact line at the quadruple schema's limit: four slots of max_chars, the turn's words
+    texts = {c: [" | ".join([filled(t or "", slot)] * 4) for t in part["text"].to_list()]
+             for (c,), part in inp.turns.group_by("conv_id", maintain_order=True)}
+    questions = [q for q in questions if q.conv_id in texts]
+    reqs = [query_request(q, rs) for q in questions]
+    completion = len(reqs) * min(rs.query_max_tokens, rs.query_max_quadruples * QUERY_QUADRUPLE_TOKENS)
+    if rs.fact_filter and rs.facts_k:
+        filters = [filter_request(q, texts[q.conv_id][: rs.facts_k], rs) for q in questions]
+        reqs += filters
+        completion += len(filters) * min(rs.filter_max_tokens, FILTER_COMPLETION)
+    prompt = sum(inp.counter.messages(r.messages) for r in reqs)
+    over = sum(inp.over(r.messages, r.sampling.max_tokens) for r in reqs)
+    return StageEstimate(
+        STAGE_NAME, len(reqs), prompt, completion,
+        f"upper bound: {len(questions)} query requests"
+        + (f" + at most {len(questions)} fact filters" if rs.fact_filter and rs.facts_k else ""),
+        over if inp.checked else None, bound=bool(rs.fact_filter and rs.facts_k),
+    )
+
+
 STAGE = Stage(
     name=STAGE_NAME, run=run_retrieve, reads=("questions", *MEMORY_TABLES), writes=("retrievals",),
     settings=RetrieveSettings, depends=("benchmark.categories", *EMBEDDER_IDENTITY, *LLM_IDENTITY),
-    uses=("llm", "encoder"),
+    uses=("llm", "encoder"), estimate=estimate_retrieve,
 )

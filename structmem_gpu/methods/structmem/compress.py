@@ -19,8 +19,10 @@ tokens_in / tokens_out (o200k), ratio, model, device, batch_size.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
 from omegaconf import DictConfig
@@ -28,7 +30,11 @@ from omegaconf import DictConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.config.settings import BOOL, RATE, SIZE, STR, Enum, Settings, knob
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.llm.tokens import CHARS_PER_TOKEN
+from structmem_gpu.stage import EstimateInputs, Stage, StageContext, StageEstimate
+
+if TYPE_CHECKING:
+    from structmem_gpu.config.job import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +146,45 @@ def run_compress(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"compressed_turns": table}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+
+def o200k_or_chars() -> tuple[Callable[[str], int], str]:
+    """The o200k counter the compressor's volume is measured in, or characters / 4 when
+    quicktok-v1 is not installed (the preflight names it)."""
+    try:
+        from structmem_gpu.llm.tiktoken_data import o200k_counter
+
+        return o200k_counter(), "o200k"
+    except ConfigError:
+        return (lambda t: (len(t) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN), "chars/4"
+
+
+def approximate_compressed(job: "JobConfig", turns: pl.DataFrame) -> pl.DataFrame:
+    """Each turn's reference message cut to its first `compress.rate` share of words: a
+    stand-in of the compression's volume (the model decides which words)."""
+    rate = job.settings(CompressSettings).rate
+
+    def cut(text: str) -> str:
+        words = text.split()
+        return " ".join(words[: math.ceil(rate * len(words))])
+
+    texts = [cut(reference_message(t, c)) for t, c in zip(turns["text"], turns["image_caption"], strict=True)]
+    return turns.with_columns(pl.Series("text", texts, pl.String), pl.lit(None, pl.String).alias("image_caption"))
+
+
+def estimate_compress(inp: EstimateInputs) -> StageEstimate:
+    """No LLM: the compression volume (turns and o200k tokens in, about `rate` of them out)."""
+    s = inp.job.settings(CompressSettings)
+    count, name = o200k_or_chars()
+    texts = [reference_message(t, c) for t, c in zip(inp.turns["text"], inp.turns["image_caption"], strict=True)]
+    tokens = sum(count(t) for t in texts)
+    return StageEstimate(STAGE_NAME, 0, 0, 0,
+                         f"no LLM: LLMLingua-2 ({s.model}) over {sum(bool(t.strip()) for t in texts):,} "
+                         f"turns, {tokens:,} {name} tokens in, about {int(s.rate * tokens):,} out "
+                         f"(rate {s.rate})", 0)
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_compress,
@@ -148,4 +193,6 @@ STAGE = Stage(
     settings=CompressSettings,
     extra_fingerprint=tokenizer_data_fingerprint,
     uses=(),
+    estimate=estimate_compress,
+    loads=("compression_model",),
 )

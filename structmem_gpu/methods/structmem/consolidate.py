@@ -37,7 +37,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.llm.tokens import CHARS_PER_TOKEN
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import (
     attach_embeddings,
@@ -75,7 +76,17 @@ from structmem_gpu.config.settings import (
     Settings,
     knob,
 )
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
+
+if TYPE_CHECKING:
+    from structmem_gpu.methods.structmem.extract import ExtractSettings
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +322,85 @@ def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"syntheses": syntheses_frame(rows), "synthesis_embeddings": emb_frame}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
+
+
+def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
+    """The turns standing in for the entries of one perspective: per extraction window (the
+    extract stage's own plan) its first extract.max_items turns, as a reply holds at most
+    that many items. Every session keeps a turn, so the synthesis windows stay the same."""
+    from structmem_gpu.core.errors import ConfigError
+    from structmem_gpu.methods.structmem.extract import plan_from_settings
+
+    if x.max_items is None or x.input != "turns":
+        return inp.turns
+    try:
+        windows, _ = plan_from_settings(inp.turns, x, inp.job.select("llm"))
+    except ConfigError:  # the window tokenizer is not here (the extract row says so)
+        return inp.turns
+    kept = {t.event_id for w in windows for t in w.turns[: x.max_items]}
+    return inp.turns.filter(pl.col("event_id").is_in(list(kept)))
+
+
+def stand_in_synthesis(conv_id: str, index: int, buffer: Sequence[Any], s: ConsolidateSettings) -> dict[str, Any]:
+    """A SYNTHESES row as long as the expected reply (min(max_tokens, 450) tokens), written
+    with its buffer's words (for the dry run's readers)."""
+    words = " ".join(r.text for r in buffer).split() or ["event"]
+    chars = CHARS_PER_TOKEN * min(s.max_tokens, SYNTHESIS_COMPLETION)
+    text = " ".join(words * (chars // max(len(" ".join(words)), 1) + 1))[:chars]
+    times = [r.time for r in buffer if r.time is not None]
+    return {"synth_id": f"{conv_id}:synth:{index}", "conv_id": conv_id, "window_index": index,
+            "window_start": min(times, default=None), "window_end": max(times, default=None),
+            "text": text, "buffer_entry_ids": [], "seed_entry_ids": [], "context_entry_ids": [],
+            "request_id": "", "prompt_version": "", "parse_ok": True}
+
+
+def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
+    """The stage's greedy windows over the turns' times (entries inherit their turn's time),
+    so the count is the stage's whenever every session yields an entry, else an upper bound;
+    prompts of the real synthesis messages with turns standing in for the entries (one per
+    perspective for each turn an extraction reply can hold, `entry_stand_ins`) and seed_k seed
+    events; completion min(max_tokens, 450)."""
+    from structmem_gpu.methods.structmem.extract import ExtractSettings
+
+    s = inp.job.settings(ConsolidateSettings)
+    if not s.enabled:
+        return StageEstimate(STAGE_NAME, 0, 0, 0, "consolidate.enabled=false", 0, build=True)
+    x = inp.job.settings(ExtractSettings)
+    kinds = list(x.perspectives)
+    frame = entry_stand_ins(inp, x).rename({"session_time": "event_time"})
+    prompt = n = over = 0
+    synths: list[dict[str, Any]] = []
+    for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
+        recs = [
+            synthesis.Record(r["event_time"], r["speaker"], k, (r["text"] or "")[: x.max_item_chars])
+            for r in rows.iter_rows(named=True)
+            for k in kinds
+        ]
+        per = len(kinds)
+        for w in wins:
+            buffer = recs[w.start * per : w.end * per]
+            pool = (recs[: w.start * per] if s.seed_scope == "historical"
+                    else recs[: w.start * per] + recs[w.end * per :])
+            if not s.seed_exclude_buffer:
+                pool = pool + buffer
+            context = pool[-s.seed_k * per :] if s.seed_k else []
+            msgs = synthesis.build_messages(s.prompt_variant, buffer, context)
+            prompt += inp.counter.messages(msgs)
+            over += inp.over(msgs, s.max_tokens)
+            n += 1
+            synths.append(stand_in_synthesis(str(rows["conv_id"][0]), len(synths), buffer, s))
+    inp.stand_ins["syntheses"] = schemas.frame(synths, schemas.SYNTHESES)
+    return StageEstimate(
+        STAGE_NAME, n, prompt, n * min(s.max_tokens, SYNTHESIS_COMPLETION),
+        "upper bound: greedy windows over turn times (the stage's count when every turn "
+        "yields an entry); turns stand in for entries",
+        over if inp.checked else None, bound=True, build=True,
+    )
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_consolidate,
@@ -321,4 +411,5 @@ STAGE = Stage(
     version="2",  # 2: the seed query is encoded as an entry (no query instruction)
     extra_fingerprint=reference_fingerprint,
     uses=("llm", "encoder"),
+    estimate=estimate_consolidate,
 )

@@ -40,7 +40,14 @@ from structmem_gpu.data import display_text
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
-from structmem_gpu.llm.tokens import CHARS_COUNTER, TextCounter, chars_tokens, text_counter
+from structmem_gpu.llm.tokens import (
+    CHARS,
+    CHARS_COUNTER,
+    CHARS_PER_TOKEN,
+    TextCounter,
+    chars_tokens,
+    text_counter,
+)
 from structmem_gpu.methods.structmem.packing import pack_lengths, split_text
 from structmem_gpu.methods.structmem.prompts import extraction_prompt
 from structmem_gpu.prompts import extraction_schema, render_window
@@ -59,7 +66,7 @@ from structmem_gpu.config.settings import (
     Settings,
     knob,
 )
-from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -621,6 +628,102 @@ def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"entries": entries_frame(rows)}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+
+def approximate_batches(turns: pl.DataFrame, budget: int, count: Callable[[str], int]) -> list[ExtractionWindow]:
+    """Extraction batches over `turns` (already stand-in compressed) for the dry run: every
+    turn its own topic segment, packed per conversation to `budget` tokens by `count` (a turn
+    that would exceed it starts the next batch), across sessions, as the reference's
+    short-term buffer. The real cuts need the segmenter's model."""
+    out: list[ExtractionWindow] = []
+    ordered = turns.sort("conv_id", "session_index", "turn_index")
+    for (conv_id,), frame in ordered.group_by("conv_id", maintain_order=True):
+        views = [_turn_view(r) for r in frame.iter_rows(named=True)]
+        batch: list[TurnView] = []
+        used = 0
+        for v in [*views, None]:
+            need = 0 if v is None else count(v.text)
+            if batch and (v is None or used + need > budget):
+                topics = tuple((i, 1) for i in range(len(out), len(out) + len(batch)))
+                out.append(ExtractionWindow(str(conv_id), batch[0].session_index, batch[0].session_time,
+                                            tuple(batch), (), topics))
+                batch, used = [], 0
+            if v is not None:
+                batch.append(v)
+                used += need
+    return out
+
+
+def stand_in_entries(windows: Sequence[ExtractionWindow], s: ExtractSettings) -> pl.DataFrame:
+    """ENTRIES rows as the stage could write them: per window and perspective, one entry for
+    each of its first max_items turns, the turn's text cut to max_item_chars (for the dry
+    run's later hooks: the readers' prompts)."""
+    rows = [
+        {"entry_id": f"{kind}:{t.event_id}:{t.part}", "conv_id": w.conv_id, "event_id": t.event_id,
+         "dia_id": t.dia_id, "session_index": t.session_index, "turn_index": t.turn_index,
+         "event_time": t.session_time, "speaker": t.speaker, "kind": kind,
+         "text": t.text[: s.max_item_chars], "request_id": "", "prompt_version": "", "model": ""}
+        for kind in s.perspectives for w in windows
+        for t in (w.turns if s.max_items is None else w.turns[: s.max_items])
+    ]
+    return schemas.frame(rows, schemas.ENTRIES)
+
+
+def estimate_extract(inp: EstimateInputs) -> StageEstimate:
+    """Exact: the stage's own windows (`plan_from_settings`) and request builder, so the count
+    and the prompts are the job's (with extract.input=compressed | segments the turns are the
+    compress/segment stand-ins: approximate). Completion: one item per turn restating it
+    (capped by the schema) plus JSON framing, capped at extract.max_tokens."""
+    from structmem_gpu.methods.structmem.compress import approximate_compressed, o200k_or_chars
+
+    s = inp.job.settings(ExtractSettings)
+    llm_cfg = inp.job.select("llm")
+    turns = inp.turns
+    # segment.batch_tokens as plain data: segment.py imports this module (its settings class
+    # here would close an import circle)
+    batch_tokens = int(inp.job.select("segment.batch_tokens", 512)) if s.input == "segments" else 0
+    if s.input != "turns":
+        turns = approximate_compressed(inp.job, turns)
+    try:
+        if s.input == "segments":
+            windows, packer = approximate_batches(turns, batch_tokens, o200k_or_chars()[0]), "o200k"
+        else:
+            windows, packer = plan_from_settings(turns, s, llm_cfg)
+        plan: str | None = window_plan_hash(windows)
+        missing = None
+    except ConfigError as err:
+        # The window tokenizer is not on this machine (a login node before `jobs/data.py
+        # models`, a CI machine): the job stops on it (preflight); the dry run still plans,
+        # by characters / 4, and says these are not the job's windows.
+        chars = (s.model_copy(update={"window_tokenizer": CHARS}) if hasattr(s, "model_copy")
+                 else replace(s, window_tokenizer=CHARS))  # pydantic settings or a dataclass
+        windows, packer = plan_from_settings(turns, chars, llm_cfg)
+        plan, missing = None, str(err)
+    prompt = completion = n = over = 0
+    for kind in s.perspectives:
+        for w in windows:
+            req = build_request(w, kind, s)
+            prompt += inp.counter.messages(req.messages)
+            over += inp.over(req.messages, req.sampling.max_tokens)
+            mean_chars = sum(len(t.text) for t in w.turns) / max(len(w.turns), 1)
+            item_tokens = min(mean_chars, s.max_item_chars) / CHARS_PER_TOKEN + 8
+            items = len(w.turns) if s.max_items is None else min(len(w.turns), s.max_items)
+            completion += int(min(s.max_tokens, 6 + items * item_tokens))
+            n += 1
+    inp.stand_ins["entries"] = stand_in_entries(windows, s)
+    return StageEstimate(
+        STAGE_NAME, n, prompt, completion,
+        (f"APPROXIMATE ({s.input}: stand-in compression, see compress/segment rows): " if s.input != "turns" else "")
+        + f"{len(windows)} windows x {len(s.perspectives)} perspectives (exact prompts"
+        + (f"; batches of <= {batch_tokens} {packer} tokens" if s.input == "segments" else
+           f"; packed to {s.window_tokens} tokens by {packer}" if s.window_tokens else "")
+        + (f"; window plan {plan})" if plan else
+           f"; APPROXIMATE: not the job's windows, a real job stops on: {missing})"),
+        over if inp.checked else None, plan, build=True,
+    )
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_extract,
@@ -632,4 +735,5 @@ STAGE = Stage(
     depends=LLM_IDENTITY,
     extra_fingerprint=reference_fingerprint,
     uses=("llm",),
+    estimate=estimate_extract,
 )

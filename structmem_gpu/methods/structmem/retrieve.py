@@ -35,7 +35,7 @@ from structmem_gpu.index.faiss_index import GPU_MAX_K, VectorIndex
 from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.update_view import deleted_ids, keeps_syntheses, view_fingerprint
 from structmem_gpu.config.settings import COUNT, Settings, knob
-from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import EMBEDDER_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,29 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"retrievals": out}
 
 
+def estimate_retrieve(inp: EstimateInputs) -> StageEstimate:
+    """No LLM. Leaves stand-in retrievals for the reader's prompts: per selected question
+    the first entries_k stand-in entries and syntheses_k syntheses of its conversation (the
+    ranking needs the encoder; the count and the lengths are what the prompt holds)."""
+    s = inp.job.settings(RetrieveSettings)
+    pools = {"entries": inp.stand_ins.get("entries"), "syntheses": inp.stand_ins.get("syntheses")}
+    ids = {"entries": "entry_id", "syntheses": "synth_id"}
+    ks = {"entries": s.entries_k, "syntheses": s.syntheses_k}
+    rows: list[dict[str, Any]] = []
+    for circuit in CIRCUITS:
+        pool = pools.get(circuit)
+        if pool is None or not ks[circuit]:
+            continue
+        by_conv = {str(c): part[ids[circuit]].to_list()
+                   for (c,), part in pool.group_by("conv_id", maintain_order=True)}
+        for qid, conv in inp.selected.select("question_id", "conv_id").iter_rows():
+            rows.extend({"question_id": qid, "conv_id": conv, "circuit": circuit, "rank": r,
+                         "item_id": item, "score": 0.0}
+                        for r, item in enumerate(by_conv.get(str(conv), [])[: ks[circuit]]))
+    inp.stand_ins["retrievals"] = schemas.frame(rows, schemas.RETRIEVALS)
+    return StageEstimate("retrieve", 0, 0, 0, "no LLM", 0)
+
+
 STAGE = Stage(
     name="retrieve",
     run=run_retrieve,
@@ -189,4 +212,6 @@ STAGE = Stage(
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
     extra_fingerprint=view_fingerprint,  # None unless update.read=post
     uses=("encoder",),
+    estimate=estimate_retrieve,
+    loads=("faiss",),
 )

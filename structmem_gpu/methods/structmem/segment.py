@@ -31,11 +31,13 @@ import polars as pl
 from structmem_gpu.core import schemas
 from structmem_gpu.methods.structmem import segmenting as S
 from structmem_gpu.methods.structmem.compress import (
+    approximate_compressed,
+    o200k_or_chars,
     resolve_device,
     tokenizer_data_fingerprint,
 )
 from structmem_gpu.config.settings import SIZE, STR, Enum, Int, List, Settings, knob
-from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import EMBEDDER_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +197,20 @@ def run_segment(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"segments": table}
 
 
+def estimate_segment(inp: EstimateInputs) -> StageEstimate:
+    """No LLM: the extraction batches, APPROXIMATE (each turn stands in for a topic segment,
+    compressed by its first `compress.rate` share of words; the real cuts need the model)."""
+    from structmem_gpu.methods.structmem.extract import approximate_batches
+
+    s = inp.job.settings(SegmentSettings)
+    batches = approximate_batches(approximate_compressed(inp.job, inp.turns), s.batch_tokens,
+                                  o200k_or_chars()[0])
+    cross = sum(len({t.session_index for t in w.turns}) > 1 for w in batches)
+    return StageEstimate(STAGE_NAME, 0, 0, 0,
+                         f"no LLM: APPROXIMATE {len(batches):,} extraction batches ({cross:,} "
+                         "spanning sessions; turns standing in for topic segments)", 0)
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_segment,
@@ -204,4 +220,6 @@ STAGE = Stage(
     depends=EMBEDDER_IDENTITY,
     extra_fingerprint=tokenizer_data_fingerprint,
     uses=("encoder",),
+    estimate=estimate_segment,
+    loads=("compression_model",),  # the segmenter shares compress.model
 )

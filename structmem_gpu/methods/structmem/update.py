@@ -59,7 +59,14 @@ from structmem_gpu.config.settings import (
     Settings,
     knob,
 )
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +228,39 @@ def update_fingerprint(cfg: Any) -> str | None:
     return None if spec is None else official_fingerprint({"update": lightmem_update(spec)})
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+UPDATE_COMPLETION = 60  # {"action": "update", "new_memory": "<one sentence>"}
+
+
+def estimate_update(inp: EstimateInputs) -> StageEstimate:
+    """An UPPER BOUND of one request per entry (the stage sends one per entry that reaches
+    update.score_threshold in another's queue), entries estimated at one per turn and
+    perspective; each prompt = the update prompt with the turn as target and one candidate
+    (the next turn of the conversation)."""
+    from structmem_gpu.methods.structmem.extract import ExtractSettings
+
+    s = inp.job.settings(UpdateSettings)
+    if not s.enabled:
+        return StageEstimate(STAGE_NAME, 0, 0, 0, "update.enabled=false", 0, build=True)
+    x = inp.job.settings(ExtractSettings)
+    system, _ = system_prompt(s)
+    per = len(x.perspectives)
+    prompt = n = over = 0
+    for (_,), part in inp.turns.group_by("conv_id", maintain_order=True):
+        texts = [(t or "")[: x.max_item_chars] for t in part["text"].to_list()]
+        for i, text in enumerate(texts):
+            msgs = P.build_messages(system, text, texts[i + 1 : i + 2] or [text])
+            prompt += per * inp.counter.messages(msgs)
+            over += per * inp.over(msgs, s.max_tokens)
+            n += per
+    return StageEstimate(
+        STAGE_NAME, n, prompt, n * min(s.max_tokens, UPDATE_COMPLETION),
+        "upper bound: every entry a candidate (one per turn and perspective)",
+        over if inp.checked else None, bound=True, build=True,
+    )
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_update,
@@ -230,4 +270,5 @@ STAGE = Stage(
     depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     extra_fingerprint=update_fingerprint,
     uses=("llm",),
+    estimate=estimate_update,
 )
