@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
+
+if TYPE_CHECKING:
+    from structmem_gpu.config.job import JobConfig
 
 
-def selected_questions(cfg: DictConfig, questions: pl.DataFrame) -> pl.DataFrame:
+def selected_questions(job: "JobConfig", questions: pl.DataFrame) -> pl.DataFrame:
     """Questions of the configured categories, in their table order."""
-    cats = OmegaConf.select(cfg, "benchmark.categories", default=None)
+    cats = job.root.benchmark.categories
     if cats is None:
         return questions
     return questions.filter(pl.col("category").is_in([int(c) for c in cats]))

@@ -20,8 +20,9 @@ The shared answer stage imports this builder from `answer.prompt`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
-from omegaconf import DictConfig
 
 # The StructMem reader's entry rendering (order, de-duplication) is reused on purpose: the
 # flat, graph and StructMem contexts must differ only in what memory they hold.
@@ -38,13 +39,16 @@ from structmem_gpu.methods.structmem.context import (
 from structmem_gpu.methods.baselines.prompts import answer_flat as P
 from structmem_gpu.eval.prompts.answer_structmem import MemoryLine
 
+if TYPE_CHECKING:
+    from structmem_gpu.config.job import JobConfig
+
 PROMPT_NAME = "flat"
 OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries
 
 
-def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
+def build_prompts_fingerprint(job: "JobConfig") -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
-    return with_update_view(cfg, official_reader_fingerprint(cfg, OFFICIAL_READER))
+    return with_update_view(job, official_reader_fingerprint(job, OFFICIAL_READER))
 
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
@@ -53,8 +57,8 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     entries = reader_entries(inputs, PROMPT_NAME)  # update.read=post: the updated store
     qids = inputs.questions["question_id"].to_list()
     mine = retrievals.filter(pl.col("question_id").is_in(qids))
-    if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader, minus the summaries
-        if official_reader(inputs.cfg):
+    if answer_protocol(inputs.job) == "paper":  # the StructMem reader, minus the summaries
+        if official_reader(inputs.job):
             return official_prompts(inputs, mine, entries, OFFICIAL_READER, None)
         return paper_prompts(inputs, mine, entries, lambda q: [], None)
     lines = entry_lines(mine, entries, MemoryLine)

@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.config.settings import BOOL, RATE, SIZE, STR, Enum, Settings, knob
 from structmem_gpu.stage import Stage, StageContext
+
+if TYPE_CHECKING:
+    from structmem_gpu.config.job import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def tokenizer_data_fingerprint(cfg: DictConfig) -> Any:
+def tokenizer_data_fingerprint(job: "JobConfig") -> Any:
     """The tokenizer packages must be installed (the preflight's line when not)."""
     from structmem_gpu.llm.tiktoken_data import INSTALL_HINT, missing
 

@@ -215,9 +215,9 @@ def run_update(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"entry_updates": out}
 
 
-def update_fingerprint(cfg: Any) -> str | None:
+def update_fingerprint(job: Any) -> str | None:
     """The LightMem update prompt's commit and hash when it is used."""
-    spec = source_spec(cfg, "lightmem")
+    spec = source_spec(job, "lightmem")
     return None if spec is None else official_fingerprint({"update": lightmem_update(spec)})
 
 
