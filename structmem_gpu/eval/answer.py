@@ -43,19 +43,17 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import polars as pl
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
 from structmem_gpu.config.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob
 from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
-
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +82,9 @@ class AnswerPrompt:
     raw_reply: bool = False
 
 
-def answer_protocol(job: "JobConfig") -> str:
+def answer_protocol(job: JobConfig) -> str:
     """`answer.protocol` (AnswerSettings checks it; a job without an answer node: paper)."""
+    job = JobConfig.from_cfg(job)
     return job.settings(AnswerSettings).protocol if job.has("answer") else "paper"
 
 
@@ -105,7 +104,7 @@ def wants_abstention(questions: pl.DataFrame) -> bool:
 class AnswerInputs:
     """What a context builder may use. `tables` holds only the optional tables that exist."""
 
-    job: "JobConfig"  # the job's typed configuration (config/job.py)
+    job: JobConfig  # the job's typed configuration (config/job.py)
     questions: pl.DataFrame  # the selected questions, table order
     tables: Mapping[str, pl.DataFrame] = field(default_factory=dict)
 
@@ -132,10 +131,11 @@ def register_context_builder(name: str, builder: ContextBuilder) -> None:
     _REGISTERED[name] = builder
 
 
-def builder_fingerprint(job: "JobConfig") -> Any:
+def builder_fingerprint(job: JobConfig) -> Any:
     """Extra fingerprint material of the configured builder: a "module:function" builder may
     define `<function>_fingerprint(job)` beside it (e.g. the commit and hash of an official
     reader text it reads from a checkout); None when it does not."""
+    job = JobConfig.from_cfg(job)
     name = job.settings(AnswerSettings).prompt if job.has("answer") else ""
     module, sep, attr = name.partition(":")
     if not sep or name in _REGISTERED:

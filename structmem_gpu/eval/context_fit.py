@@ -17,21 +17,20 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.llm.types import Message
-
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
 
 M = TypeVar("M")
 T = TypeVar("T")
 _STEPS = 12  # binary-search steps over the share: 1/4096 resolution
 
 
-def reader_fits(job: "JobConfig") -> Callable[[Sequence[Message]], bool]:
+def reader_fits(job: JobConfig) -> Callable[[Sequence[Message]], bool]:
     """`fits(messages)`: the prompt plus `answer.max_tokens` fits the answer model's context,
     by the context guard's own rule and counter (the configured context; no server asked)."""
+    job = JobConfig.from_cfg(job)
     from structmem_gpu.llm.factory import config_guard
 
     from structmem_gpu.eval.answer import AnswerSettings

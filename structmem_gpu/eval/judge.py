@@ -45,10 +45,11 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import polars as pl
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
 from structmem_gpu.core.errors import ConfigError, StructMemError
@@ -58,8 +59,6 @@ from structmem_gpu.eval.recall import recall_by_question
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.structured import strip_fences
 
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, Message, Sampling, request_id
 from structmem_gpu.eval.prompts import (
     judge_locomo,
@@ -172,8 +171,9 @@ class JudgeSettings(Settings):
     input: str = knob(Enum(*INPUTS), "reply")
 
 
-def judge_protocol(job: "JobConfig") -> str:
+def judge_protocol(job: JobConfig) -> str:
     """`judge.protocol` (JudgeSettings checks it; a job without a judge node: paper)."""
+    job = JobConfig.from_cfg(job)
     return job.settings(JudgeSettings).protocol if job.has("judge") else "paper"
 
 
@@ -462,9 +462,10 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"judgments": pl.concat([kept, new])}
 
 
-def official_judges(job: "JobConfig") -> dict[str, dict[str, official.OfficialText]]:
+def official_judges(job: JobConfig) -> dict[str, dict[str, official.OfficialText]]:
     """The official judge texts of prompts.sources.* (protocol paper): "locomo" (mem0's, else
     LightMem's) and "longmemeval" (by question type), each only when configured."""
+    job = JobConfig.from_cfg(job)
     out: dict[str, dict[str, official.OfficialText]] = {}
     locomo = official.locomo_judge(
         official.source_spec(job, "lightmem"), official.source_spec(job, "mem0")
@@ -477,17 +478,19 @@ def official_judges(job: "JobConfig") -> dict[str, dict[str, official.OfficialTe
     return out
 
 
-def judge_texts_fingerprint(job: "JobConfig") -> str | None:
+def judge_texts_fingerprint(job: JobConfig) -> str | None:
     """The commit and hash of every official judge text the stage uses (protocol paper)."""
+    job = JobConfig.from_cfg(job)
     if judge_protocol(job) != "paper":
         return None
     texts = official_judges(job)
     return official.fingerprint({f"{g}/{k}": t for g, m in texts.items() for k, t in m.items()})
 
 
-def judge_identity(job: "JobConfig") -> dict[str, Any]:
+def judge_identity(job: JobConfig) -> dict[str, Any]:
     """Judge names, their models and sampling, without connection settings. Fingerprint
     material: read as plain data (JobConfig.select), so values hash as they always did."""
+    job = JobConfig.from_cfg(job)
     j = dict(job.select("judge") or {})
     panel = j.get("panel") or [{"name": j.get("name"), "llm": j.get("llm")}]
     return {

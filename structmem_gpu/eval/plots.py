@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir, atomic_write_bytes
 from structmem_gpu.core.errors import InputError
 
@@ -57,7 +58,6 @@ from structmem_gpu.eval.curves import (
 from structmem_gpu.eval.published import PublishedRow, load_published, matching_rows
 
 if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
     from matplotlib.figure import Figure
 
 __all__ = [
@@ -307,7 +307,7 @@ def try_draw(name: str, draw: Callable[[], Path], written: list[Path]) -> None:
 
 def write_run_plots(
     run_dir: Path,
-    job: "JobConfig | None" = None,
+    job: JobConfig | None = None,
     out_dir: Path | None = None,
     published: Sequence[PublishedRow] | None = None,
 ) -> list[Path]:
@@ -316,6 +316,7 @@ def write_run_plots(
     `job` selects the published rows drawn beside ours and gives the stage order; without it
     the rows report/report.json lists are drawn (or `published`), stages in run order.
     """
+    job = None if job is None else JobConfig.from_cfg(job)
     run = RunDir(run_dir)
     if not run.manifest_path.is_file() and not run.tables_dir.is_dir():
         raise InputError(run.root, "not a run directory (no manifest.json and no tables/)")

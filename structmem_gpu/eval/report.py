@@ -31,10 +31,11 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import polars as pl
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import atomic_write_text
 from structmem_gpu.data.categories import (
     CATEGORY_NAMES,
@@ -57,9 +58,6 @@ from structmem_gpu.eval.published import (
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.config.settings import BOOL, COUNT, RATE, Int, Settings, knob
 from structmem_gpu.stage import Stage, StageContext
-
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +155,9 @@ def judge_summary(
     return out
 
 
-def headline_judge(job: "JobConfig", present: Sequence[str]) -> str | None:
+def headline_judge(job: JobConfig, present: Sequence[str]) -> str | None:
     """The first configured judge (panel order) that has rows, else the first judge present."""
+    job = JobConfig.from_cfg(job)
     j = job.settings(JudgeSettings) if job.has("judge") else None
     configured = [m.name for m in j.panel] if j and j.panel else [j.name if j else ""]
     for name in configured:
@@ -263,7 +262,7 @@ def category_names(questions: pl.DataFrame) -> dict[str, str]:
 
 
 def build_report(
-    job: "JobConfig",
+    job: JobConfig,
     questions: pl.DataFrame,
     answers: pl.DataFrame,
     judgments: pl.DataFrame,
@@ -271,6 +270,7 @@ def build_report(
     manifest: Mapping[str, Any],
     st: ReportSettings,
 ) -> dict[str, Any]:
+    job = JobConfig.from_cfg(job)
     names = {int(k): v for k, v in category_names(questions).items()}
     rows = scored_rows(questions, judgments)
     judges = list(dict.fromkeys(rows["judge_name"].to_list()))
@@ -324,10 +324,11 @@ def build_report(
     return report
 
 
-def run_protocols(job: "JobConfig", manifest: Mapping[str, Any]) -> dict[str, str]:
+def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]:
     """{"answer": ..., "judge": ..., "judge_input": reply | answer, "texts": official: ... |
     ours, and "qa_store" where the offline update ran}: what each stage recorded in the
     manifest, else the config (a judge entry without judge_input judged the answer)."""
+    job = JobConfig.from_cfg(job)
     stages = manifest.get("stages") or {}
     out = {}
     for stage, default in (("answer", answer_protocol(job)), ("judge", judge_protocol(job))):
@@ -427,7 +428,7 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {}
 
 
-def _report_fingerprint(job: "JobConfig") -> Any:
+def _report_fingerprint(job: JobConfig) -> Any:
     keys = sorted({k for r in load_published() if r.match for k in r.match})  # beside: a subset
     keys += ["llm.backend", "debug_profile", "answer.protocol"]
     return {"published": {k: config_fact(job, k) for k in keys}, "judge": judge_identity(job)}

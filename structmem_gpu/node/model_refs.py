@@ -154,6 +154,7 @@ def _encoder_model(job: JobConfig) -> ModelRef:
 def window_tokenizer(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | None:
     """`extract.window_tokenizer` when the job runs extract and packs by a tokenizer (a value
     other than `chars`); None when the job has no extract node or the knob is null."""
+    job = JobConfig.from_cfg(job)
     if "extract" not in stage_names or not job.has("extract"):
         return None
     from structmem_gpu.methods.structmem.extract import ExtractSettings
@@ -169,6 +170,7 @@ def window_tokenizer(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | N
 
 def compression_model(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | None:
     """`compress.model` (LLMLingua-2, shared by the segment stage) when the job runs either."""
+    job = JobConfig.from_cfg(job)
     if not {"compress", "segment"} & set(stage_names) or not job.has("compress"):
         return None
     from structmem_gpu.methods.structmem.compress import CompressSettings

@@ -22,14 +22,12 @@ import ast
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.prompts import sources as S
-
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
 
 SOURCE_NAMES = ("lightmem", "mem0", "longmemeval")
 LIGHTMEM_BUILD_FILE = "src/lightmem/memory/prompts.py"
@@ -87,8 +85,9 @@ class OfficialText:
                 "sha256_10": self.digest}
 
 
-def source_spec(job: "JobConfig", name: str) -> str | None:
+def source_spec(job: JobConfig, name: str) -> str | None:
     """The configured `prompts.sources.<name>` (LightMem: or its alias prompts.reference_dir)."""
+    job = JobConfig.from_cfg(job)
     prompts = job.root.prompts
     sources = prompts.sources if prompts is not None else None
     value = getattr(sources, name) if sources is not None else None
@@ -271,10 +270,11 @@ def _texts_of(name: str, spec: str) -> dict[str, OfficialText]:
     return {f"judge_longmemeval[{k}]": t for k, t in longmemeval_judges(spec).items()}
 
 
-def manifest(job: "JobConfig") -> dict[str, Any] | None:
+def manifest(job: JobConfig) -> dict[str, Any] | None:
     """The run header's `official_texts`: per configured source its spec, resolved commit and
     the file/variable/hash of each text it supplies (an absent text is named with the reason;
     the stage that needs it stops with that ConfigError). None when no source is set."""
+    job = JobConfig.from_cfg(job)
     out: dict[str, Any] = {}
     for name in SOURCE_NAMES:
         spec = source_spec(job, name)
@@ -292,10 +292,11 @@ def manifest(job: "JobConfig") -> dict[str, Any] | None:
     return out or None
 
 
-def texts_protocol(job: "JobConfig") -> str:
+def texts_protocol(job: JobConfig) -> str:
     """The report's `protocols.texts`: which official checkouts (at which commit) the run's
     texts came from, e.g. "official: lightmem@8fc9a91, mem0@b3ede5b; ours: longmemeval", or
     "ours" when every prompts.sources.* is null (our own wording)."""
+    job = JobConfig.from_cfg(job)
     official, ours = [], []
     for name in SOURCE_NAMES:
         spec = source_spec(job, name)
@@ -315,8 +316,9 @@ def fingerprint(texts: Mapping[str, OfficialText | None]) -> str | None:
     return stable_hash(used) if used else None
 
 
-def judge_texts(job: "JobConfig") -> dict[str, OfficialText | None]:
+def judge_texts(job: JobConfig) -> dict[str, OfficialText | None]:
     """The official judge texts this config names (LoCoMo judge; LongMemEval by type)."""
+    job = JobConfig.from_cfg(job)
     out: dict[str, OfficialText | None] = {
         "judge_locomo": locomo_judge(source_spec(job, "lightmem"), source_spec(job, "mem0"))
     }

@@ -20,12 +20,12 @@ The shared answer stage imports this builder from `answer.prompt`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import polars as pl
 
 # The StructMem reader's entry rendering (order, de-duplication) is reused on purpose: the
 # flat, graph and StructMem contexts must differ only in what memory they hold.
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol
 from structmem_gpu.methods.structmem.context import (
     entry_lines,
@@ -39,15 +39,13 @@ from structmem_gpu.methods.structmem.context import (
 from structmem_gpu.methods.baselines.prompts import answer_flat as P
 from structmem_gpu.eval.prompts.answer_structmem import MemoryLine
 
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
-
 PROMPT_NAME = "flat"
 OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries
 
 
-def build_prompts_fingerprint(job: "JobConfig") -> str | None:
+def build_prompts_fingerprint(job: JobConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
+    job = JobConfig.from_cfg(job)
     return with_update_view(job, official_reader_fingerprint(job, OFFICIAL_READER))
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.answer import (
     AnswerInputs, AnswerPrompt, AnswerSettings, answer_protocol, wants_abstention,
@@ -32,9 +33,6 @@ from structmem_gpu.methods.structmem.update_view import qa_entries, view_fingerp
 from structmem_gpu.prompts import official
 from structmem_gpu.prompts.official import source_spec
 
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
-
 log = logging.getLogger(__name__)
 
 PROMPT_NAME = "structmem"
@@ -42,12 +40,13 @@ OFFICIAL_READER = "ANSWER_PROMPT_StructMem"  # LightMem's StructMem reader (--en
 LOCOMO_BENCHMARKS = ("locomo", "sample")  # the official reader's benchmark format
 
 
-def build_prompts_fingerprint(job: "JobConfig") -> str | None:
+def build_prompts_fingerprint(job: JobConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
+    job = JobConfig.from_cfg(job)
     return with_update_view(job, official_reader_fingerprint(job, OFFICIAL_READER))
 
 
-def with_update_view(job: "JobConfig", fp: str | None) -> str | None:
+def with_update_view(job: JobConfig, fp: str | None) -> str | None:
     """A reader fingerprint plus the offline update's QA view (update.read=post); unchanged
     for the pre store."""
     view = view_fingerprint(job)
@@ -59,14 +58,16 @@ def reader_entries(inputs: AnswerInputs, prompt: str) -> pl.DataFrame:
     return qa_entries(inputs.job, inputs.require("entries", prompt), inputs.table("entry_updates"))
 
 
-def official_reader(job: "JobConfig") -> bool:
+def official_reader(job: JobConfig) -> bool:
     """Whether the reader uses LightMem's official text: a LightMem source, protocol paper and
     a LoCoMo-format benchmark (the text is LightMem's LoCoMo reader; LongMemEval keeps ours)."""
+    job = JobConfig.from_cfg(job)
     return (source_spec(job, "lightmem") is not None and answer_protocol(job) == "paper"
             and job.root.benchmark.name in LOCOMO_BENCHMARKS)
 
 
-def official_reader_fingerprint(job: "JobConfig", reader: str) -> str | None:
+def official_reader_fingerprint(job: JobConfig, reader: str) -> str | None:
+    job = JobConfig.from_cfg(job)
     spec = source_spec(job, "lightmem")
     if spec is None or not official_reader(job):
         return None

@@ -42,7 +42,6 @@ import polars as pl
 from structmem_gpu.core import schemas
 from structmem_gpu.llm.types import LLMRequest, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import attach_embeddings, embedding_matrix
-from structmem_gpu.methods.structmem.update_view import READS
 from structmem_gpu.methods.structmem.prompts import update as P
 from structmem_gpu.prompts.official import fingerprint as official_fingerprint
 from structmem_gpu.prompts.official import lightmem_update, source_spec
@@ -63,6 +62,8 @@ from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageCon
 
 log = logging.getLogger(__name__)
 
+# What QA reads after the update (update.read; update_view.py applies it).
+READS = ("pre", "post")
 STAGE_NAME = "update"
 
 

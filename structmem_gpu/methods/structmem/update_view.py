@@ -14,38 +14,35 @@ that read the pre store keep their fingerprints.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.methods.structmem.update import READS, UpdateSettings
 
-if TYPE_CHECKING:
-    from structmem_gpu.config.job import JobConfig
-
-READS = ("pre", "post")
+__all__ = ["READS", "deleted_ids", "keeps_syntheses", "qa_entries", "reads_post", "view_fingerprint"]
 
 
-def reads_post(job: "JobConfig") -> bool:
+def reads_post(job: JobConfig) -> bool:
     """update.read=post (UpdateSettings checks it). A job whose `update` node lacks `read`
     (methods without the update stage; debug=ci's budget-only node) reads the pre store."""
+    job = JobConfig.from_cfg(job)
     if not job.has("update.read"):
         return False
-    from structmem_gpu.methods.structmem.update import UpdateSettings  # update.py imports READS
-
     return job.settings(UpdateSettings).read == "post"
 
 
-def keeps_syntheses(job: "JobConfig") -> bool:
+def keeps_syntheses(job: JobConfig) -> bool:
     """Whether QA may retrieve syntheses (always for pre; post: update.post_syntheses)."""
+    job = JobConfig.from_cfg(job)
     if not reads_post(job):
         return True
-    from structmem_gpu.methods.structmem.update import UpdateSettings
-
     return job.settings(UpdateSettings).post_syntheses
 
 
-def view_fingerprint(job: "JobConfig") -> Any:
+def view_fingerprint(job: JobConfig) -> Any:
     """Fingerprint material of the QA view: None for pre (unchanged fingerprints)."""
     return None if not reads_post(job) else {"update.read": "post",
                                              "update.post_syntheses": keeps_syntheses(job)}
@@ -61,7 +58,7 @@ def _require(updates: pl.DataFrame | None) -> pl.DataFrame:
     return updates
 
 
-def deleted_ids(job: "JobConfig", updates: pl.DataFrame | None) -> set[str]:
+def deleted_ids(job: JobConfig, updates: pl.DataFrame | None) -> set[str]:
     """Entry ids QA must not retrieve (none for pre)."""
     if not reads_post(job):
         return set()
@@ -69,7 +66,7 @@ def deleted_ids(job: "JobConfig", updates: pl.DataFrame | None) -> set[str]:
     return set(u.filter(pl.col("decision") == "delete")["entry_id"].to_list())
 
 
-def qa_entries(job: "JobConfig", entries: pl.DataFrame, updates: pl.DataFrame | None) -> pl.DataFrame:
+def qa_entries(job: JobConfig, entries: pl.DataFrame, updates: pl.DataFrame | None) -> pl.DataFrame:
     """`entries` as QA reads them: for post, deleted rows dropped and updated texts replaced
     (ids, times and every other column unchanged)."""
     if not reads_post(job):
