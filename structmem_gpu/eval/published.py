@@ -239,3 +239,27 @@ def comparison_lines(cfg: JobConfig | DictConfig, rows: Sequence[PublishedRow] |
     return [f"published rows compared ({len(matched)}):"] + [
         f"  {r.id}: {shown_label(r, notes)} ({r.source}; judge {r.judge_model})" for r in matched
     ]
+
+
+# ---- a finished run's saved configuration (.hydra/*.yaml) ------------------------------------
+# Hydra saves a job's config unresolved (interpolations and resolvers as written). These are the
+# readers of those files for the analysis and merge code, which otherwise never touch OmegaConf.
+
+
+def saved_yaml(path: Path) -> Any:
+    """A saved Hydra file (config.yaml, overrides.yaml) as plain data, interpolations kept as
+    their text."""
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def saved_value(path: Path, key: str) -> Any:
+    """The value at dotted `key` of a saved config, its interpolations resolved (None when the
+    key is absent); a key whose resolver belongs to the launching job raises."""
+    value = OmegaConf.select(OmegaConf.load(path), key, default=None,
+                             throw_on_resolution_failure=True)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def saved_job(path: Path) -> JobConfig:
+    """A saved config.yaml as the JobConfig it was run with (every interpolation resolved)."""
+    return JobConfig.from_cfg(OmegaConf.load(path))
