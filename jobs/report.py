@@ -57,7 +57,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from structmem_gpu.run.merge import discover_run_dirs, group_by_config, merge_shards
 
     shard_dirs = discover_run_dirs(args.dirs)
-    cfg = _compose(args.override) if args.override else None
+    from structmem_gpu.config.job import JobConfig
+
+    # the configuration the merged report renders with, read typed from here on
+    cfg = JobConfig.from_cfg(_compose(args.override)) if args.override else None
     groups = group_by_config(shard_dirs) if args.by_config else {"": shard_dirs}
     for name, dirs in groups.items():
         out = args.out / name if name else args.out
