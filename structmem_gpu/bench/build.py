@@ -121,13 +121,14 @@ def run_build(
             raise
         log.warning("build run %s ended with an error: %s", run_dir, e)
         error, wall = f"{type(e).__name__}: {e}", None
-    out = summarize_build(
-        run_dir, list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
-    )
+    from structmem_gpu.run.pipeline import job_stage_names
+
+    job = JobConfig.from_cfg(cfg)
+    out = summarize_build(run_dir, job_stage_names(job))
     out["job_wall_s"] = None if wall is None else round(wall, 3)
     out["pipeline_error"] = error
-    out["llm"] = str(cfg.llm.served_name)
-    out["encoder"] = str(cfg.embedder.model or "packaged all-MiniLM-L6-v2")
+    out["llm"] = str(job.root.llm.served_name)
+    out["encoder"] = job.root.embedder.model or "packaged all-MiniLM-L6-v2"
     return out
 
 

@@ -52,7 +52,7 @@ import polars as pl
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
-from structmem_gpu.core.errors import ConfigError, StructMemError
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.answer import llm_identity
 from structmem_gpu.eval.metrics import lexical_scores, says_not_mentioned
 from structmem_gpu.eval.recall import recall_by_question
