@@ -368,14 +368,17 @@ def fetch_official(where: Path, source: Path | None = None, *, check_only: bool 
 def job_official(cfg: Any) -> dict[str, Path]:
     """The pinned checkouts a job's config names (prompts.sources.* at a pinned repository of
     paths.official_dir), by source name."""
+    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.prompts import pinned
     from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
 
+    job = JobConfig.from_cfg(cfg)  # the entry point's config, read typed from here on
+    folder = str(job.root.paths.official_dir) if job.root.paths is not None else "None"
     out = {}
     for name in SOURCE_NAMES:
-        spec = source_spec(cfg, name)
-        if spec is not None and spec == pinned.source(name, str(cfg.paths.official_dir)):
-            out[name] = Path(str(cfg.paths.official_dir))
+        spec = source_spec(job, name)
+        if spec is not None and spec == pinned.source(name, folder):
+            out[name] = Path(folder)
     return out
 
 
@@ -442,10 +445,12 @@ def job_models(overrides: Sequence[str]) -> list[Any]:
     from structmem_gpu.node.model_refs import named_models
     from structmem_gpu.run.pipeline import job_stage_names
 
-    cfg = compose_job(overrides)
-    registry = stage_registry(cfg)
-    stages = [registry[name] for name in job_stage_names(cfg) if name in registry]
-    return named_models(cfg, stages)
+    from structmem_gpu.config.job import JobConfig
+
+    job = JobConfig.from_cfg(compose_job(overrides))
+    registry = stage_registry(job)
+    stages = [registry[name] for name in job_stage_names(job) if name in registry]
+    return named_models(job, stages)
 
 
 def _folder_gb(path: Path) -> float:

@@ -29,7 +29,8 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -56,7 +57,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from structmem_gpu.run.merge import discover_run_dirs, group_by_config, merge_shards
 
     shard_dirs = discover_run_dirs(args.dirs)
-    cfg = _compose(args.override) if args.override else None
+    from structmem_gpu.config.job import JobConfig
+
+    # the configuration the merged report renders with, read typed from here on
+    cfg = JobConfig.from_cfg(_compose(args.override)) if args.override else None
     groups = group_by_config(shard_dirs) if args.by_config else {"": shard_dirs}
     for name, dirs in groups.items():
         out = args.out / name if name else args.out
@@ -119,8 +123,27 @@ def cmd_track(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_config(run_dir: Path, overrides: Sequence[str], compose: Any) -> DictConfig:
+    """The run's saved Hydra config with `overrides` (KEY=VALUE) on top; without a saved one
+    (a run made in-process), the config composed from `overrides` by `compose`."""
+    from omegaconf import OmegaConf
+
+    saved = run_dir / ".hydra" / "config.yaml"
+    if saved.is_file():
+        cfg = OmegaConf.load(saved)
+        assert OmegaConf.is_dict(cfg)
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        assert OmegaConf.is_dict(cfg)
+        return cfg  # type: ignore[return-value]
+    if not overrides:
+        raise StructMemError(f"{run_dir}: no .hydra/config.yaml; pass the run's overrides "
+                             "(--override KEY=VALUE ...)")
+    return compose(list(overrides))
+
+
 def cmd_protocols(args: argparse.Namespace) -> int:
-    from structmem_gpu.eval.protocols import run_config, write_protocols
+    from structmem_gpu.eval.protocols import write_protocols
 
     cfg = run_config(args.run_dir, args.override, _compose)
     summary = write_protocols(cfg, args.run_dir, args.out, args.judge)

@@ -39,14 +39,12 @@ def main(cfg: DictConfig) -> dict | None:
     from structmem_gpu.run import sweep
     from structmem_gpu.config.path_values import expand_paths
 
+    from structmem_gpu.config.job import JobConfig
+
     expand_paths(cfg)  # `~/x`, `$HOME/x` in any path knob, as a shell expands them
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    guard = preempt.PreemptionGuard(
-        grace_s=float(cfg.get("preempt", {}).get("grace_s", 30)),
-        exit_code=int(cfg.get("preempt", {}).get("exit_code", preempt.DEFAULT_EXIT_CODE)),
-    )
 
     def point(status: str, error: str | None = None, code: int = 0) -> dict:
         record = sweep.point_status(job=int(hydra_cfg.job.get("num") or 0),
@@ -56,13 +54,23 @@ def main(cfg: DictConfig) -> dict | None:
             sweep.record_point(Path(str(hydra_cfg.sweep.dir)), record)
         return record
 
+    try:  # the job's configuration as typed objects, once: everything below reads these
+        job = JobConfig.from_cfg(cfg)
+    except StructMemError as err:
+        log.error("%s", err)
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return _end(point("failed", str(err), 2), in_sweep)
+    grace = job.root.preempt  # conf/config.yaml's preempt node (None: the guard's defaults)
+    guard = (preempt.PreemptionGuard(grace_s=grace.grace_s, exit_code=grace.exit_code)
+             if grace is not None else preempt.PreemptionGuard())
+
     from structmem_gpu.analysis import tracking
 
     try:
         # tracking=mlflow: a single job logs itself at its end; a sweep's points never do (the
         # sweep summary logs them on the launching host). Checked before any stage.
         track = None if in_sweep else tracking.check(cfg)
-        ran = run_job(cfg, run_dir, guard, overrides=list(hydra_cfg.overrides.task))
+        ran = run_job(cfg, run_dir, guard, overrides=list(hydra_cfg.overrides.task), job=job)
     except preempt.Preempted as err:
         # Servers are stopped by now (run_stages' scope closed); let submitit requeue, if it
         # installed the handler we replaced, else exit with the code a requeue wrapper expects.
@@ -94,25 +102,31 @@ def _end(record: dict, in_sweep: bool) -> dict:
     return record
 
 
-def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] | None = None
-            ) -> list[str]:
+def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] | None = None,
+            job: object | None = None) -> list[str]:
     """Check the config and the node (preflight), then run the stages (or print the dry-run
-    estimate). The names of the stages the job went through (none for a dry run)."""
+    estimate). The names of the stages the job went through (none for a dry run). `job`: the
+    JobConfig of `cfg` when the caller built it already. Below this entry point everything
+    reads the JobConfig; `cfg` goes on only to what records or opens from the Hydra config
+    itself (the config check, the changed-keys log, .hydra/, the backends, the dry run)."""
+    from structmem_gpu.config.job import JobConfig
+
     from structmem_gpu.core import preempt
     from structmem_gpu.node import preflight
     from structmem_gpu.config.schema import check_config
     from structmem_gpu.methods.registry import stage_registry
     from structmem_gpu.run.pipeline import job_stage_names
 
-    registry = stage_registry(cfg)
+    job = JobConfig.from_cfg(job if job is not None else cfg)
+    registry = stage_registry(job)
     # Types and ranges of every knob the job's stages (and every job) read, before anything runs.
     check_config(cfg, registry.values())
-    dry_run = bool(cfg.get("dry_run"))
+    dry_run = job.root.dry_run
     with guard:  # type: ignore[attr-defined]
         # Models, engines, CUDA, disk: seconds, before any stage; a dry run only reports them.
         with preempt.interruptible("preflight"):
-            stages = [registry[name] for name in job_stage_names(cfg) if name in registry]
-            preflight.enforce(preflight.check(cfg, stages, run_dir, overrides or []),
+            stages = [registry[name] for name in job_stage_names(job) if name in registry]
+            preflight.enforce(preflight.check(job, stages, run_dir, overrides or []),
                               dry_run=dry_run)
         if dry_run:  # estimate requests and tokens per stage; no server, no files
             from structmem_gpu.node.dry_run import print_dry_run
@@ -127,10 +141,10 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] 
         # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
         with hold_run_dir(run_dir):
             # before .hydra/ is replaced: what changed against the directory's last job
-            log_changes(run_dir, cfg, lambda: stages_to_run(cfg, run_dir, registry))
+            log_changes(run_dir, cfg, lambda: stages_to_run(job, run_dir, registry))
             save_job_config(cfg, run_dir)
             run_stages(cfg, run_dir, registry)
-    return job_stage_names(cfg)
+    return job_stage_names(job)
 
 
 def _print_closing(run_dir: Path, table: bool) -> None:

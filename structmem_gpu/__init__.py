@@ -12,8 +12,13 @@ __version__ = "0.1.0"
 # submitit worker, which imports this package to unpickle its job, resolves them too. The vLLM
 # CPU environment (.venv-vllm) runs only llm/convert.py and has no omegaconf: nothing to register.
 if _find_spec("omegaconf") is not None:
+    from omegaconf import OmegaConf as _OmegaConf
+
     from structmem_gpu.config import run_key as _run_key
     from structmem_gpu.prompts import pinned as _pinned
 
     _run_key.register()
-    _pinned.register()  # ${official_source:NAME,DIR}: the pinned official checkouts
+    # ${official_source:NAME,DIR}: the pinned official checkouts (registered here, the one
+    # module outside config/ that touches OmegaConf, so prompts/ stays free of it).
+    if not _OmegaConf.has_resolver(_pinned.RESOLVER):
+        _OmegaConf.register_new_resolver(_pinned.RESOLVER, _pinned.source)

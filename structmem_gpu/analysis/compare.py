@@ -101,12 +101,12 @@ def _protocols(report: Mapping[str, Any]) -> str:
 def run_overrides(run_dir: Path) -> dict[str, str]:
     """The result-changing overrides a run was launched with (.hydra/overrides.yaml), key ->
     value ({} for a run without that record, e.g. one run in-process)."""
-    from omegaconf import OmegaConf
+    from structmem_gpu.eval.published import saved_yaml
 
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
     if not path.is_file():
         return {}
-    items = OmegaConf.to_container(OmegaConf.load(path))
+    items = saved_yaml(path)
     if not isinstance(items, list):
         raise InputError(path, "expected a list of overrides")
     pairs = [split_override(item) for item in items]
@@ -116,12 +116,12 @@ def run_overrides(run_dir: Path) -> dict[str, str]:
 def answer_model(run_dir: Path) -> str | None:
     """The answer LLM's name as the run's .hydra/config.yaml gives it (served name, model or
     backend), None when unrecorded."""
-    from omegaconf import OmegaConf
+    from structmem_gpu.eval.published import saved_yaml
 
     path = Path(run_dir) / ".hydra" / "config.yaml"
     if not path.is_file():
         return None
-    llm = OmegaConf.to_container(OmegaConf.load(path)).get("llm") or {}
+    llm = saved_yaml(path).get("llm") or {}
     for key in ("served_name", "model", "backend"):
         value = llm.get(key) if isinstance(llm, dict) else None
         if isinstance(value, str) and value and "${" not in value:

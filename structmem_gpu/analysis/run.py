@@ -149,9 +149,9 @@ class Run:
                 return value
         hydra_cfg = self.root / ".hydra" / "config.yaml"
         if hydra_cfg.is_file():
-            from omegaconf import OmegaConf
+            from structmem_gpu.eval.published import saved_value
 
-            return OmegaConf.select(OmegaConf.load(hydra_cfg), key, default=None)
+            return saved_value(hydra_cfg, key)
         return None
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.schema import TrackingSettings
 from structmem_gpu.core.errors import ConfigError, InputError, StructMemError
 
@@ -61,19 +62,30 @@ class Target:
     experiment: str
 
 
-def target(cfg: Any) -> Target | None:
-    """The job's tracking target, None when tracking is off (`tracking: none` or no node)."""
-    from omegaconf import OmegaConf
+def _pick(cfg: Any, key: str, default: Any) -> Any:
+    """The value at dotted `key`, reading only that path: at a multirun's start the launcher's
+    config cannot be resolved as a whole (hydra.runtime is unset), so it is never checked into a
+    JobConfig here; a mapping (Hydra's config included) is walked key by key."""
+    if isinstance(cfg, JobConfig):
+        return cfg.select(key, default)
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node or node[part] is None:
+            return default
+        node = node[part]
+    return node
 
-    cfg = cfg if OmegaConf.is_config(cfg) else OmegaConf.create(cfg)  # a plain dict too
-    node = OmegaConf.select(cfg, "tracking", default=None)  # only this node: at a multirun's
-    if OmegaConf.is_config(node):                           # start hydra.runtime is unset
-        node = OmegaConf.to_container(node, resolve=True)
-    st = TrackingSettings.from_cfg({"tracking": node})
+
+def target(cfg: Any) -> Target | None:
+    """The job's tracking target, None when tracking is off (`tracking: none` or no node).
+    `cfg`: a JobConfig, the launcher's Hydra config or a plain mapping."""
+    node = _pick(cfg, "tracking", None)
+    plain = None if node is None else {str(k): node[k] for k in node}  # a flat node
+    st = TrackingSettings.from_cfg({"tracking": plain})
     if st.backend == "none":
         return None
-    out = str(OmegaConf.select(cfg, "paths.output_dir", default="outputs"))
-    bench = OmegaConf.select(cfg, "benchmark.name", default="runs")
+    out = str(_pick(cfg, "paths.output_dir", "outputs"))
+    bench = _pick(cfg, "benchmark.name", "runs")
     return Target(st, store_uri(st, out), st.experiment or f"structmem-{bench}")
 
 
@@ -146,19 +158,17 @@ def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 def config_params(run_dir: Path) -> dict[str, str]:
     """Every leaf of the run's .hydra/config.yaml, interpolations resolved where they resolve,
     as dotted parameter -> text (lists as JSON)."""
-    from omegaconf import OmegaConf
+    from structmem_gpu.eval.published import saved_value, saved_yaml
 
     path = Path(run_dir) / ".hydra" / "config.yaml"
     if not path.is_file():
         return {}
-    conf = OmegaConf.load(path)
-    raw = OmegaConf.to_container(conf, resolve=False)
+    raw = saved_yaml(path)
     out: dict[str, str] = {}
     for key, value in _leaves(raw):
         if isinstance(value, str) and "${" in value:
             try:
-                value = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
-                value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+                value = saved_value(path, key)
             except Exception:  # noqa: BLE001 - a resolver of the launching job: keep the text
                 log.debug("%s: %s kept unresolved", path, key)
         text = value if isinstance(value, str) else json.dumps(value, default=str)

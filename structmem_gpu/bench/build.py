@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.bench.fit import rate, share
 from structmem_gpu.bench.harness import (
@@ -38,6 +37,7 @@ from structmem_gpu.bench.harness import (
     reference_schedule,
     run_pipeline,
 )
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import StructMemError
 
 log = logging.getLogger(__name__)
@@ -121,13 +121,14 @@ def run_build(
             raise
         log.warning("build run %s ended with an error: %s", run_dir, e)
         error, wall = f"{type(e).__name__}: {e}", None
-    out = summarize_build(
-        run_dir, list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
-    )
+    from structmem_gpu.run.pipeline import job_stage_names
+
+    job = JobConfig.from_cfg(cfg)
+    out = summarize_build(run_dir, job_stage_names(job))
     out["job_wall_s"] = None if wall is None else round(wall, 3)
     out["pipeline_error"] = error
-    out["llm"] = str(cfg.llm.served_name)
-    out["encoder"] = str(cfg.embedder.model or "packaged all-MiniLM-L6-v2")
+    out["llm"] = str(job.root.llm.served_name)
+    out["encoder"] = job.root.embedder.model or "packaged all-MiniLM-L6-v2"
     return out
 
 
@@ -176,16 +177,14 @@ def differing_replies(a: Path, b: Path, stages: Sequence[str]) -> dict[str, Any]
     return out
 
 
-def slice_overrides(cfg: DictConfig, conversations: int, max_sessions: int) -> list[str]:
+def slice_overrides(cfg: Any, conversations: int, max_sessions: int) -> list[str]:
     """Overrides that cut the configured benchmark to its first conversations and sessions
     (the reference schedule sends one request at a time: a whole GPU-sized build would take
     hours that way)."""
     from structmem_gpu.data import load_benchmark
 
-    b = cfg.benchmark
-    turns, _ = load_benchmark(
-        str(b.name), None if b.get("path") is None else str(b.path), None, None
-    )
+    b = JobConfig.from_cfg(cfg).root.benchmark
+    turns, _ = load_benchmark(b.name, b.path, None, None)
     ids = list(dict.fromkeys(turns["conv_id"].to_list()))[:conversations]
     return [f"benchmark.conversations=[{','.join(ids)}]", f"benchmark.max_sessions={max_sessions}"]
 
@@ -226,5 +225,5 @@ def run_schedule(settings: BenchSettings, dataset: Sequence[str]) -> dict[str, A
             else None
         ),
         "differences": differing_replies(batched_run, ref_dir, llm),
-        "max_in_flight": int(OmegaConf.select(cfg, "llm.max_in_flight", default=1) or 1),
+        "max_in_flight": JobConfig.from_cfg(cfg).root.llm.max_in_flight or 1,
     }

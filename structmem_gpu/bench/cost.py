@@ -161,10 +161,10 @@ def cost_report(run_dir: Path, target: Target = LOCOMO) -> dict[str, Any]:
     notes = []
     manifest = run_dir / "manifest.json"
     if manifest.exists():
-        cfg = json.loads(manifest.read_text())
+        recorded = json.loads(manifest.read_text())
         capped = [
             s
-            for s, e in cfg.get("stages", {}).items()
+            for s, e in recorded.get("stages", {}).items()
             if any(
                 int(v.get("max_tokens", 10**6) or 10**6) < 256
                 for v in (e.get("config") or {}).values()

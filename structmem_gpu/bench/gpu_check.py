@@ -69,14 +69,14 @@ def check_encoder(overrides: Sequence[str], texts: int) -> tuple[Outcome, Outcom
         return (Outcome("encoder", "skipped", why),
                 Outcome("plan", "skipped", f"needs the encoder on CUDA ({why})"))
     import torch
-    from omegaconf import OmegaConf
 
     from structmem_gpu.bench.components import synthetic_texts
+    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.embed.encoder import open_encoder
     from structmem_gpu.node.gpu_plan import weights
 
-    ecfg = OmegaConf.to_container(compose(overrides).embedder, resolve=True)
-    assert isinstance(ecfg, dict)
+    # the encoder factory and `weights` read the embedder node as a plain mapping
+    ecfg = dict(JobConfig.from_cfg(compose(overrides)).select("embedder"))
     ecfg["device"] = "cuda"
     predicted = weights(ecfg, runtime_bytes=2 if ecfg.get("fp16", True) else 4)
     torch.cuda.reset_peak_memory_stats()

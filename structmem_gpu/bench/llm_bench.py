@@ -31,16 +31,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from structmem_gpu.bench.fit import rate
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.llm.types import LLMRequest
 
 log = logging.getLogger(__name__)
 
 
-def sample_requests(cfg: DictConfig, n: int, max_tokens: int) -> list[LLMRequest]:
-    """The first n extraction requests of the configured benchmark (both perspectives)."""
+def sample_requests(job: JobConfig, n: int, max_tokens: int) -> list[LLMRequest]:
+    """The first n extraction requests of the configured benchmark (both perspectives).
+    `job`: a JobConfig, or a config it checks."""
     from structmem_gpu.data import load_benchmark
     from structmem_gpu.methods.structmem.extract import (
         ExtractSettings,
@@ -48,11 +48,12 @@ def sample_requests(cfg: DictConfig, n: int, max_tokens: int) -> list[LLMRequest
         plan_from_settings,
     )
 
-    b = cfg.benchmark
-    turns, _ = load_benchmark(str(b.name), b.get("path"), None, b.get("max_sessions"))
-    s = ExtractSettings.from_cfg(cfg)
-    llm_cfg = OmegaConf.select(cfg, "llm")
-    windows, _ = plan_from_settings(turns, s, llm_cfg)
+    job = JobConfig.from_cfg(job)
+    b = job.root.benchmark
+    turns, _ = load_benchmark(b.name, b.path, None, b.max_sessions)
+    s = job.settings(ExtractSettings)
+    llm = job.root.llm
+    windows, _ = plan_from_settings(turns, s, llm)
     per_window = len(s.perspectives)
     if len(windows) * per_window < n:
         # A small benchmark (the bundled sample) has too few windows for a GPU-sized batch:
@@ -69,7 +70,7 @@ def sample_requests(cfg: DictConfig, n: int, max_tokens: int) -> list[LLMRequest
             extra, _ = load_benchmark(
                 "locomo", write_locomo(spec, Path(tmp) / "s.json"), None, None
             )
-        windows += plan_from_settings(extra, s, llm_cfg)[0]
+        windows += plan_from_settings(extra, s, llm)[0]
     reqs = [build_request(w, kind, s) for w in windows for kind in s.perspectives][:n]
     return [
         dataclasses.replace(r, sampling=dataclasses.replace(r.sampling, max_tokens=max_tokens))
@@ -143,20 +144,21 @@ def _row(
 
 
 def run_llm_bench(
-    cfg: DictConfig, base_url: str, *, n: int, max_tokens: int, log_dir: Path, rounds: int = 1
+    cfg: Any, base_url: str, *, n: int, max_tokens: int, log_dir: Path, rounds: int = 1
 ) -> dict[str, Any]:
     """The passes over the same requests; rows plus the derived overhead figures."""
     from structmem_gpu.llm.client import request_body
     from structmem_gpu.llm.factory import resolve_config
 
-    plain = OmegaConf.to_container(cfg.llm, resolve=True)
-    llm_cfg = resolve_config(plain)  # type: ignore[arg-type]
+    job = JobConfig.from_cfg(cfg)
+    # the factory resolves the llm node's defaults from the plain mapping
+    llm_cfg = resolve_config(dict(job.select("llm")))
     llm_cfg["base_url"] = base_url
     flavor = "llamacpp" if llm_cfg["backend"] == "llamacpp" else (llm_cfg["api_flavor"] or "vllm")
     extra = dict(llm_cfg["extra_body"] or {})
     if llm_cfg.get("chat_template_kwargs") and llm_cfg["backend"] != "llamacpp":
         extra.setdefault("chat_template_kwargs", dict(llm_cfg["chat_template_kwargs"]))
-    requests = sample_requests(cfg, n, max_tokens)
+    requests = sample_requests(job, n, max_tokens)
     bodies = [
         request_body(r, served_name=llm_cfg["served_name"], flavor=flavor, extra_body=extra)
         for r in requests

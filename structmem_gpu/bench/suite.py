@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
 
 from structmem_gpu.bench.harness import BenchSettings, llm_endpoint, timed_import_encoder_stack
 from structmem_gpu.bench.report import render_markdown
@@ -291,9 +290,13 @@ class Suite:
     def part_components(self) -> dict[str, Any]:
         from structmem_gpu.bench import components
 
-        emb: dict[str, Any] = OmegaConf.to_container(self.base.embedder, resolve=True)  # type: ignore[assignment]
+        from structmem_gpu.config.job import JobConfig
+        from structmem_gpu.methods.structmem.retrieve import RetrieveSettings
+
+        job = JobConfig.from_cfg(self.base)
+        emb = dict(job.select("embedder"))  # the encoder factory reads the node as a mapping
         convs, per_conv, queries = self.sz["faiss"]
-        k = int(OmegaConf.select(self.base, "retrieve.entries_k", default=60) or 60)
+        k = job.settings(RetrieveSettings).entries_k if job.has("retrieve") else 60
         return components.run_components(
             emb,
             texts=self.sz["texts"],

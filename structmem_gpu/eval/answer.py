@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
@@ -82,12 +82,10 @@ class AnswerPrompt:
     raw_reply: bool = False
 
 
-def answer_protocol(cfg: DictConfig) -> str:
-    """`answer.protocol` (default paper), validated."""
-    value = str(OmegaConf.select(cfg, "answer.protocol", default="paper") or "paper")
-    if value not in PROTOCOLS:
-        raise ConfigError(f"answer.protocol={value!r}; expected one of {list(PROTOCOLS)}")
-    return value
+def answer_protocol(job: JobConfig) -> str:
+    """`answer.protocol` (AnswerSettings checks it; a job without an answer node: paper)."""
+    job = JobConfig.from_cfg(job)
+    return job.settings(AnswerSettings).protocol if job.has("answer") else "paper"
 
 
 def wants_abstention(questions: pl.DataFrame) -> bool:
@@ -106,9 +104,13 @@ def wants_abstention(questions: pl.DataFrame) -> bool:
 class AnswerInputs:
     """What a context builder may use. `tables` holds only the optional tables that exist."""
 
-    cfg: DictConfig
+    job: JobConfig  # the job's typed configuration (config/job.py)
     questions: pl.DataFrame  # the selected questions, table order
     tables: Mapping[str, pl.DataFrame] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a config JobConfig checks is taken too (JobConfig.from_cfg returns a JobConfig as is)
+        object.__setattr__(self, "job", JobConfig.from_cfg(self.job))
 
     def table(self, name: str) -> pl.DataFrame | None:
         return self.tables.get(name)
@@ -133,17 +135,18 @@ def register_context_builder(name: str, builder: ContextBuilder) -> None:
     _REGISTERED[name] = builder
 
 
-def builder_fingerprint(cfg: DictConfig) -> Any:
+def builder_fingerprint(job: JobConfig) -> Any:
     """Extra fingerprint material of the configured builder: a "module:function" builder may
-    define `<function>_fingerprint(cfg)` beside it (e.g. the commit and hash of an official
+    define `<function>_fingerprint(job)` beside it (e.g. the commit and hash of an official
     reader text it reads from a checkout); None when it does not."""
-    name = str(OmegaConf.select(cfg, "answer.prompt", default="") or "")
+    job = JobConfig.from_cfg(job)
+    name = job.settings(AnswerSettings).prompt if job.has("answer") else ""
     module, sep, attr = name.partition(":")
     if not sep or name in _REGISTERED:
         return None
     context_builder(name)  # a clear error for an unimportable builder
     fp = getattr(importlib.import_module(module), f"{attr}_fingerprint", None)
-    return fp(cfg) if fp is not None else None
+    return fp(job) if fp is not None else None
 
 
 def context_builder(name: str) -> ContextBuilder:
@@ -164,11 +167,11 @@ def context_builder(name: str) -> ContextBuilder:
 
 
 def llm_identity(llm_cfg: Any) -> dict[str, Any] | None:
-    """The reply-relevant part of an llm config (None = reuse the answer model)."""
+    """The reply-relevant part of an llm config as plain data (None = reuse the answer model):
+    fingerprint material, so it reads the plain mapping (JobConfig.select), never typed
+    fields whose containers (tuples) would hash differently."""
     if llm_cfg is None:
         return None
-    if OmegaConf.is_config(llm_cfg):
-        llm_cfg = OmegaConf.to_container(llm_cfg, resolve=True)
     return {k: llm_cfg.get(k) for k in LLM_IDENTITY_KEYS}
 
 
@@ -285,11 +288,11 @@ class _LazyTables(Mapping[str, pl.DataFrame]):
 
 
 def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    questions = selected_questions(ctx.cfg, ctx.read("questions"))
+    questions = selected_questions(ctx.job, ctx.read("questions"))
     tables = _LazyTables(ctx, OPTIONAL_TABLES)
     s: AnswerSettings = ctx.settings
     prompt, protocol = s.prompt, s.protocol
-    prompts = context_builder(prompt)(AnswerInputs(ctx.cfg, questions, tables))
+    prompts = context_builder(prompt)(AnswerInputs(ctx.job, questions, tables))
     requests = make_requests(questions, prompts, sampling(s))
     results = ctx.generate(requests, desc="answer")
     answers = answer_rows(questions, results, prompts, protocol)

@@ -6,7 +6,7 @@ keeps a `share` in [0, 1] of what it may drop (StructMem: the top share of its r
 and syntheses; SEEM: its budget, dropped RPE passages first; full_context: its history budget),
 and `fit_prompt` keeps the largest share that fits:
 
-    fits = reader_fits(inputs.cfg)
+    fits = reader_fits(inputs.job)
     msgs, trimmed = fit_prompt(lambda share: build(keep_top(entries, share)), fits)
 
 Prompts that fit as they are (every ordinary one) are built once and left unchanged.
@@ -19,8 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
-
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.llm.types import Message
 
 M = TypeVar("M")
@@ -28,13 +27,17 @@ T = TypeVar("T")
 _STEPS = 12  # binary-search steps over the share: 1/4096 resolution
 
 
-def reader_fits(cfg: DictConfig) -> Callable[[Sequence[Message]], bool]:
+def reader_fits(job: JobConfig) -> Callable[[Sequence[Message]], bool]:
     """`fits(messages)`: the prompt plus `answer.max_tokens` fits the answer model's context,
     by the context guard's own rule and counter (the configured context; no server asked)."""
+    job = JobConfig.from_cfg(job)
     from structmem_gpu.llm.factory import config_guard
 
-    guard = config_guard(OmegaConf.select(cfg, "llm", default=None))
-    max_tokens = int(OmegaConf.select(cfg, "answer.max_tokens", default=0) or 0)
+    from structmem_gpu.eval.answer import AnswerSettings
+
+    # config_guard reads the llm node as a mapping (llm/factory.py resolves its defaults).
+    guard = config_guard(job.select("llm"))
+    max_tokens = job.settings(AnswerSettings).max_tokens if job.has("answer") else 0
     return functools.partial(guard.fits, max_tokens=max_tokens)
 
 

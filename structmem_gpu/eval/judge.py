@@ -48,16 +48,17 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
-from structmem_gpu.core.errors import ConfigError, StructMemError
+from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.answer import llm_identity
 from structmem_gpu.eval.metrics import lexical_scores, says_not_mentioned
 from structmem_gpu.eval.recall import recall_by_question
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.structured import strip_fences
+
 from structmem_gpu.llm.types import LLMBackend, LLMRequest, Message, Sampling, request_id
 from structmem_gpu.eval.prompts import (
     judge_locomo,
@@ -170,12 +171,10 @@ class JudgeSettings(Settings):
     input: str = knob(Enum(*INPUTS), "reply")
 
 
-def judge_protocol(cfg: DictConfig) -> str:
-    """`judge.protocol` (default paper), validated."""
-    value = str(OmegaConf.select(cfg, "judge.protocol", default="paper") or "paper")
-    if value not in PROTOCOLS:
-        raise ConfigError(f"judge.protocol={value!r}; expected one of {list(PROTOCOLS)}")
-    return value
+def judge_protocol(job: JobConfig) -> str:
+    """`judge.protocol` (JudgeSettings checks it; a job without a judge node: paper)."""
+    job = JobConfig.from_cfg(job)
+    return job.settings(JudgeSettings).protocol if job.has("judge") else "paper"
 
 
 def parse_label(data: Any, text: str, positive: str, negative: str) -> bool | None:
@@ -398,7 +397,7 @@ def keep_other_judges(
 
 
 def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    questions = selected_questions(ctx.cfg, ctx.read("questions"))
+    questions = selected_questions(ctx.job, ctx.read("questions"))
     answers = ctx.read("answers")
     s: JudgeSettings = ctx.settings
     items = judge_items(questions, answers, s.input)
@@ -411,7 +410,7 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     lexical = {it.question_id: lexical_scores(it.prediction, it.gold, it.category) for it in items}
     samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
     protocol = s.protocol
-    texts = official_judges(ctx.cfg) if protocol == "paper" else None
+    texts = official_judges(ctx.job) if protocol == "paper" else None
     rows: list[JudgmentRow] = []
     judges = ctx.backends.judges()
     for name, backend in judges:
@@ -463,33 +462,36 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"judgments": pl.concat([kept, new])}
 
 
-def official_judges(cfg: DictConfig) -> dict[str, dict[str, official.OfficialText]]:
+def official_judges(job: JobConfig) -> dict[str, dict[str, official.OfficialText]]:
     """The official judge texts of prompts.sources.* (protocol paper): "locomo" (mem0's, else
     LightMem's) and "longmemeval" (by question type), each only when configured."""
+    job = JobConfig.from_cfg(job)
     out: dict[str, dict[str, official.OfficialText]] = {}
     locomo = official.locomo_judge(
-        official.source_spec(cfg, "lightmem"), official.source_spec(cfg, "mem0")
+        official.source_spec(job, "lightmem"), official.source_spec(job, "mem0")
     )
     if locomo is not None:
         out["locomo"] = {"judge_locomo": locomo}
-    lme = official.source_spec(cfg, "longmemeval")
+    lme = official.source_spec(job, "longmemeval")
     if lme is not None:
         out["longmemeval"] = official.longmemeval_judges(lme)
     return out
 
 
-def judge_texts_fingerprint(cfg: DictConfig) -> str | None:
+def judge_texts_fingerprint(job: JobConfig) -> str | None:
     """The commit and hash of every official judge text the stage uses (protocol paper)."""
-    if judge_protocol(cfg) != "paper":
+    job = JobConfig.from_cfg(job)
+    if judge_protocol(job) != "paper":
         return None
-    texts = official_judges(cfg)
+    texts = official_judges(job)
     return official.fingerprint({f"{g}/{k}": t for g, m in texts.items() for k, t in m.items()})
 
 
-def judge_identity(cfg: DictConfig) -> dict[str, Any]:
-    """Judge names, their models and sampling, without connection settings."""
-    j = OmegaConf.to_container(cfg.judge, resolve=True) if "judge" in cfg else {}
-    assert isinstance(j, dict)
+def judge_identity(job: JobConfig) -> dict[str, Any]:
+    """Judge names, their models and sampling, without connection settings. Fingerprint
+    material: read as plain data (JobConfig.select), so values hash as they always did."""
+    job = JobConfig.from_cfg(job)
+    j = dict(job.select("judge") or {})
     panel = j.get("panel") or [{"name": j.get("name"), "llm": j.get("llm")}]
     return {
         "panel": [{"name": m.get("name"), "llm": llm_identity(m.get("llm"))} for m in panel],
@@ -497,7 +499,7 @@ def judge_identity(cfg: DictConfig) -> dict[str, Any]:
         "temperature": j.get("temperature"),
         "protocol": j.get("protocol", "paper"),
         "input": j.get("input", "reply"),
-        "answer_llm": llm_identity(OmegaConf.select(cfg, "llm", default=None)),
+        "answer_llm": llm_identity(job.select("llm")),
     }
 
 

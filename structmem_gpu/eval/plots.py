@@ -2,7 +2,7 @@
 
     python jobs/run.py stages=[report] hydra.run.dir=DIR     # DIR/report/*.png (report.plots)
     # from code:
-    write_run_plots(Path("outputs/runs/sample/structmem"), cfg)
+    write_run_plots(Path("outputs/runs/sample/structmem"), job)
 
 One run (report/): accuracy_by_category.png (our judge accuracy with its 95% bootstrap CI,
 the papers' published values beside it when the configuration matches a published row),
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir, atomic_write_bytes
 from structmem_gpu.core.errors import InputError
 
@@ -307,15 +307,16 @@ def try_draw(name: str, draw: Callable[[], Path], written: list[Path]) -> None:
 
 def write_run_plots(
     run_dir: Path,
-    cfg: DictConfig | None = None,
+    job: JobConfig | None = None,
     out_dir: Path | None = None,
     published: Sequence[PublishedRow] | None = None,
 ) -> list[Path]:
     """The figures of one (possibly merged) run into `out_dir` (default <run_dir>/report/).
 
-    `cfg` selects the published rows drawn beside ours and gives the stage order; without it
+    `job` selects the published rows drawn beside ours and gives the stage order; without it
     the rows report/report.json lists are drawn (or `published`), stages in run order.
     """
+    job = None if job is None else JobConfig.from_cfg(job)
     run = RunDir(run_dir)
     if not run.manifest_path.is_file() and not run.tables_dir.is_dir():
         raise InputError(run.root, "not a run directory (no manifest.json and no tables/)")
@@ -337,8 +338,8 @@ def write_run_plots(
         )
         if published is not None:
             pubs: Sequence[PublishedRow] = published
-        elif cfg is not None:
-            pubs = matching_rows(cfg)
+        elif job is not None:
+            pubs = matching_rows(job)
         else:
             ids = set(report.get("published") or ())
             pubs = [r for r in load_published() if r.id in ids]
@@ -349,11 +350,7 @@ def write_run_plots(
             f"Judge accuracy by category: {title} (judge {judge})",
         )
 
-    order = (
-        [str(s) for s in (OmegaConf.select(cfg, "method.stages", default=None) or [])]
-        if cfg
-        else []
-    )
+    order = list(job.root.method.stages) if job is not None else []
     if judgments is not None:
         try_draw("accuracy_by_category", accuracy, written)
     try_draw(

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir, atomic_write_text
 from structmem_gpu.data.categories import CATEGORY_NAMES, LOCOMO_ADVERSARIAL
 from structmem_gpu.core.errors import StructMemError
@@ -116,17 +116,17 @@ def protocols_for(
     return out
 
 
-def official_texts(cfg: DictConfig, longmemeval: bool) -> dict[str, J.OfficialJudges]:
+def official_texts(job: "JobConfig", longmemeval: bool) -> dict[str, J.OfficialJudges]:
     """Judge texts by name: each configured official one (read from prompts.sources.*) and
     "ours" (empty: the judge stage's paraphrase)."""
     out: dict[str, J.OfficialJudges] = {}
     if longmemeval:
-        spec = official.source_spec(cfg, "longmemeval")
+        spec = official.source_spec(job, "longmemeval")
         if spec is not None:
             out["longmemeval"] = {"longmemeval": official.longmemeval_judges(spec)}
     else:
-        mem0 = official.source_spec(cfg, "mem0")
-        lightmem = official.source_spec(cfg, "lightmem")
+        mem0 = official.source_spec(job, "mem0")
+        lightmem = official.source_spec(job, "lightmem")
         if mem0 is not None:
             t = official.locomo_judge(None, mem0)
             assert t is not None
@@ -157,19 +157,22 @@ def _cat5_for_judge(item: J.JudgeItem) -> J.JudgeItem:
     return dataclasses.replace(item, gold=CAT5_JUDGE_GOLD)
 
 
-def score_protocols(cfg: DictConfig, run_dir: Path, judge: str | None = None
+def score_protocols(cfg: Any, run_dir: Path, judge: str | None = None
                     ) -> tuple[pl.DataFrame, list[Scored], dict[str, Any]]:
-    """(the scored questions, one Scored per protocol, context for the report)."""
+    """(the scored questions, one Scored per protocol, context for the report). `cfg`: the
+    run's configuration as the entry point read it (jobs/report.py), handed unread to the
+    backends that open the judge (stage.py); everything here reads it typed."""
+    job = JobConfig.from_cfg(cfg)
     run = RunDir(run_dir)
     answers = run.read_table("answers", needed_by="protocols")
-    questions = selected_questions(cfg, run.read_table("questions", needed_by="protocols"))
+    questions = selected_questions(job, run.read_table("questions", needed_by="protocols"))
     questions = questions.filter(pl.col("question_id").is_in(answers["question_id"].to_list()))
     if questions.height == 0:
         raise StructMemError(f"{run.table_path('answers')}: no answer to a selected question")
     lme = is_longmemeval(questions)
     has_cat5 = bool((questions["category"] == LOCOMO_ADVERSARIAL).any())
     inputs = [i for i in J.INPUTS if i != "reply" or "reply" in answers.columns]
-    texts = official_texts(cfg, lme)
+    texts = official_texts(job, lme)
     protocols = protocols_for(lme, list(texts), inputs, has_cat5)
 
     members = judge_members(cfg)
@@ -179,7 +182,7 @@ def score_protocols(cfg: DictConfig, run_dir: Path, judge: str | None = None
     if judge is not None and judge not in names:
         raise StructMemError(f"protocols: --judge {judge!r} is not a judge of the run ({names})")
     name, llm_cfg = next(m for m in members if m[0] == (judge or names[0]))
-    s = J.JudgeSettings.from_cfg(cfg)
+    s = job.settings(J.JudgeSettings)
     samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
 
     items_by_input = {inp: J.judge_items(questions, answers, inp) for inp in inputs}
@@ -325,11 +328,11 @@ def markdown(summary: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_protocols(cfg: DictConfig, run_dir: Path, out: Path | None = None,
+def write_protocols(cfg: Any, run_dir: Path, out: Path | None = None,
                     judge: str | None = None) -> dict[str, Any]:
     """Score, then write protocols.md / .json (default RUN/report/); returns the summary."""
     questions, scored, context = score_protocols(cfg, run_dir, judge)
-    summary = summarise(questions, scored, ReportSettings.from_cfg(cfg))
+    summary = summarise(questions, scored, JobConfig.from_cfg(cfg).settings(ReportSettings))
     summary["context"] = context
     out_dir = out or RunDir(run_dir).report_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -338,20 +341,3 @@ def write_protocols(cfg: DictConfig, run_dir: Path, out: Path | None = None,
     summary["paths"] = {"md": str(out_dir / "protocols.md"),
                         "json": str(out_dir / "protocols.json")}
     return summary
-
-
-def run_config(run_dir: Path, overrides: Sequence[str], compose: Any) -> DictConfig:
-    """The run's saved Hydra config with `overrides` (KEY=VALUE) on top; without a saved one
-    (a run made in-process), the config composed from `overrides` by `compose`."""
-    saved = run_dir / ".hydra" / "config.yaml"
-    if saved.is_file():
-        cfg = OmegaConf.load(saved)
-        assert isinstance(cfg, DictConfig)
-        if overrides:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        assert isinstance(cfg, DictConfig)
-        return cfg
-    if not overrides:
-        raise StructMemError(f"{run_dir}: no .hydra/config.yaml; pass the run's overrides "
-                             "(--override KEY=VALUE ...)")
-    return compose(list(overrides))

@@ -50,6 +50,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.data.categories import LOCOMO_CATEGORIES, LONGMEMEVAL_TYPES
 
 PUBLISHED_DIR = Path(__file__).resolve().parent / "published"
@@ -134,18 +135,26 @@ PACKAGED_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 _NULL_MEANS = {"embedder.model": PACKAGED_ENCODER, "judge.input": "reply"}
 
 
-def config_fact(cfg: DictConfig, key: str) -> Any:
-    value = OmegaConf.select(cfg, _ALIASES.get(key, key), default=None)
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
+def config_fact(cfg: JobConfig | DictConfig, key: str) -> Any:
+    """The value a match key names: of the job's configuration (a JobConfig: plain values, as
+    the match rows hold them), or of a finished run's saved config (.hydra/config.yaml, read
+    with OmegaConf here, the one reader of saved configs outside config/)."""
+    dotted = _ALIASES.get(key, key)
+    if isinstance(cfg, JobConfig):
+        value = cfg.select(dotted)
+    else:
+        value = OmegaConf.select(cfg, dotted, default=None)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
     return _NULL_MEANS.get(key) if value is None else value
 
 
-Facts = DictConfig | Callable[[str], Any]  # a config, or a dotted key -> value lookup
+# The job's configuration, a saved config, or a dotted key -> value lookup.
+Facts = JobConfig | DictConfig | Callable[[str], Any]
 
 
 def _lookup(facts: Facts) -> Callable[[str], Any]:
-    if isinstance(facts, DictConfig):
+    if isinstance(facts, (JobConfig, DictConfig)):
         return lambda key: config_fact(facts, key)
 
     def get(key: str) -> Any:
@@ -200,7 +209,7 @@ def row_matches(facts: Facts, row: PublishedRow) -> bool:
 
 
 def matching_rows(
-    cfg: DictConfig, rows: Sequence[PublishedRow] | None = None
+    cfg: JobConfig | DictConfig, rows: Sequence[PublishedRow] | None = None
 ) -> list[PublishedRow]:
     """Rows that `row_matches` the run."""
     return [r for r in (load_published() if rows is None else rows) if row_matches(cfg, r)]
@@ -218,7 +227,7 @@ def shown_label(row: PublishedRow, notes: Mapping[str, str] | None) -> str:
     return f"{row.label} ({note})" if note else row.label
 
 
-def comparison_lines(cfg: DictConfig, rows: Sequence[PublishedRow] | None = None) -> list[str]:
+def comparison_lines(cfg: JobConfig | DictConfig, rows: Sequence[PublishedRow] | None = None) -> list[str]:
     """What the dry run prints first: the published rows the run's report will be compared
     with, each with its source and, for a `beside` configuration, its note; or why none."""
     matched = matching_rows(cfg, rows)
@@ -230,3 +239,27 @@ def comparison_lines(cfg: DictConfig, rows: Sequence[PublishedRow] | None = None
     return [f"published rows compared ({len(matched)}):"] + [
         f"  {r.id}: {shown_label(r, notes)} ({r.source}; judge {r.judge_model})" for r in matched
     ]
+
+
+# ---- a finished run's saved configuration (.hydra/*.yaml) ------------------------------------
+# Hydra saves a job's config unresolved (interpolations and resolvers as written). These are the
+# readers of those files for the analysis and merge code, which otherwise never touch OmegaConf.
+
+
+def saved_yaml(path: Path) -> Any:
+    """A saved Hydra file (config.yaml, overrides.yaml) as plain data, interpolations kept as
+    their text."""
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def saved_value(path: Path, key: str) -> Any:
+    """The value at dotted `key` of a saved config, its interpolations resolved (None when the
+    key is absent); a key whose resolver belongs to the launching job raises."""
+    value = OmegaConf.select(OmegaConf.load(path), key, default=None,
+                             throw_on_resolution_failure=True)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def saved_job(path: Path) -> JobConfig:
+    """A saved config.yaml as the JobConfig it was run with (every interpolation resolved)."""
+    return JobConfig.from_cfg(OmegaConf.load(path))

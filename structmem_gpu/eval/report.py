@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import atomic_write_text
 from structmem_gpu.data.categories import (
     CATEGORY_NAMES,
@@ -46,7 +46,7 @@ from structmem_gpu.data.categories import (
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.answer import answer_protocol
-from structmem_gpu.eval.judge import judge_identity, judge_protocol
+from structmem_gpu.eval.judge import JudgeSettings, judge_identity, judge_protocol
 from structmem_gpu.eval.published import (
     config_fact,
     harness_run,
@@ -155,14 +155,11 @@ def judge_summary(
     return out
 
 
-def headline_judge(cfg: DictConfig, present: Sequence[str]) -> str | None:
+def headline_judge(job: JobConfig, present: Sequence[str]) -> str | None:
     """The first configured judge (panel order) that has rows, else the first judge present."""
-    panel = OmegaConf.select(cfg, "judge.panel", default=None)
-    configured = (
-        [str(m["name"]) for m in panel]
-        if panel
-        else [str(OmegaConf.select(cfg, "judge.name", default=""))]
-    )
+    job = JobConfig.from_cfg(job)
+    j = job.settings(JudgeSettings) if job.has("judge") else None
+    configured = [m.name for m in j.panel] if j and j.panel else [j.name if j else ""]
     for name in configured:
         if name in present:
             return name
@@ -265,7 +262,7 @@ def category_names(questions: pl.DataFrame) -> dict[str, str]:
 
 
 def build_report(
-    cfg: DictConfig,
+    job: JobConfig,
     questions: pl.DataFrame,
     answers: pl.DataFrame,
     judgments: pl.DataFrame,
@@ -273,18 +270,19 @@ def build_report(
     manifest: Mapping[str, Any],
     st: ReportSettings,
 ) -> dict[str, Any]:
+    job = JobConfig.from_cfg(job)
     names = {int(k): v for k, v in category_names(questions).items()}
     rows = scored_rows(questions, judgments)
     judges = list(dict.fromkeys(rows["judge_name"].to_list()))
     by_judge = {j: judge_summary(rows.filter(pl.col("judge_name") == j), names, st) for j in judges}
-    head = headline_judge(cfg, judges)
+    head = headline_judge(job, judges)
     empty = judge_summary(rows.clear(), names, st)
     main = by_judge[head] if head else empty
     parse, trunc = stage_rates(requests, answers, rows)
-    order = [str(s) for s in (OmegaConf.select(cfg, "method.stages", default=None) or [])]
+    order = list(job.root.method.stages)
     report: dict[str, Any] = {
-        "benchmark": str(config_fact(cfg, "benchmark")),
-        "method": str(config_fact(cfg, "method")),
+        "benchmark": str(config_fact(job, "benchmark")),
+        "method": str(config_fact(job, "method")),
         "config_hash": manifest.get("config_hash"),
         "categories": sorted(int(c) for c in questions["category"].unique().to_list()),
         "questions": questions.height,
@@ -304,14 +302,14 @@ def build_report(
         )
         if head
         else 0,
-        "protocols": run_protocols(cfg, manifest),
-        "category_scope": list(run_categories(cfg)),
-        "published": [r.id for r in matching_rows(cfg)],
-        "published_notes": match_notes(cfg),
-        "published_excluded": harness_run(cfg),
+        "protocols": run_protocols(job, manifest),
+        "category_scope": list(run_categories(job)),
+        "published": [r.id for r in matching_rows(job)],
+        "published_notes": match_notes(job),
+        "published_excluded": harness_run(job),
         # llm.structure_only: the profile's model tests the pipeline's structure only
         # (CPU and scripted profiles); report.md and the closing table open by saying so.
-        "structure_only": bool(OmegaConf.select(cfg, "llm.structure_only", default=False)),
+        "structure_only": bool(job.root.llm.structure_only),
         "weights": list(manifest.get("weights") or []),  # per role: repository, revision, snapshot
         "settings": {
             "bootstrap_resamples": st.bootstrap_resamples,
@@ -326,26 +324,29 @@ def build_report(
     return report
 
 
-def run_protocols(cfg: DictConfig, manifest: Mapping[str, Any]) -> dict[str, str]:
+def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]:
     """{"answer": ..., "judge": ..., "judge_input": reply | answer, "texts": official: ... |
     ours, and "qa_store" where the offline update ran}: what each stage recorded in the
     manifest, else the config (a judge entry without judge_input judged the answer)."""
+    job = JobConfig.from_cfg(job)
     stages = manifest.get("stages") or {}
     out = {}
-    for stage, default in (("answer", answer_protocol(cfg)), ("judge", judge_protocol(cfg))):
+    for stage, default in (("answer", answer_protocol(job)), ("judge", judge_protocol(job))):
         notes = (stages.get(stage) or {}).get("notes") or {}
         out[stage] = str(notes.get("protocol") or default)
     judge_notes = (stages.get("judge") or {}).get("notes")
-    configured = str(OmegaConf.select(cfg, "judge.input", default="reply") or "reply")
+    configured = job.settings(JudgeSettings).input if job.has("judge") else "reply"
     out["judge_input"] = str(judge_notes.get("judge_input") or "answer") if judge_notes \
         else configured
     from structmem_gpu.prompts.official import texts_protocol
 
-    out["texts"] = texts_protocol(cfg)  # official checkouts (commits) or our own wording
+    out["texts"] = texts_protocol(job)  # official checkouts (commits) or our own wording
     update = (stages.get("update") or {}).get("notes")
     if update is not None:  # the offline update ran: which store QA read (update.read)
-        read = str(OmegaConf.select(cfg, "update.read", default="pre") or "pre")
-        keeps = read == "pre" or bool(OmegaConf.select(cfg, "update.post_syntheses", default=False))
+        # The update stage's settings class lives in methods/ (a layer above eval): its two
+        # knobs are read as plain values here (UpdateSettings checked them when it ran).
+        read = str(job.select("update.read") or "pre")
+        keeps = read == "pre" or bool(job.select("update.post_syntheses", False))
         out["qa_store"] = (f"{read}-update ({'with' if keeps else 'without'} syntheses; "
                            f"update {'on' if update.get('enabled') else 'off'})")
     # The reference's pre-processing, named only when its stages ran (README "Compression and
@@ -393,19 +394,19 @@ def check_parse_failures(rates: Mapping[str, float], limit: float) -> None:
 def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     from structmem_gpu.eval.report_md import render_markdown
 
-    cfg, st = ctx.cfg, ctx.settings
-    questions = selected_questions(cfg, ctx.read("questions"))
+    job, st = ctx.job, ctx.settings
+    questions = selected_questions(job, ctx.read("questions"))
     answers, judgments = ctx.read("answers"), ctx.read("judgments")
     requests = ctx.read_optional("requests")
     from structmem_gpu.eval.audit import audit_markdown, audit_summary
 
-    report = build_report(cfg, questions, answers, judgments, requests, ctx.run.load_manifest(), st)
+    report = build_report(job, questions, answers, judgments, requests, ctx.run.load_manifest(), st)
     audit = audit_summary(ctx.run.root, resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
     if audit:  # fidelity audits ran (stages audit_*): their rates go into both reports
         report["audit"] = audit
     out = ctx.run.report_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
-    markdown = render_markdown(report, matching_rows(cfg))
+    markdown = render_markdown(report, matching_rows(job))
     atomic_write_text(out / "report.md", markdown + ("\n" + audit_markdown(audit) if audit else ""))
     if "longmemeval" in report:
         atomic_write_text(
@@ -415,7 +416,7 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     if st.plots:  # report/*.png (eval/plots.py)
         from structmem_gpu.eval.plots import write_run_plots
 
-        write_run_plots(ctx.run.root, cfg)
+        write_run_plots(ctx.run.root, job)
     ctx.notes.update(
         judge=report["judge"],
         n=report["overall"]["n"],
@@ -427,10 +428,10 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {}
 
 
-def _report_fingerprint(cfg: DictConfig) -> Any:
+def _report_fingerprint(job: JobConfig) -> Any:
     keys = sorted({k for r in load_published() if r.match for k in r.match})  # beside: a subset
     keys += ["llm.backend", "debug_profile", "answer.protocol"]
-    return {"published": {k: config_fact(cfg, k) for k in keys}, "judge": judge_identity(cfg)}
+    return {"published": {k: config_fact(job, k) for k in keys}, "judge": judge_identity(job)}
 
 
 STAGE = Stage(

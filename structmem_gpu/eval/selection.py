@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.config.job import JobConfig
 
 
-def selected_questions(cfg: DictConfig, questions: pl.DataFrame) -> pl.DataFrame:
-    """Questions of the configured categories, in their table order."""
-    cats = OmegaConf.select(cfg, "benchmark.categories", default=None)
+def selected_questions(job: JobConfig, questions: pl.DataFrame) -> pl.DataFrame:
+    """Questions of the configured categories, in their table order. (`job` may still be a
+    config JobConfig checks: the dry run passes its own until it holds a JobConfig.)"""
+    cats = JobConfig.from_cfg(job).root.benchmark.categories
     if cats is None:
         return questions
     return questions.filter(pl.col("category").is_in([int(c) for c in cats]))

@@ -23,16 +23,18 @@ import functools
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.data.locomo import LOCOMO_SHA256
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.core.hashing import file_sha256
 from structmem_gpu.stage import Stage, StageContext
 from structmem_gpu.core.turns_store import CompactTurns
+
+if TYPE_CHECKING:
+    from structmem_gpu.config.job import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -115,16 +117,16 @@ def apply_shard(turns: pl.DataFrame, questions: pl.DataFrame, shard_index: int, 
     return turns.filter(pl.col("conv_id").is_in(keep)), questions.filter(pl.col("conv_id").is_in(keep))
 
 
-def _benchmark_args(cfg: DictConfig) -> dict[str, Any]:
-    b = cfg.benchmark
-    convs = OmegaConf.to_container(b.conversations) if b.get("conversations") is not None else None
-    return {"name": str(b.name), "path": None if b.get("path") is None else str(b.path),
-            "conversations": convs, "max_sessions": b.get("max_sessions")}
+def _benchmark_args(job: "JobConfig") -> dict[str, Any]:
+    b = job.root.benchmark
+    convs = None if b.conversations is None else list(b.conversations)
+    return {"name": b.name, "path": b.path, "conversations": convs,
+            "max_sessions": b.max_sessions}
 
 
-def _file_hash(cfg: DictConfig) -> str | None:
+def _file_hash(job: "JobConfig") -> str | None:
     """The benchmark file's sha256, so an edited file invalidates `load` and everything after."""
-    args = _benchmark_args(cfg)
+    args = _benchmark_args(job)
     path = args["path"]
     if path is None and args["name"] == "sample":
         from structmem_gpu.data import sample_path
@@ -176,8 +178,8 @@ def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_inde
 
 
 def run_load(ctx: StageContext) -> dict[str, Any]:
-    args = _benchmark_args(ctx.cfg)
-    shard, shards = int(ctx.cfg.shard_index), int(ctx.cfg.num_shards)
+    args = _benchmark_args(ctx.job)
+    shard, shards = ctx.job.root.shard_index, ctx.job.root.num_shards
     if compact_layout(args["name"]) and args["path"] is not None:
         from structmem_gpu.data.longmemeval import load_longmemeval_compact, repeated_sessions
 
@@ -205,7 +207,7 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
     ctx.notes.update(conversations=turns["conv_id"].n_unique(), turns=turns.height,
                      sessions=turns.select("conv_id", "session_index").unique().height,
                      questions=questions.height)
-    if ctx.cfg.benchmark.name == "longmemeval":
+    if ctx.job.root.benchmark.name == "longmemeval":
         # Haystacks that list a session id twice keep both copies (data/longmemeval.py).
         ctx.notes["repeated_sessions"] = repeated_sessions(turns)
     log.info("loaded %s", ctx.notes)

@@ -14,15 +14,14 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.stage import Stage
 
 
-def _method_file(cfg: DictConfig) -> str:
+def _method_file(job: JobConfig) -> str:
     # conf/method/<file>.yaml sets method.name to its file name (tests/unit/test_every_command.py).
-    return f"conf/method/{OmegaConf.select(cfg, 'method.name', default='?')}.yaml"
+    return f"conf/method/{job.root.method.name}.yaml"
 
 
 class _LazyStages(Mapping[str, Stage]):
@@ -54,21 +53,22 @@ class _LazyStages(Mapping[str, Stage]):
         return len(self._refs)
 
 
-def stage_registry(cfg: DictConfig | Mapping[str, Any]) -> Mapping[str, Stage]:
+def stage_registry(job: JobConfig | Mapping[str, Any]) -> Mapping[str, Stage]:
     """Stage name -> Stage for the job's method (`method.implementations`), imported lazily:
     the one place a job's config becomes its stages. Every stage the method maps is there,
     those that run only when listed in `stages=[...]` (the fidelity audits) included, so that
-    config validation covers their settings too."""
-    if not OmegaConf.is_config(cfg):  # a plain (resolved) config, e.g. in the schema tests
-        cfg = OmegaConf.create(dict(cfg))
-    where = _method_file(cfg)
-    refs = OmegaConf.select(cfg, "method.implementations", default=None)
+    config validation covers their settings too. `job`: a JobConfig, or the entry point's
+    config (Hydra's or a plain resolved mapping), checked into one here."""
+    job = JobConfig.from_cfg(job)
+    where = _method_file(job)
+    # method.implementations is an open mapping (stage name -> "module:ATTR" or null), typed
+    # per value only: read as the plain mapping it is.
+    refs = job.select("method.implementations")
     if not refs:
         raise ConfigError(f"{where}: method.implementations is missing (stage name -> module:ATTR)")
     # A null removes a stage the method inherits (flat: StructMem's stages, no consolidate).
     registry = _LazyStages({str(k): str(v) for k, v in refs.items() if v is not None}, where)
-    missing = [str(s) for s in (OmegaConf.select(cfg, "method.stages", default=None) or [])
-               if str(s) not in registry]
+    missing = [s for s in job.root.method.stages if s not in registry]
     if missing:
         raise ConfigError(
             f"{where}: method.stages names {missing}, which method.implementations does not map"

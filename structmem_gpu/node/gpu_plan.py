@@ -1,7 +1,7 @@
 """GPU memory plan: per stage, what the job keeps resident on each GPU, checked before any
 server starts (docs/performance.md "GPU memory plan").
 
-    p = plan(cfg, stages)          # stages: the job's Stage objects, in order
+    p = plan(job, stages)          # stages: the job's Stage objects, in order
     print(p.format())              # one block per stage: residents per GPU against the device
     p.refusal                      # None, or one line: stage, sum, device size, the fixing knob
 
@@ -37,10 +37,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.node.model_refs import cached_snapshot
-from structmem_gpu.stage import Stage, backend_keys, judge_members, judge_key
+from structmem_gpu.stage import ROLES, Stage, judge_key
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +139,10 @@ def _gpu_total(on: Sequence[Resident], device_gb: float | None, headroom_gb: flo
 # ---- sizes ---------------------------------------------------------------------------------
 
 
-def device_memory(cfg: DictConfig) -> tuple[float | None, str]:
+def device_memory(job: JobConfig) -> tuple[float | None, str]:
     """(GB per GPU, where it came from): gpu.memory_gb, else torch's first CUDA device."""
-    stated = OmegaConf.select(cfg, "gpu.memory_gb", default=None)
+    gpu = JobConfig.from_cfg(job).root.gpu
+    stated = gpu.memory_gb if gpu is not None else None
     if stated is not None:
         return float(stated), "gpu.memory_gb"
     try:
@@ -222,43 +222,63 @@ def weights(node: Mapping[str, Any], *, runtime_bytes: int | None = None) -> Wei
 # ---- what each backend key puts on the GPUs -----------------------------------------------
 
 
-def _llm_node(cfg: DictConfig, key: str) -> tuple[dict[str, Any] | None, str]:
+def judge_llms(job: JobConfig) -> list[tuple[str, dict[str, Any] | None, str]]:
+    """(judge name, its llm node or None = the answer model, the node path whose knobs size
+    it) for every configured judge, in the order Backends opens them (stage.judge_members).
+    The llm nodes are the plain mappings the factory and `weights` read."""
+    judge = job.select("judge")
+    if judge is None:
+        return []
+    panel = judge.get("panel")
+    if not panel:
+        return [(str(judge["name"]), judge.get("llm"), "judge.llm")]
+    out = []
+    for i, member in enumerate(panel):
+        llm = member.get("llm")
+        # A member that interpolates a judge.*_llm node (judge.qwen_llm: ${judge.qwen_llm})
+        # is sized by that node's knobs: the resolved config holds an equal copy of it.
+        shared = [k for k, v in judge.items() if k.endswith("_llm") and llm is not None and v == llm]
+        out.append((str(member["name"]), llm, f"judge.{shared[0]}" if shared else f"judge.panel.{i}.llm"))
+    return out
+
+
+def backend_keys(job: JobConfig, uses: Sequence[str] | None) -> set[str]:
+    """The Backends keys ("llm", "judge-<name>", "encoder") roles `uses` open (None = every
+    role), as stage.backend_keys names them."""
+    out: set[str] = set()
+    for role in ROLES if uses is None else uses:
+        if role == "judges":
+            out |= {judge_key(name, llm) for name, llm, _ in judge_llms(job)}
+        else:
+            out.add(role)
+    return out
+
+
+def _llm_node(job: JobConfig, key: str) -> tuple[dict[str, Any] | None, str]:
     """(llm config, the node path whose knobs size it) of a Backends key."""
-    if key == "llm" or cfg.get("debug_profile") == "scripted":  # scripted: every role is llm
-        lnode = OmegaConf.select(cfg, "llm", default=None)
-        node = OmegaConf.to_container(lnode, resolve=True) if lnode is not None else None
+    if key == "llm" or job.root.debug_profile == "scripted":  # scripted: every role is llm
         scripted = {"backend": "scripted"}
-        return (node if key == "llm" else scripted), "llm"  # type: ignore[return-value]
-    panel = OmegaConf.select(cfg, "judge.panel", default=None)
-    for i, (name, llm_cfg) in enumerate(judge_members(cfg)):
-        if judge_key(name, llm_cfg) != key:
-            continue
-        if not panel:
-            return llm_cfg, "judge.llm"
-        raw = panel[i]._get_node("llm")._value()  # the member's interpolation, if it has one
-        if isinstance(raw, str) and raw.startswith("${"):
-            return llm_cfg, raw[2:-1]  # e.g. judge.qwen_llm: its knobs are set there
-        return llm_cfg, f"judge.panel.{i}.llm"
+        return (job.select("llm") if key == "llm" else scripted), "llm"
+    for name, llm_cfg, knob in judge_llms(job):
+        if judge_key(name, llm_cfg) == key:
+            return llm_cfg, knob
     return None, key
 
 
-def resident(cfg: DictConfig, key: str, device_gb: float | None) -> Resident | str | None:
+def resident(job: JobConfig, key: str, device_gb: float | None) -> Resident | str | None:
     """The key's GPU resident; a note (str) when it is ours but not on our GPU; None = nothing."""
     if key == "encoder":
-        enode = OmegaConf.select(cfg, "embedder", default=None)
-        if enode is None:  # a config without an encoder (toy pipelines in tests)
-            return None
-        e = OmegaConf.to_container(enode, resolve=True)
-        assert isinstance(e, dict)
-        device = str(e.get("device") or "auto")
+        emb = job.root.embedder
+        device = emb.device or "auto"
         on_gpu = device.startswith("cuda") or (device == "auto" and device_gb is not None)
         if not on_gpu:
             return None
         gpu = int(device.split(":")[1]) if ":" in device else 0
-        nbytes = 2 if e.get("fp16", True) else 4
-        return Resident("encoder", str(e.get("model") or "packaged MiniLM"), (gpu,),
-                        weights(e, runtime_bytes=nbytes), knob="embedder")
-    node, knob = _llm_node(cfg, key)
+        nbytes = 2 if emb.fp16 else 4
+        # `weights` reads a model node as a mapping (model, revision, weights_gb, device)
+        return Resident("encoder", emb.model or "packaged MiniLM", (gpu,),
+                        weights(job.select("embedder"), runtime_bytes=nbytes), knob="embedder")
+    node, knob = _llm_node(job, key)
     if not node or node.get("backend") not in _GPU_LLM_BACKENDS:
         return None
     if node.get("base_url") and node.get("backend") == "vllm_server":
@@ -278,19 +298,23 @@ def resident(cfg: DictConfig, key: str, device_gb: float | None) -> Resident | s
 COMPRESSION_WEIGHTS_GB = 0.36
 
 
-def compression_resident(cfg: DictConfig, device_gb: float | None) -> Resident | None:
+def compression_resident(job: JobConfig, device_gb: float | None) -> Resident | None:
     """The compression model on GPU 0 while a compress/segment stage runs (compress.device
     cuda, or auto with a GPU); None otherwise."""
-    model = OmegaConf.select(cfg, "compress.model", default=None)
-    device = str(OmegaConf.select(cfg, "compress.device", default="auto"))
-    if model is None or not (device == "cuda" or (device == "auto" and device_gb is not None)):
+    if not job.has("compress"):
+        return None
+    from structmem_gpu.methods.structmem.compress import CompressSettings
+
+    c = job.settings(CompressSettings)
+    model, device = c.model, c.device
+    if not (device == "cuda" or (device == "auto" and device_gb is not None)):
         return None
     w = weights({"model": model, "weights_gb": COMPRESSION_WEIGHTS_GB}, runtime_bytes=4)
     return Resident("compression", f"LLMLingua-2 {model}", (0,), w, knob="compress")
 
 
-def _faiss_on_gpu(cfg: DictConfig, device_gb: float | None) -> bool:
-    use = OmegaConf.select(cfg, "index.use_gpu", default="auto")
+def _faiss_on_gpu(job: JobConfig, device_gb: float | None) -> bool:
+    use = job.root.index.use_gpu
     if use is True:
         return True
     if use != "auto" or device_gb is None:
@@ -360,24 +384,26 @@ def _ceil2(x: float) -> str:
     return f"{math.ceil(x * 100) / 100:.2f}"
 
 
-def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
-    """The plan for the job's `stages` (in order), following the pipeline's release schedule."""
-    device_gb, source = device_memory(cfg)
-    stated = OmegaConf.select(cfg, "gpu.headroom_gb", default=None)
-    headroom = 2.0 if stated is None else float(stated)  # conf/config.yaml's default
+def plan(job: JobConfig, stages: Sequence[Stage]) -> GpuPlan:
+    """The plan for the job's `stages` (in order), following the pipeline's release schedule.
+    `job`: a JobConfig, or a config it is checked from."""
+    job = JobConfig.from_cfg(job)
+    device_gb, source = device_memory(job)
+    gpu = job.root.gpu
+    headroom = 2.0 if gpu is None else float(gpu.headroom_gb)  # GpuSettings' default: 2.0
     out = GpuPlan(device_gb, source, headroom)
-    keys = [backend_keys(cfg, s.uses) for s in stages]
+    keys = [backend_keys(job, s.uses) for s in stages]
     cache: dict[str, Resident | str | None] = {}
 
     def res(key: str) -> Resident | None:
         if key not in cache:
-            cache[key] = resident(cfg, key, device_gb)
+            cache[key] = resident(job, key, device_gb)
             if isinstance(cache[key], str):
                 out.notes.append(str(cache[key]))
         found = cache[key]
         return found if isinstance(found, Resident) else None
 
-    faiss = _faiss_on_gpu(cfg, device_gb)
+    faiss = _faiss_on_gpu(job, device_gb)
     # from the first stage that searches a FAISS index (Stage.loads; SEEM's retrieve does not)
     faiss_from = next((i for i, s in enumerate(stages) if "faiss" in s.loads), None)
     open_now: set[str] = set()
@@ -386,7 +412,7 @@ def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
         carried = open_now - need
         scratch = Resident("faiss", "FAISS-GPU scratch", (0,), Weights(FAISS_SCRATCH_GB, "faiss default"))
         extra = [scratch] if faiss and faiss_from is not None and i >= faiss_from else []
-        if "compression_model" in stage.loads and (comp := compression_resident(cfg, device_gb)):
+        if "compression_model" in stage.loads and (comp := compression_resident(job, device_gb)):
             extra.append(comp)  # loaded and dropped by the stage itself
         own = [r for k in sorted(need) if (r := res(k))] + extra
         kept = [r for k in sorted(carried) if (r := res(k))]
@@ -406,15 +432,16 @@ def plan(cfg: DictConfig, stages: Sequence[Stage]) -> GpuPlan:
     return out
 
 
-def check(cfg: DictConfig, stages: Sequence[Stage]) -> str | None:
+def check(job: JobConfig, stages: Sequence[Stage]) -> str | None:
     """The refusal line of the job's plan, or None when it fits (or the device is unknown)."""
-    return plan(cfg, stages).refusal
+    return plan(job, stages).refusal
 
 
-def job_stages(cfg: DictConfig) -> list[Stage]:
+def job_stages(job: JobConfig) -> list[Stage]:
     """The job's Stage objects in order (stages=[...] or the method's list)."""
     from structmem_gpu.methods.registry import stage_registry
 
-    names = list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
-    registry = stage_registry(cfg)
+    job = JobConfig.from_cfg(job)
+    names = list(job.root.stages) if job.root.stages else list(job.root.method.stages)
+    registry = stage_registry(job)
     return [registry[n] for n in names if n in registry]

@@ -1,6 +1,6 @@
 """Which models a job's config names, and whether each is on this machine.
 
-    refs = named_models(cfg, stages)        # answer LLM, judges, encoder, window tokenizer
+    refs = named_models(job, stages)        # answer LLM, judges, encoder, window tokenizer
     for ref in refs:
         print(ref.key, ref.name, locate(ref).status)   # local | cached | missing | ...
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from structmem_gpu.config.job import JobConfig
 
 # The HF cache lookups live a layer below (the LLM factory keys its cache with the snapshot).
 from structmem_gpu.core.hf_cache import hub_cache_dir, is_path as _is_path, resolved_snapshot
@@ -84,12 +84,6 @@ class Location:
         return self.status in ("local", "cached")
 
 
-def _plain(node: Any) -> Any:
-    if isinstance(node, DictConfig) or OmegaConf.is_list(node):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
-
-
 def job_roles(stages: Iterable[Any]) -> set[str]:
     """Roles the job's stages use (`Stage.uses`; a stage without it may use every role)."""
     out: set[str] = set()
@@ -99,20 +93,22 @@ def job_roles(stages: Iterable[Any]) -> set[str]:
     return out
 
 
-def named_llms(cfg: DictConfig, stages: Sequence[Any]) -> list[NamedLLM]:
+def named_llms(job: JobConfig, stages: Sequence[Any]) -> list[NamedLLM]:
     """The llm configs the job opens, as Backends would: the answer model, then each judge
     (a panel member or judge with `llm: null` is the answer model; debug=scripted: every judge
-    is the scripted answer model)."""
+    is the scripted answer model). Each NamedLLM.cfg is its llm node as the plain mapping the
+    factory opens (llm/factory.py resolves its defaults)."""
+    job = JobConfig.from_cfg(job)
     roles = job_roles(stages)
-    answer = NamedLLM("answer LLM", "llm", _plain(cfg.llm))
+    answer = NamedLLM("answer LLM", "llm", job.select("llm"))
     out: list[NamedLLM] = []
     needs_answer = "llm" in roles
-    if "judges" in roles and cfg.get("judge") is not None:
-        judge = _plain(cfg.judge)
+    judge = job.select("judge")  # plain, as Backends opens each member's llm node
+    if "judges" in roles and judge is not None:
         panel = judge.get("panel")
         members = (list(enumerate(panel)) if panel else [(None, {"name": judge.get("name"),
                                                                   "llm": judge.get("llm")})])
-        scripted = cfg.get("debug_profile") == "scripted"
+        scripted = job.root.debug_profile == "scripted"
         for i, member in members:
             if member.get("llm") is None or scripted:
                 needs_answer = True
@@ -145,47 +141,54 @@ def _llm_model(llm: NamedLLM) -> ModelRef | None:
                     convert_from_gguf=c.get("convert_from_gguf"), weights_gb=_weights_gb(c))
 
 
-def _encoder_model(cfg: DictConfig) -> ModelRef:
-    emb = _plain(cfg.embedder)
-    name = emb.get("model")
+def _encoder_model(job: JobConfig) -> ModelRef:
+    emb = job.root.embedder
+    name = emb.model
     if name is None:  # the packaged MiniLM (embed/encoder.py resolves it the same way)
         from structmem_gpu.embed.encoder import resolve_model
 
         name = resolve_model(None)[0]
-    return ModelRef("encoder", "embedder.model", str(name), weights_gb=_weights_gb(emb))
+    return ModelRef("encoder", "embedder.model", str(name), weights_gb=emb.weights_gb)
 
 
-def window_tokenizer(cfg: DictConfig, stage_names: Sequence[str]) -> ModelRef | None:
+def window_tokenizer(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | None:
     """`extract.window_tokenizer` when the job runs extract and packs by a tokenizer (a value
-    other than `chars`); None when the knob is absent or null."""
-    if "extract" not in stage_names:
+    other than `chars`); None when the job has no extract node or the knob is null."""
+    job = JobConfig.from_cfg(job)
+    if "extract" not in stage_names or not job.has("extract"):
         return None
-    value = OmegaConf.select(cfg, "extract.window_tokenizer", default=None)
-    if value is None or str(value) == "chars":
+    from structmem_gpu.methods.structmem.extract import ExtractSettings
+
+    value = job.settings(ExtractSettings).window_tokenizer
+    if value is None or value == "chars":
         return None
-    rev = OmegaConf.select(cfg, "llm.revision", default=None)
-    same_as_llm = str(value) == str(OmegaConf.select(cfg, "llm.model", default=""))
-    return ModelRef("window tokenizer", "extract.window_tokenizer", str(value),
-                    revision=rev if same_as_llm else None, tokenizer_only=True)
+    llm = job.root.llm
+    same_as_llm = value == str(llm.model)
+    return ModelRef("window tokenizer", "extract.window_tokenizer", value,
+                    revision=llm.revision if same_as_llm else None, tokenizer_only=True)
 
 
-def compression_model(cfg: DictConfig, stage_names: Sequence[str]) -> ModelRef | None:
+def compression_model(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | None:
     """`compress.model` (LLMLingua-2, shared by the segment stage) when the job runs either."""
-    if not {"compress", "segment"} & set(stage_names):
+    job = JobConfig.from_cfg(job)
+    if not {"compress", "segment"} & set(stage_names) or not job.has("compress"):
         return None
-    value = OmegaConf.select(cfg, "compress.model", default=None)
-    return None if value is None else ModelRef("compression model", "compress.model", str(value))
+    from structmem_gpu.methods.structmem.compress import CompressSettings
+
+    return ModelRef("compression model", "compress.model", job.settings(CompressSettings).model)
 
 
-def named_models(cfg: DictConfig, stages: Sequence[Any]) -> list[ModelRef]:
-    """Every model the job loads, each once (the same model in two roles keeps its first)."""
-    refs = [ref for llm in named_llms(cfg, stages) if (ref := _llm_model(llm)) is not None]
+def named_models(job: JobConfig, stages: Sequence[Any]) -> list[ModelRef]:
+    """Every model the job loads, each once (the same model in two roles keeps its first).
+    `job`: a JobConfig, or a config it is checked from."""
+    job = JobConfig.from_cfg(job)
+    refs = [ref for llm in named_llms(job, stages) if (ref := _llm_model(llm)) is not None]
     if "encoder" in job_roles(stages):
-        refs.append(_encoder_model(cfg))
-    tok = window_tokenizer(cfg, [str(getattr(s, "name", s)) for s in stages])
+        refs.append(_encoder_model(job))
+    tok = window_tokenizer(job, [str(getattr(s, "name", s)) for s in stages])
     if tok is not None:
         refs.append(tok)
-    comp = compression_model(cfg, [str(getattr(s, "name", s)) for s in stages])
+    comp = compression_model(job, [str(getattr(s, "name", s)) for s in stages])
     if comp is not None:
         refs.append(comp)
     seen: dict[tuple[str, str | None], ModelRef] = {}

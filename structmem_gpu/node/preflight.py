@@ -1,6 +1,6 @@
 """Preflight: before any stage runs, check in seconds that the job can run on this node.
 
-    found = preflight.check(cfg, stages, run_dir, overrides)     # list[Finding]
+    found = preflight.check(job, stages, run_dir, overrides)     # list[Finding]
     preflight.enforce(found, dry_run=False)  # PreflightError (exit 2, one line) on a problem
 
 What it checks (README "Replicate on a GPU node"), from the composed config and the roles the
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.schema import PreflightSettings
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.node.model_refs import (
     NOT_FOR_MODELS,
@@ -88,13 +88,18 @@ def merged(found: Sequence[Finding]) -> list[Finding]:
 
 @dataclass
 class Job:
-    """What every check reads: the config, the job's stages, where it writes, how it was called."""
+    """What every check reads: the job's typed configuration, its stages, where it writes, how
+    it was called. `config` may be given as the entry point's config: it is checked into a
+    JobConfig here."""
 
-    cfg: DictConfig
+    config: JobConfig
     stages: Sequence[Any]
     run_dir: Path
     overrides: Sequence[str] = ()
     _hub_down: list[str] = field(default_factory=list)  # set after the first failed probe
+
+    def __post_init__(self) -> None:
+        self.config = JobConfig.from_cfg(self.config)
 
     @property
     def models_command(self) -> str:
@@ -103,8 +108,9 @@ class Job:
         return " ".join(["python jobs/data.py models", *map(shlex.quote, kept)])
 
 
-def _setting(job: Job, key: str, default: Any) -> Any:
-    return OmegaConf.select(job.cfg, f"preflight.{key}", default=default)
+def _settings(job: Job) -> PreflightSettings | None:
+    """preflight.* (None: the job has no preflight node; each check then uses its default)."""
+    return job.config.root.preflight
 
 
 # ---- models -------------------------------------------------------------------------------
@@ -162,7 +168,8 @@ def _model_finding(job: Job, ref: ModelRef) -> Finding | None:
         return Finding(f"{where.detail} and HF_HUB_OFFLINE is set", fetch, subject=what)
     if job._hub_down:
         return Finding(f"{where.detail}; the hub is {job._hub_down[0]}", fetch, subject=what)
-    why = hub_probe(ref.name, ref.revision, float(_setting(job, "hub_timeout_s", 3.0)))
+    s = _settings(job)
+    why = hub_probe(ref.name, ref.revision, 3.0 if s is None else s.hub_timeout_s)
     if why.startswith("unreachable"):
         job._hub_down.append(why)
     if why:
@@ -172,7 +179,7 @@ def _model_finding(job: Job, ref: ModelRef) -> Finding | None:
 
 
 def check_models(job: Job) -> list[Finding]:
-    found = [_model_finding(job, ref) for ref in named_models(job.cfg, job.stages)]
+    found = [_model_finding(job, ref) for ref in named_models(job.config, job.stages)]
     return [f for f in found if f is not None]
 
 
@@ -243,7 +250,7 @@ def _engine_finding(llm: NamedLLM) -> Finding | None:
 
 
 def check_engines(job: Job) -> list[Finding]:
-    found = [_engine_finding(llm) for llm in named_llms(job.cfg, job.stages) if llm.launched]
+    found = [_engine_finding(llm) for llm in named_llms(job.config, job.stages) if llm.launched]
     return [f for f in found if f is not None]
 
 
@@ -255,8 +262,9 @@ def check_gpu(job: Job) -> list[Finding]:
     if "encoder" not in job_roles(job.stages):
         return []
     found = []
-    device = str(OmegaConf.select(job.cfg, "embedder.device", default="auto") or "auto")
-    gpu_index = OmegaConf.select(job.cfg, "index.use_gpu", default="auto") is True
+    root = job.config.root
+    device = root.embedder.device or "auto"
+    gpu_index = root.index.use_gpu is True
     if device.startswith("cuda") or gpu_index:
         import torch  # only here: CUDA was asked for
 
@@ -286,8 +294,10 @@ def _existing(path: Path) -> Path:
 
 
 def check_disk(job: Job) -> list[Finding]:
-    need_gb = float(_setting(job, "min_free_gb", 2.0))
-    cache_dir = Path(str(OmegaConf.select(job.cfg, "paths.cache_dir", default=".")))
+    s = _settings(job)
+    need_gb = 2.0 if s is None else float(s.min_free_gb)
+    paths = job.config.root.paths
+    cache_dir = Path(paths.cache_dir if paths is not None and paths.cache_dir else ".")
     places = {"run directory": job.run_dir, "paths.cache_dir": cache_dir}
     found = []
     for what, path in places.items():
@@ -311,7 +321,7 @@ def check_inputs(job: Job) -> list[Finding]:
         if stage.extra_fingerprint is None:
             continue
         try:
-            stage.extra_fingerprint(job.cfg)
+            stage.extra_fingerprint(job.config)
         except StructMemError as err:
             found.append(Finding(str(err)))
     return found
@@ -325,9 +335,10 @@ def check_official(job: Job) -> list[Finding]:
     from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
 
     found, unfetched = [], []
-    folder = OmegaConf.select(job.cfg, "paths.official_dir", default=None)
+    paths = job.config.root.paths
+    folder = paths.official_dir if paths is not None else None
     for name in SOURCE_NAMES:
-        spec = source_spec(job.cfg, name)
+        spec = source_spec(job.config, name)
         if spec is None:
             continue
         if folder is not None and spec == pinned.source(name, str(folder)) \
@@ -354,10 +365,10 @@ CHECKS: list[Callable[[Job], list[Finding]]] = [check_engines, check_models, che
                                                 check_official, check_inputs]
 
 
-def check(cfg: DictConfig, stages: Sequence[Any], run_dir: Path,
+def check(config: JobConfig, stages: Sequence[Any], run_dir: Path,
           overrides: Sequence[str] = ()) -> list[Finding]:
     """Every finding of every check (fatal problems and notes)."""
-    job = Job(cfg, stages, Path(run_dir), list(overrides))
+    job = Job(config, stages, Path(run_dir), list(overrides))
     return [f for chk in CHECKS for f in chk(job)]
 
 

@@ -24,8 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.prompts import sources as S
@@ -86,11 +85,14 @@ class OfficialText:
                 "sha256_10": self.digest}
 
 
-def source_spec(cfg: DictConfig, name: str) -> str | None:
+def source_spec(job: JobConfig, name: str) -> str | None:
     """The configured `prompts.sources.<name>` (LightMem: or its alias prompts.reference_dir)."""
-    value = OmegaConf.select(cfg, f"prompts.sources.{name}", default=None)
+    job = JobConfig.from_cfg(job)
+    prompts = job.root.prompts
+    sources = prompts.sources if prompts is not None else None
+    value = getattr(sources, name) if sources is not None else None
     if name == "lightmem":
-        alias = OmegaConf.select(cfg, "prompts.reference_dir", default=None)
+        alias = prompts.reference_dir if prompts is not None else None
         if alias is not None and value is not None and str(alias) != str(value):
             raise ConfigError(
                 f"prompts.reference_dir={alias!r} and prompts.sources.lightmem={value!r} differ; "
@@ -268,13 +270,14 @@ def _texts_of(name: str, spec: str) -> dict[str, OfficialText]:
     return {f"judge_longmemeval[{k}]": t for k, t in longmemeval_judges(spec).items()}
 
 
-def manifest(cfg: DictConfig) -> dict[str, Any] | None:
+def manifest(job: JobConfig) -> dict[str, Any] | None:
     """The run header's `official_texts`: per configured source its spec, resolved commit and
     the file/variable/hash of each text it supplies (an absent text is named with the reason;
     the stage that needs it stops with that ConfigError). None when no source is set."""
+    job = JobConfig.from_cfg(job)
     out: dict[str, Any] = {}
     for name in SOURCE_NAMES:
-        spec = source_spec(cfg, name)
+        spec = source_spec(job, name)
         if spec is None:
             continue
         src = _src(name, spec)
@@ -289,13 +292,14 @@ def manifest(cfg: DictConfig) -> dict[str, Any] | None:
     return out or None
 
 
-def texts_protocol(cfg: DictConfig) -> str:
+def texts_protocol(job: JobConfig) -> str:
     """The report's `protocols.texts`: which official checkouts (at which commit) the run's
     texts came from, e.g. "official: lightmem@8fc9a91, mem0@b3ede5b; ours: longmemeval", or
     "ours" when every prompts.sources.* is null (our own wording)."""
+    job = JobConfig.from_cfg(job)
     official, ours = [], []
     for name in SOURCE_NAMES:
-        spec = source_spec(cfg, name)
+        spec = source_spec(job, name)
         if spec is None:
             ours.append(name)
             continue
@@ -312,12 +316,13 @@ def fingerprint(texts: Mapping[str, OfficialText | None]) -> str | None:
     return stable_hash(used) if used else None
 
 
-def judge_texts(cfg: DictConfig) -> dict[str, OfficialText | None]:
+def judge_texts(job: JobConfig) -> dict[str, OfficialText | None]:
     """The official judge texts this config names (LoCoMo judge; LongMemEval by type)."""
+    job = JobConfig.from_cfg(job)
     out: dict[str, OfficialText | None] = {
-        "judge_locomo": locomo_judge(source_spec(cfg, "lightmem"), source_spec(cfg, "mem0"))
+        "judge_locomo": locomo_judge(source_spec(job, "lightmem"), source_spec(job, "mem0"))
     }
-    lme = source_spec(cfg, "longmemeval")
+    lme = source_spec(job, "longmemeval")
     if lme is not None:
         out.update({f"judge_longmemeval[{k}]": t for k, t in longmemeval_judges(lme).items()})
     return out

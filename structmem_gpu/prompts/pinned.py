@@ -128,11 +128,3 @@ def fetch(name: str, official_dir: Path, source: str | None = None) -> tuple[Pat
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest, True
-
-
-def register() -> None:
-    """Make `${official_source:NAME,DIR}` available to Hydra's config."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver(RESOLVER):
-        OmegaConf.register_new_resolver(RESOLVER, source)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from omegaconf import DictConfig
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir, git_commit, now_iso, package_versions
 from structmem_gpu.core import preempt
 from structmem_gpu.config.schema import hashed_view
@@ -32,35 +32,43 @@ from structmem_gpu.core.errors import (
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.prompts.official import manifest as official_manifest
 from structmem_gpu.core.runlock import hold_run_dir
-from structmem_gpu.config.settings import externals, fingerprint_dict, to_plain
-from structmem_gpu.stage import Backends, Stage, StageContext, backend_keys, select_config
+from structmem_gpu.config.settings import externals, fingerprint_dict
+from structmem_gpu.stage import Backends, Stage, StageContext, backend_keys
+
+# Every function here takes the job's configuration as a JobConfig (config/job.py) or as the
+# entry point's config, which it checks into one (JobConfig.from_cfg returns a JobConfig as it
+# is). run_stages hands the entry point's config unread to the stage contract's backends and
+# contexts (stage.py), which open the servers from it.
 
 log = logging.getLogger(__name__)
 
 
-def config_hash(cfg: DictConfig) -> str:
+def config_hash(cfg: Any) -> str:
     """Hash of everything that changes results (shards of one job must share it): the config
     minus JobSettings' hashed=False fields (paths, stages, force, shards, dry_run, preempt,
     the llm's connection settings) and Hydra's own node."""
-    return stable_hash(hashed_view(to_plain(cfg)))
+    return stable_hash(hashed_view(dict(JobConfig.from_cfg(cfg).plain)))
 
 
-def stage_config(stage: Stage, cfg: DictConfig) -> dict[str, Any]:
+def stage_config(stage: Stage, cfg: Any) -> dict[str, Any]:
     """What a stage's output depends on in the config, as the manifest records it: its
     settings' hashed fields under their node ("" = at the top), the fields it reads from
     outside the node under their own dotted keys, then its `depends` keys."""
+    job = JobConfig.from_cfg(cfg)
     out: dict[str, Any] = {}
     if stage.settings is not None:
-        values = fingerprint_dict(stage.settings.from_cfg(cfg))
+        values = fingerprint_dict(job.settings(stage.settings))
         ext = externals(stage.settings)
         outside = {ext[name]: values.pop(name) for name in list(values) if name in ext}
         out.update({stage.settings.node: values} if stage.settings.node else values)
         out.update(outside)
-    out.update(select_config(cfg, stage.depends))
+    # Fingerprint material: the plain values (missing keys: None), as they always hashed.
+    out.update({key: job.select(key) for key in stage.depends})
     return out
 
 
-def fingerprint(stage: Stage, cfg: DictConfig, run: RunDir) -> str:
+def fingerprint(stage: Stage, cfg: Any, run: RunDir) -> str:
+    job = JobConfig.from_cfg(cfg)
     inputs = {}
     for name in stage.reads:
         digest = run.table_sha256(name)  # either layout of `turns` (turns_store.py)
@@ -73,8 +81,8 @@ def fingerprint(stage: Stage, cfg: DictConfig, run: RunDir) -> str:
     for name in stage.optional_reads:
         if run.has_table(name):
             inputs[name] = run.table_sha256(name)
-    values = stage_config(stage, cfg)
-    extra = stage.extra_fingerprint(cfg) if stage.extra_fingerprint else None
+    values = stage_config(stage, job)
+    extra = stage.extra_fingerprint(job) if stage.extra_fingerprint else None
     return stable_hash(stage.name, stage.version, values, inputs, extra)
 
 
@@ -99,64 +107,64 @@ def build_cost(frames: Sequence[pl.DataFrame]) -> dict[str, Any]:
     }
 
 
-def weights(cfg: DictConfig, stages: Sequence[Stage], previous: Any = None) -> list[dict[str, Any]]:
+def weights(job: JobConfig, stages: Sequence[Stage], previous: Any = None) -> list[dict[str, Any]]:
     """The manifest's `weights`: per model role the job loads, its repository, requested
     revision and resolved snapshot (model_refs.weights_record); roles this job does not load
     keep what an earlier job of the run directory recorded (a re-judge keeps the answer LLM's)."""
-    from omegaconf import OmegaConf
-
     from structmem_gpu.node.model_refs import named_models, weights_record
 
-    if any(OmegaConf.select(cfg, k, default=None) is None for k in ("llm", "embedder")):
-        return list(previous or [])  # a hand-made config without model nodes names no model
-    now = weights_record(named_models(cfg, stages))
+    now = weights_record(named_models(job, stages))
     roles = {w["role"] for w in now}
     return [w for w in previous or [] if isinstance(w, dict) and w.get("role") not in roles] + now
 
 
-def run_header(cfg: DictConfig, stages: Sequence[Stage] = (), run: RunDir | None = None) -> dict[str, Any]:
+def run_header(cfg: Any, stages: Sequence[Stage] = (), run: RunDir | None = None) -> dict[str, Any]:
+    job = JobConfig.from_cfg(cfg)
+    root = job.root
     previous = run.load_manifest().get("weights") if run is not None else None
     return {
-        "config_hash": config_hash(cfg),
-        "method": str(cfg.method.name),
-        "benchmark": str(cfg.benchmark.name),
-        "shard_index": int(cfg.shard_index),
-        "num_shards": int(cfg.num_shards),
+        "config_hash": config_hash(job),
+        "method": root.method.name,
+        "benchmark": root.benchmark.name,
+        "shard_index": root.shard_index,
+        "num_shards": root.num_shards,
         "git_commit": git_commit(),
         "packages": package_versions(),
-        "official_texts": official_manifest(cfg),  # prompts.sources.*: commits, text hashes
-        "weights": weights(cfg, stages, previous),  # per model role: repository, revision, snapshot
+        "official_texts": official_manifest(job),  # prompts.sources.*: commits, text hashes
+        "weights": weights(job, stages, previous),  # per model role: repository, revision, snapshot
         "updated": now_iso(),
     }
 
 
-def finished(cfg: DictConfig, run: RunDir, name: str, fp: str) -> bool:
+def finished(cfg: Any, run: RunDir, name: str, fp: str) -> bool:
     """True when stage `name` may be skipped: done with fingerprint `fp`, outputs intact, and
     `force` not set."""
     entry = run.stage_entry(name)
-    return bool(not cfg.get("force", False) and entry and entry.get("status") == "done"
+    return bool(not JobConfig.from_cfg(cfg).root.force and entry and entry.get("status") == "done"
                 and entry.get("fingerprint") == fp and run.outputs_intact(entry))
 
 
-def job_stage_names(cfg: DictConfig) -> list[str]:
+def job_stage_names(cfg: Any) -> list[str]:
     """The stages this job runs, in order: `stages` when given, else the method's list."""
-    return list(cfg.stages) if cfg.get("stages") else list(cfg.method.stages)
+    root = JobConfig.from_cfg(cfg).root
+    return list(root.stages) if root.stages else list(root.method.stages)
 
 
-def stages_to_run(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[str]:
+def stages_to_run(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[str]:
     """The job's stages that will (re)compute their tables, predicted before any runs: those
     not finished with today's fingerprint, and every later stage reading a table one of them
     writes (its input hash changes then)."""
+    job = JobConfig.from_cfg(cfg)
     run = RunDir(run_dir)
     out: list[str] = []
     rewritten: set[str] = set()
-    for name in job_stage_names(cfg):
+    for name in job_stage_names(job):
         stage = registry.get(name)
         if stage is None:
             continue
         reads = set(stage.reads) | set(stage.optional_reads)
         try:
-            fresh = not (reads & rewritten) and finished(cfg, run, name, fingerprint(stage, cfg, run))
+            fresh = not (reads & rewritten) and finished(job, run, name, fingerprint(stage, job, run))
         except MissingTableError:
             fresh = False
         if not fresh:
@@ -165,25 +173,27 @@ def stages_to_run(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, S
     return out
 
 
-def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[StageOutcome]:
+def run_stages(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[StageOutcome]:
     """Run the configured stages in order. A server or the encoder stays open only while a
     remaining stage uses it (Stage.uses): after each stage the backends no later stage uses
     are released, and before a stage the GPU plan's evictions (gpu_plan.py); the plan refuses
-    a job that cannot fit before any stage runs."""
-    names = job_stage_names(cfg)
+    a job that cannot fit before any stage runs. `cfg`: the entry point's config (what the
+    backends open servers from, stage.py), read here as a JobConfig."""
+    job = JobConfig.from_cfg(cfg)
+    names = job_stage_names(job)
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ConfigError(f"method '{cfg.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")
+        raise ConfigError(f"method '{job.root.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}")
     # Imported now: a stage that cannot be imported stops the job before any stage runs.
     stages = [registry[name] for name in names]
     # Config-only fingerprint material now (official texts from checkouts, the input file's
     # hash): a missing official text stops the job before the first stage, not hours later.
     for stage in stages:
         if stage.extra_fingerprint is not None:
-            stage.extra_fingerprint(cfg)
+            stage.extra_fingerprint(job)
     from structmem_gpu.node.gpu_plan import plan as gpu_plan
 
-    memory = gpu_plan(cfg, stages)
+    memory = gpu_plan(job, stages)
     if memory.refusal:
         raise GpuPlanError(memory.refusal)
     log.info("%s", memory.format())
@@ -194,22 +204,23 @@ def run_stages(cfg: DictConfig, run_dir: str | Path, registry: Mapping[str, Stag
     # One job per run directory (a requeued task racing its predecessor, a command launched
     # twice): the second one stops here, before it reads or writes anything.
     with hold_run_dir(run.root):
-        header = run_header(cfg, stages, run)
+        header = run_header(job, stages, run)
         _refuse_after_incomplete(run, names)
         with Backends(cfg, run) as backends:
             for i, (name, stage) in enumerate(zip(names, stages)):
                 preempt.check(name)
                 backends.release(memory.evict_before(name))
                 backends.stage_name, backends.stage_uses = name, stage.uses
-                outcomes.append(_run_one(stage, cfg, run, backends, header))
+                outcomes.append(_run_one(stage, job, cfg, run, backends, header))
                 backends.stage_uses = None
                 backends.release(backends.open_keys() - set().union(*uses[i + 1:]))
     return outcomes
 
 
-def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, header: Mapping[str, Any]) -> StageOutcome:
-    fp = fingerprint(stage, cfg, run)
-    if finished(cfg, run, stage.name, fp):
+def _run_one(stage: Stage, job: JobConfig, cfg: Any, run: RunDir, backends: Backends,
+             header: Mapping[str, Any]) -> StageOutcome:
+    fp = fingerprint(stage, job, run)
+    if finished(job, run, stage.name, fp):
         log.info("stage %-12s skipped (finished, same fingerprint %s)", stage.name, fp)
         return StageOutcome(stage.name, True, 0.0)
     log.info("stage %-12s running", stage.name)
@@ -219,7 +230,7 @@ def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, hea
     tables = dict(stage.run(ctx))
     preempt.check(stage.name)  # stopping: no table, no manifest entry; the cache has the replies
     if ctx.unanswered_endpoints:
-        _record_incomplete(stage, cfg, run, ctx, fp, started, header)
+        _record_incomplete(stage, job, run, ctx, fp, started, header)
     if set(tables) != set(stage.writes):
         raise RuntimeError(f"stage '{stage.name}' returned tables {sorted(tables)}, declared {sorted(stage.writes)}")
     for name, df in tables.items():
@@ -235,14 +246,14 @@ def _run_one(stage: Stage, cfg: DictConfig, run: RunDir, backends: Backends, hea
     cost["overhead_share"] = round(max(wall - busy, 0.0) / wall, 4) if wall > 0 else 0.0
     run.record_stage(stage.name, {
         "status": "done", "fingerprint": fp, "version": stage.version, "started": started,
-        "finished": now_iso(), "config": stage_config(stage, cfg),
+        "finished": now_iso(), "config": stage_config(stage, job),
         "outputs": run.output_info(list(stage.writes)), "build_cost": cost, "notes": ctx.notes,
     }, header)
     log.info("stage %-12s done in %.1fs (%d LLM calls, %d cached)", stage.name, wall, cost["calls"], cost["cache_hits"])
     return StageOutcome(stage.name, False, wall)
 
 
-def _record_incomplete(stage: Stage, cfg: DictConfig, run: RunDir, ctx: StageContext, fp: str,
+def _record_incomplete(stage: Stage, job: JobConfig, run: RunDir, ctx: StageContext, fp: str,
                        started: str, header: Mapping[str, Any]) -> None:
     """Requests without a reply: log them (requests.parquet), mark the stage incomplete in the
     manifest (so a rerun runs it again, reusing cached replies), write none of its tables."""
@@ -254,7 +265,7 @@ def _record_incomplete(stage: Stage, cfg: DictConfig, run: RunDir, ctx: StageCon
     endpoints = sorted(ctx.unanswered_endpoints)
     run.record_stage(stage.name, {
         "status": "incomplete", "fingerprint": fp, "version": stage.version, "started": started,
-        "finished": now_iso(), "config": stage_config(stage, cfg),
+        "finished": now_iso(), "config": stage_config(stage, job),
         "unanswered": len(ids), "requests": log_rows.height, "unanswered_request_ids": ids[:100],
         "errors": errors, "endpoints": endpoints, "notes": ctx.notes,
     }, header)

@@ -8,7 +8,6 @@ from datetime import datetime
 
 import polars as pl
 import pytest
-from omegaconf import OmegaConf
 
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.answer import AnswerInputs, answer_protocol, answer_rows, make_requests
@@ -16,6 +15,7 @@ from structmem_gpu.llm.types import LLMResult, Sampling
 from structmem_gpu.methods.structmem.context import build_prompts
 from structmem_gpu.eval.prompts import answer_paper as A
 from structmem_gpu.eval.prompts.answer_structmem import NOT_MENTIONED
+from tests.fixtures.pipeline import job_with
 
 D1, D2, D3 = datetime(2023, 5, 8, 13, 56), datetime(2023, 6, 1, 9, 5), datetime(2023, 7, 2, 10)
 
@@ -67,7 +67,7 @@ def _tables(qids: list[str]) -> dict[str, pl.DataFrame]:
 
 
 def _prompts(cats: list[int], **answer: object):
-    cfg = OmegaConf.create({"answer": {"protocol": "paper", **answer}})
+    cfg = job_with({"answer": {"protocol": "paper", **answer}})
     q = _questions(cats)
     return build_prompts(AnswerInputs(cfg, q, _tables(q["question_id"].to_list())))
 
@@ -116,14 +116,14 @@ def test_rank_layout_keeps_every_entry_in_rank_order() -> None:
 
 
 def test_reasoned_protocol_keeps_the_earlier_reader() -> None:
-    cfg = OmegaConf.create({"answer": {"protocol": "reasoned"}})
+    cfg = job_with({"answer": {"protocol": "reasoned"}})
     q = _questions([4])
     p = build_prompts(AnswerInputs(cfg, q, _tables(["c:q0"])))["c:q0"]
     assert not p.reasoned_reply and [m.role for m in p.messages] == ["system", "user"]
     assert NOT_MENTIONED in p.messages[0].content
-    assert answer_protocol(OmegaConf.create({})) == "paper"
+    assert answer_protocol(job_with()) == "paper"
     with pytest.raises(ConfigError, match="answer.protocol"):
-        answer_protocol(OmegaConf.create({"answer": {"protocol": "x"}}))
+        answer_protocol(job_with({"answer": {"protocol": "x"}}))
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ from datetime import datetime
 
 import polars as pl
 import pytest
-from omegaconf import OmegaConf
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError, MissingTableError
@@ -21,6 +20,7 @@ from structmem_gpu.eval.answer import (
 )
 from structmem_gpu.llm.types import LLMResult, Message, Sampling
 from structmem_gpu.methods.baselines.full_context import build_prompts, render_history
+from tests.fixtures.pipeline import job_with
 from structmem_gpu.eval.prompts import answer_structmem as P
 
 D1, D2 = datetime(2023, 5, 8, 13, 56), datetime(2023, 6, 1, 9, 5)
@@ -136,7 +136,7 @@ def _questions(n: int = 2) -> pl.DataFrame:
 
 
 def test_full_context_builder_needs_turns_and_shares_history() -> None:
-    cfg = OmegaConf.create({"answer": {"context_tokens": 10_000}})
+    cfg = job_with({"answer": {"context_tokens": 10_000}}, ["llm=scripted"])
     prompts = build_prompts(AnswerInputs(cfg, _questions(), {"turns": _turns()}))
     a, b = prompts["c:q0"].messages[1].content, prompts["c:q1"].messages[1].content
     assert a.split("Question:")[0] == b.split("Question:")[0] and a.endswith("Question: Q0?")

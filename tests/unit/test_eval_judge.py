@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from omegaconf import OmegaConf
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import StructMemError
@@ -23,6 +22,7 @@ from structmem_gpu.eval.judge import (
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import Sampling
 from structmem_gpu.eval.prompts import judge_locomo, judge_longmemeval
+from tests.fixtures.pipeline import job_with
 
 
 @pytest.mark.parametrize(
@@ -132,9 +132,9 @@ def _questions() -> pl.DataFrame:
 
 def test_category_filtering_and_missing_answers() -> None:
     q = _questions()
-    cfg = OmegaConf.create({"benchmark": {"categories": [1, 2, 3, 4]}})
+    cfg = job_with({"benchmark": {"categories": [1, 2, 3, 4]}})
     assert selected_questions(cfg, q)["question_id"].to_list() == ["c:q0", "c:q1", "c:q3"]
-    assert selected_questions(OmegaConf.create({"benchmark": {"categories": None}}), q).height == 4
+    assert selected_questions(job_with({"benchmark": {"categories": None}}), q).height == 4
     answers = schemas.frame(
         [
             {

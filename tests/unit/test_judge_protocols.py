@@ -5,12 +5,12 @@ docs/evaluation.md "Judge protocols" describes both protocols."""
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.judge import JudgeItem, build_request, judge_protocol, read_label
 from structmem_gpu.llm.types import Sampling
 from structmem_gpu.eval.prompts import judge_locomo_paper, judge_longmemeval_paper
+from tests.fixtures.pipeline import job_with
 
 
 def _item(**kw: object) -> JudgeItem:
@@ -111,7 +111,7 @@ def test_longmemeval_paper_messages_per_type() -> None:
 
 
 def test_judge_protocol_config() -> None:
-    assert judge_protocol(OmegaConf.create({})) == "paper"
-    assert judge_protocol(OmegaConf.create({"judge": {"protocol": "reasoned"}})) == "reasoned"
+    assert judge_protocol(job_with()) == "paper"
+    assert judge_protocol(job_with({"judge": {"protocol": "reasoned"}})) == "reasoned"
     with pytest.raises(ConfigError, match="judge.protocol"):
-        judge_protocol(OmegaConf.create({"judge": {"protocol": "strict"}}))
+        judge_protocol(job_with({"judge": {"protocol": "strict"}}))

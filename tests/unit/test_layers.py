@@ -182,3 +182,74 @@ def test_the_checker_sees_every_kind_of_import(
 def test_cycles_finds_a_circle_and_nothing_else() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# Only the configuration package reads OmegaConf (it turns the entry points' Hydra config into
+# typed objects, config/job.py); the package root registers the Hydra resolvers the YAML names,
+# and eval/published.py reads a finished run's saved config. Everything else receives a
+# JobConfig or the typed settings it needs.
+OMEGACONF_HOMES = ("structmem_gpu.config", "structmem_gpu", "structmem_gpu.eval.published")
+# Modules other helpers of issue 31 are converting at the same time (stage contract and
+# backends: helper A; dry run and benchmark harness: helper C). Each entry must still use
+# OmegaConf (the test below fails once it does not): delete it when its conversion lands.
+OMEGACONF_PENDING: frozenset[str] = frozenset({
+    "structmem_gpu.stage",
+    "structmem_gpu.llm.factory",
+    "structmem_gpu.node.dry_run",
+    "structmem_gpu.bench.harness",
+})
+
+
+def omegaconf_uses(path: Path) -> list[str]:
+    """`line: what` for every import of omegaconf and every use of the name OmegaConf /
+    DictConfig / ListConfig in the module (type hints under TYPE_CHECKING count too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [f"{node.lineno}: import {a.name}" for a in node.names
+                    if a.name.split(".")[0] == "omegaconf"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "omegaconf":
+            out.append(f"{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Name) and node.id in ("OmegaConf", "DictConfig", "ListConfig"):
+            out.append(f"{node.lineno}: {node.id}")
+    return out
+
+
+def omegaconf_allowed(module: str) -> bool:
+    return module in OMEGACONF_HOMES or module.startswith("structmem_gpu.config.")
+
+
+def test_only_the_configuration_package_reads_omegaconf() -> None:
+    found = [
+        f"{m}:{use}"
+        for m, p in MODULES.items()
+        if not omegaconf_allowed(m) and m not in OMEGACONF_PENDING
+        for use in omegaconf_uses(p)
+    ]
+    assert not found, (
+        "OmegaConf outside structmem_gpu/config/ (take a JobConfig or typed settings, "
+        "config/job.py):\n" + "\n".join(found)
+    )
+
+
+def test_pending_omegaconf_modules_still_use_it() -> None:
+    done = sorted(m for m in OMEGACONF_PENDING if m not in MODULES or not omegaconf_uses(MODULES[m]))
+    assert not done, f"{done} no longer use OmegaConf: delete them from OMEGACONF_PENDING"
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from omegaconf import OmegaConf\n", True),
+        ("import omegaconf\n", True),
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+         "    from omegaconf import DictConfig\n", True),
+        ("def f(cfg):\n    return OmegaConf.select(cfg, 'llm')\n", True),
+        ("def f(job):\n    return job.root.llm.model\n", False),
+    ],
+)
+def test_the_omegaconf_checker_sees_every_kind_of_use(tmp_path: Path, source: str, found: bool) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    assert bool(omegaconf_uses(path)) == found

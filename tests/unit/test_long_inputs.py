@@ -331,13 +331,12 @@ def test_over_context_requests_are_counted_in_the_manifest_and_report(tmp_path: 
 
 # ---- reader contexts trimmed by the method's own order ---------------------------------------
 def _reader_inputs(n_entries: int, n_synth: int, text_chars: int, **llm: Any) -> Any:
-    from omegaconf import OmegaConf
-
     from structmem_gpu.eval.answer import AnswerInputs
+    from tests.fixtures.pipeline import job_with
 
     when = __import__("datetime").datetime(2023, 5, 8)
-    cfg = OmegaConf.create({"answer": {"protocol": "paper", "max_tokens": 64, "entry_layout": "rank"},
-                            "llm": {"backend": "scripted", "tokenizer": "chars", **llm}})
+    cfg = job_with({"answer": {"protocol": "paper", "max_tokens": 64, "entry_layout": "rank"},
+                    "llm": {"backend": "scripted", "tokenizer": "chars", **llm}}, ["llm=scripted"])
     q = pl.DataFrame({"question_id": ["c:q0"], "conv_id": ["c"], "question": ["Where?"],
                       "question_time": [None], "category": [4], "is_abstention": [False]},
                      schema_overrides={"question_time": pl.Datetime("us")})
@@ -368,8 +367,8 @@ def test_structmem_reader_drops_its_lowest_ranked_entries_and_syntheses_to_fit()
     tight = _reader_inputs(60, 5, 200, max_model_len=4096)
     got = build_prompts(tight)["c:q0"]
     text = "".join(m.content for m in got.messages)
-    assert config_guard(tight.cfg.llm).fits(got.messages, 64)
-    assert not config_guard(tight.cfg.llm).fits(free.messages, 64)
+    assert config_guard(tight.job.select("llm")).fits(got.messages, 64)
+    assert not config_guard(tight.job.select("llm")).fits(free.messages, 64)
     kept = sorted(int(m) for m in re.findall(r"entry(\d{3})", text))
     synths = sorted(int(m) for m in re.findall(r"synth(\d)", text))
     assert kept == list(range(len(kept))) and 0 < len(kept) < 60  # the top of the ranking
@@ -402,17 +401,17 @@ def test_seem_reader_drops_rpe_passages_first_to_fit() -> None:
 
 
 def test_full_context_history_shrinks_to_fit() -> None:
-    from omegaconf import OmegaConf
-
     from structmem_gpu.eval.answer import AnswerInputs
     from structmem_gpu.llm.factory import config_guard
     from structmem_gpu.methods.baselines.full_context import build_prompts
+    from tests.fixtures.pipeline import job_with
 
     turns, questions = load_benchmark("sample", None, None, None)
     answer = {"context_tokens": 6000, "max_tokens": 48}
-    cfg = OmegaConf.create({"answer": answer, "llm": {"backend": "llamacpp", "n_ctx": 1024, "tokenizer": "chars"}})
-    guard = config_guard(cfg.llm)
-    before = build_prompts(AnswerInputs(OmegaConf.create({"answer": answer}), questions, {"turns": turns}))
+    cfg = job_with({"answer": answer, "llm": {"backend": "llamacpp", "n_ctx": 1024, "tokenizer": "chars"}})
+    guard = config_guard(cfg.select("llm"))
+    # the scripted model states no context: nothing is trimmed
+    before = build_prompts(AnswerInputs(job_with({"answer": answer}, ["llm=scripted"]), questions, {"turns": turns}))
     assert not all(guard.fits(p.messages, 48) for p in before.values())
     after = build_prompts(AnswerInputs(cfg, questions, {"turns": turns}))
     assert all(guard.fits(p.messages, 48) for p in after.values())

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from omegaconf import OmegaConf
 
 from structmem_gpu.core.errors import ConfigError, StructMemError
 from structmem_gpu.eval.answer import AnswerPrompt, answer_rows
@@ -28,6 +27,8 @@ from structmem_gpu.eval.prompts import answer_official
 from structmem_gpu.prompts import official
 from structmem_gpu.methods.structmem.prompts import reference
 from structmem_gpu.eval.prompts.answer_paper import PaperEntry
+from structmem_gpu.config.job import JobConfig
+from tests.fixtures.pipeline import job_with
 
 READER = (
     "FAKE reader.\n{speaker_1_name}:\n{speaker_1_memories}\n{speaker_2_name}:\n"
@@ -92,11 +93,11 @@ def repo(root: Path, files: dict[str, str]) -> tuple[Path, str]:
     return root, git(root, "rev-parse", "HEAD")
 
 
-def cfg(**sources: str | None) -> object:
-    return OmegaConf.create({"prompts": {"reference_dir": sources.pop("reference_dir", None),
-                                         "sources": {"lightmem": None, "mem0": None,
-                                                     "longmemeval": None, **sources}},
-                             "judge": {"protocol": "paper"}})
+def cfg(**sources: str | None) -> JobConfig:
+    return job_with({"prompts": {"reference_dir": sources.pop("reference_dir", None),
+                                 "sources": {"lightmem": None, "mem0": None,
+                                             "longmemeval": None, **sources}},
+                     "judge": {"protocol": "paper"}})
 
 
 def test_work_tree_bare_clone_and_commit_read_the_same_texts(tmp_path: Path) -> None:
@@ -313,8 +314,8 @@ def test_report_names_the_judge_input_and_hypotheses_follow_it() -> None:
     from structmem_gpu.eval.report import hypotheses_jsonl, run_protocols
     from structmem_gpu.eval.report_md import JUDGE_INPUTS
 
-    c = OmegaConf.create({"judge": {"protocol": "paper", "input": "reply"},
-                          "answer": {"protocol": "paper"}})
+    c = job_with({"judge": {"protocol": "paper", "input": "reply"},
+                  "answer": {"protocol": "paper"}})
     notes = {"stages": {"judge": {"notes": {"protocol": "paper", "judge_input": "answer"}}}}
     assert run_protocols(c, notes)["judge_input"] == "answer"
     assert run_protocols(c, {"stages": {"judge": {"notes": {"protocol": "paper"}}}})["judge_input"] == "answer"
@@ -333,7 +334,7 @@ def test_official_reader_only_on_locomo_format_benchmarks_under_paper(tmp_path: 
     spec = str(write(tmp_path, LIGHTMEM_FILES))
 
     def c(bench: str, protocol: str = "paper", prompt: str = "structmem") -> object:
-        return OmegaConf.create({
+        return job_with({
             "prompts": {"reference_dir": spec, "sources": {"lightmem": None}},
             "benchmark": {"name": bench},
             "answer": {"protocol": protocol,
@@ -362,9 +363,10 @@ def test_a_missing_official_text_stops_the_job_before_the_first_stage(tmp_path: 
         "make": Stage("make", make, writes=("numbers",)),
         "late": Stage("late", make, writes=("numbers",), extra_fingerprint=judge_texts_fingerprint),
     }
-    c = OmegaConf.merge(cfg(mem0=str(write(tmp_path / "m0", {"README": "x"}))), {
-        "method": {"name": "toy", "stages": ["make", "late"]}, "benchmark": {"name": "t"},
-        "stages": None, "force": False, "shard_index": 0, "num_shards": 1,
+    c = job_with({
+        "prompts": {"sources": {"lightmem": None, "mem0": str(write(tmp_path / "m0", {"README": "x"})),
+                                "longmemeval": None}},
+        "judge": {"protocol": "paper"}, "method": {"stages": ["make", "late"]},
         "paths": {"cache_dir": "/nonexistent"}})
     with pytest.raises(ConfigError, match=r"prompts.sources.mem0=.*llm_judge.py.*PATH@b3ede5b"):
         run_stages(c, tmp_path / "run", registry)

@@ -33,7 +33,6 @@ from typing import Any
 
 import polars as pl
 import pytest
-from omegaconf import OmegaConf
 
 from structmem_gpu.core import schemas
 from structmem_gpu.eval.answer import AnswerInputs
@@ -43,6 +42,7 @@ from structmem_gpu.methods.structmem.context import official_prompts
 from structmem_gpu.prompts import official
 from structmem_gpu.prompts import sources as S
 from structmem_gpu.prompts.pinned import PINNED
+from tests.fixtures.pipeline import job_with
 
 ENV = "STRUCTMEM_OFFICIAL_DIR"
 # Each reference: its bare repository in STRUCTMEM_OFFICIAL_DIR and the commit read.
@@ -180,10 +180,12 @@ REPLY = "Ana said it on 7 May.\nStep 2: {x}\nAnswer: 7 May 2023"
 
 
 def _cfg(**sources: str | None) -> Any:
-    return OmegaConf.create({"prompts": {"reference_dir": None, "sources": {
+    # llm=scripted: a model that states no context, so no reader prompt is trimmed to fit
+    return job_with({"prompts": {"reference_dir": None, "sources": {
         "lightmem": None, "mem0": None, "longmemeval": None, **sources}},
         "judge": {"protocol": "paper"},
-        "answer": {"protocol": "paper", "entry_layout": "speakers", "speaker_groups": 2}})
+        "answer": {"protocol": "paper", "entry_layout": "speakers", "speaker_groups": 2}},
+        ["llm=scripted"])
 
 
 def _mem0_extract_json() -> Any:

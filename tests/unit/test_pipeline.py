@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -54,11 +56,18 @@ REGISTRY = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def _composed():
+    return compose_cfg(["paths.cache_dir=/nonexistent"])
+
+
 def cfg(**over):
-    base = {"method": {"name": "toy", "stages": ["make", "double"]}, "benchmark": {"name": "t"},
-            "stages": None, "force": False, "shard_index": 0, "num_shards": 1,
-            "paths": {"cache_dir": "/nonexistent"}, "toy": {"n": 3, "factor": 2}}
-    c = OmegaConf.create(base)
+    """The packaged config (a valid job: the pipeline reads it as a JobConfig) running the
+    toy stages, with `over` (dotted key -> value) set."""
+    c = copy.deepcopy(_composed())
+    OmegaConf.set_struct(c, False)
+    OmegaConf.update(c, "method.stages", ["make", "double"])
+    OmegaConf.update(c, "toy", {"n": 3, "factor": 2})
     for k, v in over.items():
         OmegaConf.update(c, k, v)
     return c

@@ -77,11 +77,9 @@ def test_reference_stages_on_the_sample(tiny_lingua_model: str, tmp_path: Path) 
     assert notes["batches"] == batches.height and notes["segments"] == segs.height
     assert manifest["stages"]["extract"]["notes"]["input"] == "segments"
     # the report names them
-    from omegaconf import OmegaConf
-
     from structmem_gpu.eval.report import run_protocols
 
-    protocols = run_protocols(OmegaConf.create({}), manifest)
+    protocols = run_protocols(compose_cfg(overrides), manifest)
     assert "rate 0.6" in protocols["compression"] and f"in {batches.height} extraction batches" in protocols["segmentation"]
     # a rerun skips the new stages
     before = {k: manifest["stages"][k]["fingerprint"] for k in ("compress", "segment")}

@@ -20,11 +20,12 @@ The shared answer stage imports this builder from `answer.prompt`
 
 from __future__ import annotations
 
+
 import polars as pl
-from omegaconf import DictConfig
 
 # The StructMem reader's entry rendering (order, de-duplication) is reused on purpose: the
 # flat, graph and StructMem contexts must differ only in what memory they hold.
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol
 from structmem_gpu.methods.structmem.context import (
     entry_lines,
@@ -42,9 +43,10 @@ PROMPT_NAME = "flat"
 OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries
 
 
-def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
+def build_prompts_fingerprint(job: JobConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
-    return with_update_view(cfg, official_reader_fingerprint(cfg, OFFICIAL_READER))
+    job = JobConfig.from_cfg(job)
+    return with_update_view(job, official_reader_fingerprint(job, OFFICIAL_READER))
 
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
@@ -53,8 +55,8 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     entries = reader_entries(inputs, PROMPT_NAME)  # update.read=post: the updated store
     qids = inputs.questions["question_id"].to_list()
     mine = retrievals.filter(pl.col("question_id").is_in(qids))
-    if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader, minus the summaries
-        if official_reader(inputs.cfg):
+    if answer_protocol(inputs.job) == "paper":  # the StructMem reader, minus the summaries
+        if official_reader(inputs.job):
             return official_prompts(inputs, mine, entries, OFFICIAL_READER, None)
         return paper_prompts(inputs, mine, entries, lambda q: [], None)
     lines = entry_lines(mine, entries, MemoryLine)

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
-from omegaconf import OmegaConf
 
 from structmem_gpu.data.common import display_text
-from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, AnswerSettings
 from structmem_gpu.eval.context_fit import fit_prompt, reader_fits, trim_note
 from structmem_gpu.methods.baselines.prompts import answer_full_context as P
 
@@ -124,7 +123,8 @@ def _whole_histories(
     if over:
         from structmem_gpu.llm.factory import config_guard
 
-        limit = config_guard(OmegaConf.select(inputs.cfg, "llm", default=None)).limit
+        # config_guard reads the llm node as a mapping (llm/factory.py resolves its defaults).
+        limit = config_guard(inputs.job.select("llm")).limit
         n_q = int(inputs.questions["conv_id"].is_in(over).sum())
         log.warning(
             "full_context (whole history, answer.context_tokens=null): %d of %d conversations "
@@ -161,10 +161,9 @@ def _budget_histories(
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     turns = inputs.require("turns", "full_context")
-    raw = inputs.cfg.answer.get("context_tokens")
-    context_tokens = None if raw is None else int(raw)  # None: the whole history
+    context_tokens = inputs.job.settings(AnswerSettings).context_tokens  # None: the whole history
     convs = inputs.questions["conv_id"].unique().to_list()
-    fits = reader_fits(inputs.cfg)
+    fits = reader_fits(inputs.job)
     longest: dict[str, tuple[str, Any]] = {}  # conv -> its longest question (with its time)
     asked = inputs.questions.select("conv_id", "question", "question_time")
     for conv, question, now in asked.iter_rows():

@@ -36,7 +36,6 @@ import polars as pl
 from structmem_gpu.core import schemas
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol
 from structmem_gpu.eval.selection import selected_questions
-from structmem_gpu.index.faiss_index import GPU_MAX_K
 from structmem_gpu.methods.baselines.graph_state import ACTIVE, normalize
 from structmem_gpu.methods.structmem.context import entry_lines, paper_prompts
 from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
@@ -177,11 +176,11 @@ class GraphRetrieveSettings(Settings):
 
 
 def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    cfg, s = ctx.cfg, ctx.settings
-    questions = selected_questions(cfg, ctx.read("questions"))
+    job, s = ctx.job, ctx.settings
+    questions = selected_questions(job, ctx.read("questions"))
     index_cfg = {
-        "use_gpu": cfg.index.get("use_gpu", "auto"),
-        "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
+        "use_gpu": job.root.index.use_gpu,
+        "gpu_max_k": job.root.index.gpu_max_k,
     }
     rel_cfg = {
         "k": s.retrieve.relations_k,
@@ -264,7 +263,7 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
             "question_id", "relation_first", "relation_last", "relation_text"
         ).iter_rows():
             rel.setdefault(qid, []).append(P.RelationLine(a, b, text))
-    if answer_protocol(inputs.cfg) == "paper":  # the StructMem reader + the relations block
+    if answer_protocol(inputs.job) == "paper":  # the StructMem reader + the relations block
         return paper_prompts(
             inputs,
             mine.select(list(schemas.RETRIEVALS)),

@@ -29,7 +29,6 @@ from structmem_gpu.core import schemas
 from structmem_gpu.data import display_text
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.eval.selection import selected_questions
-from structmem_gpu.index.faiss_index import GPU_MAX_K
 from structmem_gpu.methods.structmem.embed import (
     embedding_matrix,
     embeddings_frame,
@@ -89,12 +88,12 @@ class TurnRetrieveSettings(Settings):
 
 
 def run_retrieve_turns(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    cfg = ctx.cfg
-    questions = selected_questions(cfg, ctx.read("questions"))
+    job = ctx.job
+    questions = selected_questions(job, ctx.read("questions"))
     k = ctx.settings.turns_k
     index_cfg = {
-        "use_gpu": cfg.index.get("use_gpu", "auto"),
-        "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
+        "use_gpu": job.root.index.use_gpu,
+        "gpu_max_k": job.root.index.gpu_max_k,
     }
     pools = _pools(ctx.read(TABLE))
     before = encode_notes(ctx) if questions.height else None

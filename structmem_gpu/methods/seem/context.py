@@ -23,8 +23,8 @@ from typing import Any
 
 import polars as pl
 
-from structmem_gpu.core.errors import MissingTableError
-from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
+from structmem_gpu.core.errors import ConfigError, MissingTableError
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, AnswerSettings
 from structmem_gpu.eval.context_fit import fit_prompt, reader_fits, trim_note
 from structmem_gpu.methods.seem.prompts import answer as P
 
@@ -96,10 +96,13 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
         raise MissingTableError(f"answer.prompt=seem needs retrievals written by SEEM's retrieve stage "
                                 f"(columns {missing} are missing); run stages=[retrieve] with method=seem")
     sessions = _session_of(inputs.table("turns"))
-    budget = int(inputs.cfg.answer.context_tokens) * CHARS_PER_TOKEN
+    context_tokens = inputs.job.settings(AnswerSettings).context_tokens
+    if context_tokens is None:
+        raise ConfigError("answer.context_tokens=null: SEEM's reader needs a budget (an integer >= 1)")
+    budget = context_tokens * CHARS_PER_TOKEN
     ret = ret.filter(pl.col("in_context"))
     by_q = {str(q): g for (q,), g in ret.group_by("question_id")}
-    fits = reader_fits(inputs.cfg)
+    fits = reader_fits(inputs.job)
     out, cut, trimmed = {}, 0, 0
     for qid, question, now in inputs.questions.select("question_id", "question", "question_time").iter_rows():
         items = _items(by_q.get(qid, ret.clear()), sessions)

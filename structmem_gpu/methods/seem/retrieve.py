@@ -195,7 +195,7 @@ def _mean(values: Sequence[int]) -> float:
 
 def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
     rs: RetrieveSettings = ctx.settings
-    questions = _questions(selected_questions(ctx.cfg, ctx.read("questions")))
+    questions = _questions(selected_questions(ctx.job, ctx.read("questions")))
     mems = load_memories({t: ctx.read(t) for t in MEMORY_TABLES}, {q.conv_id for q in questions}, ctx.encode)
     questions = [q for q in questions if q.conv_id in mems]
     # D1 + D2: query quadruples for every question in one batch, all query texts in one encoder call.

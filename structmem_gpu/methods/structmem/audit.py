@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir, atomic_write_text
 from structmem_gpu.config.settings import COUNT, SIZE, TEMPERATURE, TOKENS, Int, Settings, knob, sub
 from structmem_gpu.eval.audit import (
@@ -151,9 +151,10 @@ class AuditSettings(Settings):
         return max(16, min(self.link_max_chars, int(per_link * _CHARS_PER_TOKEN)))
 
 
-def write_audit_report(run: RunDir, cfg: DictConfig, **frames: pl.DataFrame) -> dict[str, Any]:
+def write_audit_report(run: RunDir, job: JobConfig, **frames: pl.DataFrame) -> dict[str, Any]:
     """report/audit.json + report/audit.md, with this stage's fresh frame in place of its table."""
-    s = AuditSettings.from_cfg(cfg)
+    job = JobConfig.from_cfg(job)
+    s = job.settings(AuditSettings)
     summary = audit_summary(
         run.root, resamples=s.bootstrap_resamples, seed=s.bootstrap_seed, **frames
     )
@@ -163,9 +164,10 @@ def write_audit_report(run: RunDir, cfg: DictConfig, **frames: pl.DataFrame) -> 
     return summary
 
 
-def judge_panel_identity(cfg: DictConfig) -> dict[str, Any]:
+def judge_panel_identity(job: JobConfig) -> dict[str, Any]:
     """Fingerprint material: the judge panel (names, models, no connection settings)."""
+    job = JobConfig.from_cfg(job)
     from structmem_gpu.eval.judge import judge_identity
 
-    ident = judge_identity(cfg)
+    ident = judge_identity(job)
     return {"panel": ident["panel"], "answer_llm": ident["answer_llm"]}

@@ -264,7 +264,7 @@ def run_audit_consolidation(ctx: StageContext) -> dict[str, pl.DataFrame]:
         log.warning(
             "%s: %d of %d replies unjudged (no readable link list)", STAGE_NAME, unjudged, df.height
         )
-    summary = write_audit_report(ctx.run, ctx.cfg, consolidation=df)
+    summary = write_audit_report(ctx.run, ctx.job, consolidation=df)
     ctx.notes["spurious_rate"] = {
         n: j["overall"]["rate"] for n, j in summary["consolidation"]["judges"].items()
     }

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from omegaconf import OmegaConf
 
 from structmem_gpu.core import schemas
 from structmem_gpu.methods.structmem.audit import (
@@ -169,9 +168,7 @@ def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:
     sample = sample_entries(entries, s.extraction_sample_size, s.seed)
     # The extract stage's own windows for this config (token-packed or fixed), so the judge
     # sees exactly what the extractor saw.
-    windows, _ = plan_from_settings(
-        turns, s.extract, OmegaConf.select(ctx.cfg, "llm")
-    )
+    windows, _ = plan_from_settings(turns, s.extract, ctx.job.root.llm)
     items, orphans = audit_items(sample, windows)
     if orphans:
         log.warning(
@@ -193,7 +190,7 @@ def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:
         log.warning(
             "%s: %d of %d replies unjudged (no readable label)", STAGE_NAME, unjudged, df.height
         )
-    summary = write_audit_report(ctx.run, ctx.cfg, extraction=df)
+    summary = write_audit_report(ctx.run, ctx.job, extraction=df)
     ctx.notes["unsupported_rate"] = {
         name: j["overall"]["rate"] for name, j in summary["extraction"]["judges"].items()
     }

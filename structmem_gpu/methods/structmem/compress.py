@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
-from omegaconf import DictConfig
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.config.settings import BOOL, RATE, SIZE, STR, Enum, Settings, knob
 from structmem_gpu.llm.tokens import CHARS_PER_TOKEN
 from structmem_gpu.stage import EstimateInputs, Stage, StageContext, StageEstimate
+
+if TYPE_CHECKING:
+    from structmem_gpu.config.job import JobConfig
 
 if TYPE_CHECKING:
     from structmem_gpu.config.job import JobConfig
@@ -80,7 +82,7 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def tokenizer_data_fingerprint(cfg: DictConfig) -> Any:
+def tokenizer_data_fingerprint(job: "JobConfig") -> Any:
     """The tokenizer packages must be installed (the preflight's line when not)."""
     from structmem_gpu.llm.tiktoken_data import INSTALL_HINT, missing
 

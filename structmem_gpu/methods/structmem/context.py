@@ -21,10 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
-from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt, answer_protocol, wants_abstention
+from structmem_gpu.eval.answer import (
+    AnswerInputs, AnswerPrompt, AnswerSettings, answer_protocol, wants_abstention,
+)
 from structmem_gpu.eval.context_fit import fit_prompt, keep_top, reader_fits, trim_note
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.methods.structmem.update_view import qa_entries, view_fingerprint
@@ -38,33 +40,36 @@ OFFICIAL_READER = "ANSWER_PROMPT_StructMem"  # LightMem's StructMem reader (--en
 LOCOMO_BENCHMARKS = ("locomo", "sample")  # the official reader's benchmark format
 
 
-def build_prompts_fingerprint(cfg: DictConfig) -> str | None:
+def build_prompts_fingerprint(job: JobConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
-    return with_update_view(cfg, official_reader_fingerprint(cfg, OFFICIAL_READER))
+    job = JobConfig.from_cfg(job)
+    return with_update_view(job, official_reader_fingerprint(job, OFFICIAL_READER))
 
 
-def with_update_view(cfg: DictConfig, fp: str | None) -> str | None:
+def with_update_view(job: JobConfig, fp: str | None) -> str | None:
     """A reader fingerprint plus the offline update's QA view (update.read=post); unchanged
     for the pre store."""
-    view = view_fingerprint(cfg)
+    view = view_fingerprint(job)
     return fp if view is None else stable_hash(fp, view)
 
 
 def reader_entries(inputs: AnswerInputs, prompt: str) -> pl.DataFrame:
     """The entries table as QA reads it (update.read=post: the updated store)."""
-    return qa_entries(inputs.cfg, inputs.require("entries", prompt), inputs.table("entry_updates"))
+    return qa_entries(inputs.job, inputs.require("entries", prompt), inputs.table("entry_updates"))
 
 
-def official_reader(cfg: DictConfig) -> bool:
+def official_reader(job: JobConfig) -> bool:
     """Whether the reader uses LightMem's official text: a LightMem source, protocol paper and
     a LoCoMo-format benchmark (the text is LightMem's LoCoMo reader; LongMemEval keeps ours)."""
-    return (source_spec(cfg, "lightmem") is not None and answer_protocol(cfg) == "paper"
-            and str(OmegaConf.select(cfg, "benchmark.name", default="")) in LOCOMO_BENCHMARKS)
+    job = JobConfig.from_cfg(job)
+    return (source_spec(job, "lightmem") is not None and answer_protocol(job) == "paper"
+            and job.root.benchmark.name in LOCOMO_BENCHMARKS)
 
 
-def official_reader_fingerprint(cfg: DictConfig, reader: str) -> str | None:
-    spec = source_spec(cfg, "lightmem")
-    if spec is None or not official_reader(cfg):
+def official_reader_fingerprint(job: JobConfig, reader: str) -> str | None:
+    job = JobConfig.from_cfg(job)
+    spec = source_spec(job, "lightmem")
+    if spec is None or not official_reader(job):
         return None
     return official.fingerprint({"reader": official.lightmem_reader(spec, reader)})
 
@@ -76,9 +81,9 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     syntheses = inputs.table("syntheses")
     qids = set(inputs.questions["question_id"].to_list())
     retrievals = retrievals.filter(pl.col("question_id").is_in(list(qids)))
-    if answer_protocol(inputs.cfg) == "paper":
+    if answer_protocol(inputs.job) == "paper":
         texts = synthesis_texts(retrievals, syntheses)
-        if official_reader(inputs.cfg):
+        if official_reader(inputs.job):
             return official_prompts(inputs, retrievals, entries, OFFICIAL_READER, texts)
         return paper_prompts(inputs, retrievals, entries, lambda q: [texts.get(q, [])], None)
     from structmem_gpu.eval.prompts import answer_structmem as P
@@ -105,15 +110,11 @@ def paper_prompts(
     list of already-rendered blocks, or lists of synthesis texts — per question."""
     from structmem_gpu.eval.prompts import answer_paper as A
 
-    layout = str(OmegaConf.select(inputs.cfg, "answer.entry_layout", default="speakers"))
-    groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=A.MAX_GROUPS))
-    if layout not in A.LAYOUTS:
-        raise ConfigError(f"answer.entry_layout={layout!r}; expected one of {list(A.LAYOUTS)}")
-    if groups < 1:
-        raise ConfigError(f"answer.speaker_groups={groups} must be >= 1")
+    a = inputs.job.settings(AnswerSettings)  # checks entry_layout's choices, speaker_groups >= 1
+    layout, groups = a.entry_layout, a.speaker_groups
     ranked = ranked_entries(retrievals, entries, A.PaperEntry)
     abstain = wants_abstention(inputs.questions)
-    fits = reader_fits(inputs.cfg)
+    fits = reader_fits(inputs.job)
     out: dict[str, AnswerPrompt] = {}
     trimmed = 0
     for qid, question, now in inputs.questions.select(
@@ -151,14 +152,14 @@ def official_prompts(
     from structmem_gpu.eval.prompts import answer_official as O
     from structmem_gpu.eval.prompts.answer_paper import MAX_GROUPS, PaperEntry
 
-    layout = str(OmegaConf.select(inputs.cfg, "answer.entry_layout", default="speakers"))
-    groups = int(OmegaConf.select(inputs.cfg, "answer.speaker_groups", default=MAX_GROUPS))
+    a = inputs.job.settings(AnswerSettings)
+    layout, groups = a.entry_layout, a.speaker_groups
     if layout != "speakers" or groups != MAX_GROUPS:
         raise ConfigError(
             f"answer.entry_layout={layout} / answer.speaker_groups={groups}: the official reader "
             f"{reader} (prompts.sources.lightmem) has two speaker slots; use speakers / 2"
         )
-    spec = source_spec(inputs.cfg, "lightmem")
+    spec = source_spec(inputs.job, "lightmem")
     assert spec is not None
     template = official.lightmem_reader(spec, reader)
     ranked = ranked_entries(retrievals, entries, PaperEntry)

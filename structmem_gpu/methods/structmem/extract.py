@@ -27,13 +27,12 @@ import dataclasses
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
 
 import polars as pl
-from omegaconf import OmegaConf
 
 from structmem_gpu.core import schemas, turns_store
 from structmem_gpu.data import display_text
@@ -263,17 +262,25 @@ def plan_windows(
 
 
 def window_counter(
-    s: ExtractSettings, llm_cfg: Any = None, *, convert: bool = False
+    s: ExtractSettings, llm: Any = None, *, convert: bool = False
 ) -> TextCounter:
     """What counts the window budget: `extract.window_tokenizer` (ConfigError when it names a
     tokenizer that is not on this machine); chars when windows are fixed turn counts.
 
     The vllm_cpu profile's tokenizer is its converted model folder (`llm.convert_from_gguf`):
     with `convert` (the job, which converts it a moment later anyway to serve it) a missing
-    folder is made first; the dry run writes nothing and names the command instead."""
+    folder is made first; the dry run writes nothing and names the command instead.
+
+    `llm`: the job's typed LLMSettings (`job.root.llm`), or None; a plain mapping of the llm
+    node is read the same way (callers that still hold one: the dry run, tests)."""
     if s.window_tokens is None:
         return CHARS_COUNTER
-    get = (lambda k: llm_cfg.get(k)) if llm_cfg is not None else (lambda k: None)
+
+    def get(key: str) -> Any:
+        if llm is None:
+            return None
+        return llm.get(key) if isinstance(llm, Mapping) else getattr(llm, key)
+
     own = get("model") is not None and str(get("model")) == s.window_tokenizer
     source = get("convert_from_gguf") if own else None
     if source and not get("base_url"):
@@ -296,11 +303,11 @@ def window_counter(
 
 
 def plan_from_settings(
-    turns: pl.DataFrame, s: ExtractSettings, llm_cfg: Any, *, convert: bool = False
+    turns: pl.DataFrame, s: ExtractSettings, llm: Any, *, convert: bool = False
 ) -> tuple[list[ExtractionWindow], str]:
     """The stage's windows for its settings, and the name of the token counter used (the dry
-    run calls this too, so both cut the same windows)."""
-    counter = window_counter(s, llm_cfg, convert=convert)
+    run calls this too, so both cut the same windows). `llm`: see window_counter."""
+    counter = window_counter(s, llm, convert=convert)
     windows = plan_windows(turns, s.turns_per_request, s.context_turns, s.window_tokens, counter)
     return windows, counter.name
 
@@ -540,8 +547,7 @@ def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRo
         pl.lit(1, dtype=pl.Int32).alias("session_index"),
         (pl.col("session_key") + ":" + pl.col("dia_id")).alias("event_id"),
     )
-    windows, counter = plan_from_settings(pseudo, s, OmegaConf.select(ctx.cfg, "llm"),
-                                            convert=True)
+    windows, counter = plan_from_settings(pseudo, s, ctx.job.root.llm, convert=True)
     plan = [(w, kind, dataclasses.replace(build_request(w, kind, s), conv_id=None))
             for kind in s.perspectives for w in windows]
     results = ctx.generate([p[2] for p in plan], desc="extract")  # one batch
@@ -603,7 +609,7 @@ def run_extract(ctx: StageContext) -> dict[str, pl.DataFrame]:
     if s.input == "segments":
         windows, counter = segment_windows(turns, ctx.read("segments")), "segments (o200k)"
     else:
-        windows, counter = plan_from_settings(turns, s, OmegaConf.select(ctx.cfg, "llm"), convert=True)
+        windows, counter = plan_from_settings(turns, s, ctx.job.root.llm, convert=True)
     # Grouped by perspective: consecutive requests share the system prompt, which llama.cpp
     # (one slot, reuses the previous prompt's common prefix) then evaluates once per group.
     plan = [(w, kind, build_request(w, kind, s)) for kind in s.perspectives for w in windows]

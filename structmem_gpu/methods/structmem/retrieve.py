@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from structmem_gpu.core import schemas
 from structmem_gpu.eval.selection import selected_questions
-from structmem_gpu.index.faiss_index import GPU_MAX_K, VectorIndex
+from structmem_gpu.index.faiss_index import VectorIndex
 from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.update_view import deleted_ids, keeps_syntheses, view_fingerprint
 from structmem_gpu.config.settings import COUNT, Settings, knob
@@ -118,17 +118,17 @@ class RetrieveSettings(Settings):
 
 
 def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
-    cfg, s = ctx.cfg, ctx.settings
-    questions = selected_questions(cfg, ctx.read("questions"))
+    job, s = ctx.job, ctx.settings
+    questions = selected_questions(job, ctx.read("questions"))
     ks = {"entries": s.entries_k, "syntheses": s.syntheses_k}
     index_cfg = {
-        "use_gpu": cfg.index.get("use_gpu", "auto"),
-        "gpu_max_k": int(cfg.index.get("gpu_max_k", GPU_MAX_K)),
+        "use_gpu": job.root.index.use_gpu,
+        "gpu_max_k": job.root.index.gpu_max_k,
     }
     syntheses = ctx.read_optional("syntheses")
     # update.read=post (update_view.py): deleted entries leave retrieval, and the syntheses
     # too unless update.post_syntheses; pre (default) reads the store as built.
-    gone = deleted_ids(cfg, ctx.read_optional("entry_updates"))
+    gone = deleted_ids(job, ctx.read_optional("entry_updates"))
     pools = {
         "entries": _restrict(
             _by_conversation(ctx.read("entry_embeddings")),
@@ -138,7 +138,7 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
         "syntheses": _restrict(
             _by_conversation(ctx.read_optional("synthesis_embeddings")),
             _memory_ids(syntheses, "synth_id", pl.col("parse_ok")),
-        ) if keeps_syntheses(cfg) else {},
+        ) if keeps_syntheses(job) else {},
     }
     before = encode_notes(ctx) if questions.height else None
     qmat = ctx.encode(questions["question"].to_list(), use="query") if questions.height else None

@@ -42,7 +42,6 @@ import polars as pl
 from structmem_gpu.core import schemas
 from structmem_gpu.llm.types import LLMRequest, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import attach_embeddings, embedding_matrix
-from structmem_gpu.methods.structmem.update_view import READS
 from structmem_gpu.methods.structmem.prompts import update as P
 from structmem_gpu.prompts.official import fingerprint as official_fingerprint
 from structmem_gpu.prompts.official import lightmem_update, source_spec
@@ -70,6 +69,8 @@ from structmem_gpu.stage import (
 
 log = logging.getLogger(__name__)
 
+# What QA reads after the update (update.read; update_view.py applies it).
+READS = ("pre", "post")
 STAGE_NAME = "update"
 
 
@@ -222,9 +223,9 @@ def run_update(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {"entry_updates": out}
 
 
-def update_fingerprint(cfg: Any) -> str | None:
+def update_fingerprint(job: Any) -> str | None:
     """The LightMem update prompt's commit and hash when it is used."""
-    spec = source_spec(cfg, "lightmem")
+    spec = source_spec(job, "lightmem")
     return None if spec is None else official_fingerprint({"update": lightmem_update(spec)})
 
 

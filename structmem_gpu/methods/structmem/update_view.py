@@ -17,29 +17,35 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from omegaconf import OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.methods.structmem.update import READS, UpdateSettings
 
-READS = ("pre", "post")
-
-
-def reads_post(cfg: Any) -> bool:
-    value = str(OmegaConf.select(cfg, "update.read", default="pre") or "pre")
-    if value not in READS:
-        raise ConfigError(f"update.read={value!r}; expected one of {list(READS)}")
-    return value == "post"
+__all__ = ["READS", "deleted_ids", "keeps_syntheses", "qa_entries", "reads_post", "view_fingerprint"]
 
 
-def keeps_syntheses(cfg: Any) -> bool:
+def reads_post(job: JobConfig) -> bool:
+    """update.read=post (UpdateSettings checks it). A job whose `update` node lacks `read`
+    (methods without the update stage; debug=ci's budget-only node) reads the pre store."""
+    job = JobConfig.from_cfg(job)
+    if not job.has("update.read"):
+        return False
+    return job.settings(UpdateSettings).read == "post"
+
+
+def keeps_syntheses(job: JobConfig) -> bool:
     """Whether QA may retrieve syntheses (always for pre; post: update.post_syntheses)."""
-    return not reads_post(cfg) or bool(OmegaConf.select(cfg, "update.post_syntheses", default=False))
+    job = JobConfig.from_cfg(job)
+    if not reads_post(job):
+        return True
+    return job.settings(UpdateSettings).post_syntheses
 
 
-def view_fingerprint(cfg: Any) -> Any:
+def view_fingerprint(job: JobConfig) -> Any:
     """Fingerprint material of the QA view: None for pre (unchanged fingerprints)."""
-    return None if not reads_post(cfg) else {"update.read": "post",
-                                             "update.post_syntheses": keeps_syntheses(cfg)}
+    return None if not reads_post(job) else {"update.read": "post",
+                                             "update.post_syntheses": keeps_syntheses(job)}
 
 
 def _require(updates: pl.DataFrame | None) -> pl.DataFrame:
@@ -52,21 +58,21 @@ def _require(updates: pl.DataFrame | None) -> pl.DataFrame:
     return updates
 
 
-def deleted_ids(cfg: Any, updates: pl.DataFrame | None) -> set[str]:
+def deleted_ids(job: JobConfig, updates: pl.DataFrame | None) -> set[str]:
     """Entry ids QA must not retrieve (none for pre)."""
-    if not reads_post(cfg):
+    if not reads_post(job):
         return set()
     u = _require(updates)
     return set(u.filter(pl.col("decision") == "delete")["entry_id"].to_list())
 
 
-def qa_entries(cfg: Any, entries: pl.DataFrame, updates: pl.DataFrame | None) -> pl.DataFrame:
+def qa_entries(job: JobConfig, entries: pl.DataFrame, updates: pl.DataFrame | None) -> pl.DataFrame:
     """`entries` as QA reads them: for post, deleted rows dropped and updated texts replaced
     (ids, times and every other column unchanged)."""
-    if not reads_post(cfg):
+    if not reads_post(job):
         return entries
     u = _require(updates)
-    gone = deleted_ids(cfg, u)
+    gone = deleted_ids(job, u)
     new = (u.filter((pl.col("decision") == "update") & pl.col("new_text").is_not_null())
            .select("entry_id", pl.col("new_text").alias("_new")).unique("entry_id", keep="first"))
     out = entries.filter(~pl.col("entry_id").is_in(list(gone)))

@@ -158,10 +158,10 @@ def reference_synthesis_messages(
     return (Message("system", SYNTHESIS_ROLE), Message("user", user))
 
 
-def reference_fingerprint(cfg: Any) -> str | None:
+def reference_fingerprint(job: Any) -> str | None:
     """Stage fingerprint material: the LightMem source's commit and build prompt texts
     (None without prompts.sources.lightmem / prompts.reference_dir)."""
-    spec = source_spec(cfg, "lightmem")
+    spec = source_spec(job, "lightmem")
     if spec is None:
         return None
     texts = build_texts(spec)
