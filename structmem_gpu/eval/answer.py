@@ -335,10 +335,8 @@ def reader_prompts(inp: EstimateInputs, s: AnswerSettings) -> list[Any] | None:
     earlier hooks left (EstimateInputs.stand_ins: entries, syntheses, retrievals); None when
     it needs a table no hook stands in for (SEEM's memory, the graph's relations)."""
     builder = context_builder(s.prompt)
-    # the builder reads the job's config as the stage hands it over
-    cfg = OmegaConf.create(dict(inp.job.plain))
     try:
-        prompts = builder(AnswerInputs(cfg, inp.selected, {"turns": inp.turns, **inp.stand_ins}))
+        prompts = builder(AnswerInputs(inp.job, inp.selected, {"turns": inp.turns, **inp.stand_ins}))
     except MissingTableError:
         return None
     return [prompts[q].messages for q in inp.selected["question_id"].to_list()]

@@ -195,7 +195,6 @@ OMEGACONF_HOMES = ("structmem_gpu.config", "structmem_gpu", "structmem_gpu.eval.
 OMEGACONF_PENDING: frozenset[str] = frozenset({
     "structmem_gpu.stage",
     "structmem_gpu.llm.factory",
-    "structmem_gpu.node.dry_run",
     "structmem_gpu.bench.harness",
 })
 
