@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.schema import EmbedderSettings, LLMSettings
+from structmem_gpu.config.settings import MODEL, fields_with_role
 from structmem_gpu.core.artifacts import RunDir
 
 if TYPE_CHECKING:
@@ -76,12 +78,10 @@ ROLES = ("llm", "judges", "encoder")
 
 # The model that wrote a stage's rows (the llm-config keys that change replies: the model,
 # its sampling seed and request extras; a different one must recompute the stage) and the
-# encoder identity behind its vectors. Connection settings (base_url, max_in_flight,
-# timeouts, restarts) are part of neither.
-LLM_IDENTITY = ("llm.backend", "llm.model", "llm.served_name", "llm.revision", "llm.seed",
-                "llm.api_flavor", "llm.extra_body", "llm.chat_template_kwargs")
-EMBEDDER_IDENTITY = ("embedder.model", "embedder.max_seq_length", "embedder.instructions",
-                     "embedder.trust_remote_code", "embedder.long_texts")
+# encoder identity behind its vectors: the role="model" fields of LLMSettings and
+# EmbedderSettings (config/schema.py). Connection settings (role "run") are part of neither.
+LLM_IDENTITY = tuple(f"llm.{k}" for k in fields_with_role(LLMSettings, MODEL))
+EMBEDDER_IDENTITY = tuple(f"embedder.{k}" for k in fields_with_role(EmbedderSettings, MODEL))
 
 
 def select_config(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -153,7 +153,7 @@ def estimate_extract(
         # The window tokenizer is not on this machine (a login node before `jobs/data.py
         # models`, a CI machine): the job stops on it (preflight); the dry run still plans,
         # by characters / 4, and says these are not the job's windows.
-        windows, packer = plan_from_settings(turns, replace(s, window_tokenizer=CHARS), llm_cfg)
+        windows, packer = plan_from_settings(turns, s.model_copy(update={"window_tokenizer": CHARS}), llm_cfg)
         plan, missing = None, str(err)
     prompt = completion = n = over = 0
     for kind in s.perspectives:

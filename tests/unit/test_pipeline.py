@@ -20,13 +20,11 @@ from tests.fixtures.pipeline import compose_cfg
 CALLS: list[str] = []
 
 
-@dataclass(frozen=True)
 class MakeSettings(Settings):
     node: ClassVar[str] = "toy"
     n: int = knob(SIZE)
 
 
-@dataclass(frozen=True)
 class DoubleSettings(Settings):
     node: ClassVar[str] = "toy"
     factor: int = knob(SIZE)

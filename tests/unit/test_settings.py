@@ -24,13 +24,11 @@ from structmem_gpu.config.settings import (
 )
 
 
-@dataclass(frozen=True)
 class Inner(Settings):
     k: int = knob(COUNT)
     url: str | None = knob(STR, None, hashed=False)
 
 
-@dataclass(frozen=True)
 class Outer(Settings):
     node: ClassVar[str] = "toy"
     open_keys: ClassVar[dict[str, Any]] = {"*_inner": Inner}

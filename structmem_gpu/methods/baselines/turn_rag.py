@@ -81,7 +81,6 @@ def _pools(emb: pl.DataFrame) -> dict[str, tuple[list[str], np.ndarray]]:
     }
 
 
-@dataclass(frozen=True)
 class TurnRetrieveSettings(Settings):
     node: ClassVar[str] = "retrieve"
 

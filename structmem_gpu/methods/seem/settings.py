@@ -33,7 +33,6 @@ from structmem_gpu.config.settings import (
 _PER_REQUEST = knob(SIZE, 1, external="seem.passages_per_request")
 
 
-@dataclass(frozen=True)
 class FrameSettings(Settings):
     """seem.frames: Stage A, F_ext (schema bounds, event splitting, fallback)."""
 
@@ -56,7 +55,6 @@ class FrameSettings(Settings):
                            self.max_chars, self.summary_chars)
 
 
-@dataclass(frozen=True)
 class FusionSettings(Settings):
     """seem.fusion: Stage B, F_judge + F_fuse; `frames` is seem.frames (the event schema)."""
 
@@ -80,7 +78,6 @@ class FusionSettings(Settings):
         return []
 
 
-@dataclass(frozen=True)
 class GraphSettings(Settings):
     """seem.graph: Stage C, the graph memory layer."""
 
@@ -100,7 +97,6 @@ class GraphSettings(Settings):
     passages_per_request: int = _PER_REQUEST
 
 
-@dataclass(frozen=True)
 class Ablation(Settings):
     """Paper Table 3 switches (docs/methods.md "SEEM: ablations"); all true = the full model."""
 
@@ -120,7 +116,6 @@ class Ablation(Settings):
         return self.rpe and (self.eef or self.rpe_without_eef)
 
 
-@dataclass(frozen=True)
 class RetrieveSettings(Settings):
     """seem.retrieve: Stages D-E; `ablation` is seem.ablation."""
 

@@ -38,7 +38,6 @@ STAGE_NAME = "compress"
 REFERENCE_MODEL = "microsoft/llmlingua-2-bert-base-multilingual-cased-meetingbank"
 
 
-@dataclass(frozen=True)
 class CompressSettings(Settings):
     """conf/method/structmem.yaml `compress:`."""
 

@@ -109,7 +109,6 @@ class EntryRow:
     model: str
 
 
-@dataclass(frozen=True)
 class ExtractSettings(Settings):
     """conf/method/structmem.yaml `extract:` (+ prompts.reference_dir)."""
 

@@ -107,7 +107,6 @@ def search_rows(
     return rows
 
 
-@dataclass(frozen=True)
 class RetrieveSettings(Settings):
     """`retrieve:` of conf/method/structmem.yaml (paper A.3: 60 entries + 5 syntheses)."""
 

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 STAGE_NAME = "segment"
 
 
-@dataclass(frozen=True)
 class SegmentSettings(Settings):
     """conf/method/structmem.yaml `segment:` (+ compress.model, the shared model)."""
 

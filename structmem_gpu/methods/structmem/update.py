@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 STAGE_NAME = "update"
 
 
-@dataclass(frozen=True)
 class UpdateSettings(Settings):
     """conf/method/structmem.yaml `update:` (+ prompts.sources.lightmem for the prompt)."""
 
