@@ -190,14 +190,15 @@ class Backends:
         """The backend for `role` ("llm" = the answer/build model; judges use their own names)."""
         self._require("llm" if role == "llm" and not self._judging else "judges")
         if role not in self._llms:
-            from structmem_gpu.llm.factory import open_llm
+            from structmem_gpu.llm.factory import llm_settings, open_llm
 
             # debug=scripted: every llm of the config (judges, panel members) is the job's
             # scripted one, so a harness run of any experiment starts no server; the judgments
             # record the scripted model that replied.
             if llm_cfg is None or self.cfg.get("debug_profile") == "scripted":
                 llm_cfg = OmegaConf.to_container(self.cfg.llm, resolve=True)  # type: ignore[assignment]
-            cm = open_llm(llm_cfg, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
+            settings = llm_settings(llm_cfg)  # typed (config/schema.py LLMSettings)
+            cm = open_llm(settings, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
             stack = contextlib.ExitStack()
             self._llms[role] = stack.enter_context(cm)
             self._stacks[role] = stack
@@ -217,8 +218,8 @@ class Backends:
         if self._encoder is None:
             from structmem_gpu.embed.encoder import open_encoder
 
-            ecfg = OmegaConf.to_container(self.cfg.embedder, resolve=True)
-            self._encoder = open_encoder(ecfg, cache_dir=self._cache_dir("embeddings"))  # type: ignore[arg-type]
+            self._encoder = open_encoder(EmbedderSettings.from_cfg(self.cfg),
+                                         cache_dir=self._cache_dir("embeddings"))
         return self._encoder
 
 
@@ -300,9 +301,8 @@ class StageContext:
         from structmem_gpu.embed.encoder import instruction
 
         enc = self.encoder()
-        ecfg = OmegaConf.select(self.cfg, "embedder", default=None)
-        plain = OmegaConf.to_container(ecfg, resolve=True) if ecfg is not None else {}
-        prompt = instruction(plain, use)  # type: ignore[arg-type]
+        has = OmegaConf.select(self.cfg, "embedder", default=None) is not None
+        prompt = instruction(EmbedderSettings.from_cfg(self.cfg) if has else EmbedderSettings(), use)
         t0 = time.perf_counter()
         out = enc.encode(list(texts), prompt=prompt) if prompt else enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0

@@ -179,7 +179,12 @@ class MethodSettings(Settings):
 
 
 class EmbedderInstructions(Settings):
-    """Instruction per use (embedder.instructions); part of the embedding cache key."""
+    """Instruction per use (embedder.instructions); part of the embedding cache key. entry =
+    memory texts (entries, syntheses, StructMem's consolidation seed query, SEEM facts/passages
+    as documents); query = questions; fact / passage = SEEM queries against facts / passages
+    (HippoRAG 2's query-to-fact / query-to-passage). The uses are these fields (embed/encoder.py)."""
+
+    closed: ClassVar[bool] = True
 
     entry: str | None = knob(STR_OR_NULL, None)
     query: str | None = knob(STR_OR_NULL, None)
@@ -193,18 +198,21 @@ class EmbedderSettings(Settings):
 
     node: ClassVar[str] = "embedder"
 
-    model: str | None = knob(STR_OR_NULL, **_MODEL,
+    model: str | None = knob(STR_OR_NULL, None, **_MODEL,
                              description="sentence-transformers model: hub id, folder, or null = packaged MiniLM")
     max_seq_length: int | None = knob(Int(ge=1, null=True), None, **_MODEL,
                                       description="truncate inputs to this many tokens; null = the model's own")
     instructions: EmbedderInstructions | None = sub(EmbedderInstructions, null=True, default=None, **_MODEL)
-    trust_remote_code: bool = knob(BOOL, **_MODEL)
+    # Models with their own modelling code (NV-Embed-v2) need it; it runs code from the model
+    # repository, so it is off unless the embedder config says so.
+    trust_remote_code: bool = knob(BOOL, False, **_MODEL)
     # chunk = embed a text over the limit in chunks and mean-pool; truncate = let the model
     # read its start only, as the reference code's MiniLM does (counted in the notes).
-    long_texts: str = knob(Enum("chunk", "truncate"), **_MODEL)
-    device: str = knob(STR, description="auto | cpu | cuda[:N]")
-    fp16: bool = knob(BOOL, description="half precision on CUDA")
-    batch_size: int = knob(SIZE)
+    long_texts: str = knob(Enum("chunk", "truncate"), "chunk", **_MODEL)
+    device: str = knob(STR, "auto", description="auto | cpu | cuda[:N]")
+    # fp16 halves memory and roughly doubles throughput on GPU (CPU always runs float32).
+    fp16: bool = knob(BOOL, True, description="half precision on CUDA")
+    batch_size: int = knob(SIZE, 64)
     # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
     # are not on disk yet (gpu_plan.py); never changes a vector.
     weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN)

@@ -198,6 +198,9 @@ class Settings(BaseModel, metaclass=_SettingsMeta):
     # configs: their defaults moved into the model from the factory; fingerprints stay as they
     # were, when an absent key was None).
     fingerprint_unset_as_none: ClassVar[bool] = False
+    # True: a key the model does not declare is an error (a closed table such as
+    # embedder.instructions, whose typo would otherwise silently drop an instruction).
+    closed: ClassVar[bool] = False
 
     _open_values: dict[str, Any] = PrivateAttr(default_factory=dict)
 
@@ -453,6 +456,10 @@ def _check_build(model: type[Settings], data: Any, prefix: str,
         obj, found = _node(spec, value, path, root, False) if _is_model(spec) else _leaf(spec, value, path)
         open_lines += found
         extra[str(key)] = obj
+    if model.closed:
+        known = ", ".join(fields(model))
+        open_lines += [f"{_join(prefix, str(k))}={v!r}: expected one of the keys {known}"
+                       for k, v in data.items() if str(k) not in fields(model) and _open(model, str(k)) is None]
     found = [line for name in fields(model) for line in lines.get(name, [])] + open_lines
     if found:
         return None, found
