@@ -35,6 +35,7 @@ log = logging.getLogger("structmem_gpu.run")
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
+    from structmem_gpu.config.schema import PreemptSettings
     from structmem_gpu.core import preempt
     from structmem_gpu.run import sweep
     from structmem_gpu.config.path_values import expand_paths
@@ -43,10 +44,11 @@ def main(cfg: DictConfig) -> dict | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-    guard = preempt.PreemptionGuard(
-        grace_s=float(cfg.get("preempt", {}).get("grace_s", 30)),
-        exit_code=int(cfg.get("preempt", {}).get("exit_code", preempt.DEFAULT_EXIT_CODE)),
-    )
+    try:  # typed; the model's defaults are the one home of grace and exit code (config/schema.py)
+        stop = PreemptSettings.from_cfg(cfg)
+    except StructMemError:  # a bad value: run_job's config check names it (exit 2)
+        stop = PreemptSettings()
+    guard = preempt.PreemptionGuard(grace_s=stop.grace_s, exit_code=stop.exit_code)
 
     def point(status: str, error: str | None = None, code: int = 0) -> dict:
         record = sweep.point_status(job=int(hydra_cfg.job.get("num") or 0),

@@ -24,6 +24,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
+from structmem_gpu.core import preempt
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.config.settings import (
     BOOL,
@@ -245,8 +246,16 @@ class CacheSettings(Settings):
 
 
 class PreemptSettings(Settings):
-    grace_s: float = knob(Float(ge=0))
-    exit_code: int = knob(Int(ge=1, le=255))
+    """preempt (conf/config.yaml; core/preempt.py): how a job stops on SIGTERM / SIGUSR2."""
+
+    node: ClassVar[str] = "preempt"
+
+    grace_s: float = knob(Float(ge=0), 20.0, description=(
+        "Seconds in-flight requests get to finish after the signal; keep it under the "
+        "scheduler's kill wait (SLURM KillWait, 30 s by default) so the job exits before SIGKILL."))
+    exit_code: int = knob(Int(ge=1, le=255), preempt.DEFAULT_EXIT_CODE, description=(
+        'Exit code of a preempted job (75 = EX_TEMPFAIL, "try again"); a requeue wrapper or '
+        "slurm.conf RequeueExit can requeue on it. Under submitit its own handler requeues first."))
 
 
 class PromptSourcesSettings(Settings):
