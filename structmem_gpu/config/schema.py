@@ -229,8 +229,14 @@ class GpuSettings(Settings):
 
     node: ClassVar[str] = "gpu"
 
-    memory_gb: float | None = knob(Float(gt=0, null=True), None)
-    headroom_gb: float = knob(Float(ge=0), 2.0)
+    memory_gb: float | None = knob(Float(gt=0, null=True), None, description=(
+        "GB of memory per GPU to plan against; null = the first CUDA device torch sees (no "
+        "device and null = the size is unknown and nothing is refused). Set it on a login node "
+        "or a CPU machine to plan for the GPU node, e.g. gpu.memory_gb=141 (H200) or 80 "
+        "(A100/H100 80GB)."))
+    headroom_gb: float = knob(Float(ge=0), 2.0, description=(
+        "GB kept free on each GPU beside the planned residents: CUDA contexts, the encoder's "
+        "activations, a server's minimum KV cache inside its share."))
 
 
 class IndexSettings(Settings):
@@ -241,8 +247,13 @@ class IndexSettings(Settings):
 
 
 class CacheSettings(Settings):
-    llm: bool = knob(BOOL)
-    embeddings: bool = knob(BOOL)
+    """cache: the caches shared across runs (under paths.cache_dir)."""
+
+    node: ClassVar[str] = "cache"
+
+    llm: bool = knob(BOOL, True, description=(
+        "LLM responses keyed by model, sampling, prompt version and messages"))
+    embeddings: bool = knob(BOOL, True, description="embeddings keyed by encoder model and text hash")
 
 
 class PreemptSettings(Settings):
@@ -269,8 +280,16 @@ class PromptSourcesSettings(Settings):
 class PreflightSettings(Settings):
     """preflight: what the node checks before any stage (structmem_gpu/node/preflight.py)."""
 
-    min_free_gb: float = knob(Float(ge=0))
-    hub_timeout_s: float = knob(Float(gt=0))
+    node: ClassVar[str] = "preflight"
+
+    min_free_gb: float = knob(Float(ge=0), 2.0, description=(
+        "Free disk (GB) required under the run directory and under paths.cache_dir; a job "
+        "writes tables, logs and LLM/embedding caches there (about 1 GB per LoCoMo run with a "
+        "GPU model)."))
+    hub_timeout_s: float = knob(Float(gt=0), 3.0, description=(
+        "Seconds for the one probe of the Hugging Face hub that asks whether a model missing "
+        "from the local cache could be downloaded (skipped with HF_HUB_OFFLINE=1); the job "
+        "never waits on huggingface_hub's retries."))
 
 
 class PromptsSettings(Settings):
@@ -314,11 +333,21 @@ class ReportSettings(Settings):
 
     node: ClassVar[str] = "report"
 
-    bootstrap_resamples: int = knob(COUNT, 1000)
-    bootstrap_seed: int = knob(Int(ge=0), 0)
-    max_parse_failure_rate: float = knob(RATE, 0.5)
+    bootstrap_resamples: int = knob(COUNT, 1000, description=(
+        "Bootstrap resamples for judge_accuracy_ci95; more = a stabler interval (1,000 over "
+        "1,540 questions takes milliseconds)."))
+    bootstrap_seed: int = knob(Int(ge=0), 0, description=(
+        "Bootstrap seed: the same judgments give the same interval on every machine."))
+    max_parse_failure_rate: float = knob(RATE, 0.5, description=(
+        "The report stage fails (after writing its files) when any LLM stage's parse-failure "
+        "rate exceeds this, so a broken prompt never reads as a low score. 0.5 lets a weak CPU "
+        "model (SmolLM2 with capped replies) through and still catches a prompt that fails "
+        "outright. For GPU runs with real models, 0.05-0.1 is stricter."))
     # report/*.png only: no table changes with it (result_keys.NO_TABLE_KEYS).
-    plots: bool = knob(BOOL, True, tables=False)
+    plots: bool = knob(BOOL, True, tables=False, description=(
+        "Write report/*.png (accuracy by category beside matching published values, build cost "
+        "per stage, cumulative build tokens over turns, evidence recall@k; eval/plots.py). About "
+        "1-2 s a run; false skips matplotlib (e.g. thousands of sweep jobs)."))
 
 
 class JobSettings(Settings):
