@@ -30,8 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import polars as pl
 from omegaconf import DictConfig, OmegaConf

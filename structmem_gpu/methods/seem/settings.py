@@ -11,7 +11,6 @@ therefore never invalidate the build stages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from structmem_gpu.methods.seem.prompts.frame import FrameBounds

@@ -19,7 +19,6 @@ tokens_in / tokens_out (o200k), ratio, model, device, batch_size.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import polars as pl

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
