@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
@@ -34,10 +35,11 @@ def test_whole_history_keeps_every_turn_and_never_trims(caplog: pytest.LogCaptur
 def test_whole_history_over_the_context_is_one_warning_never_cut(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    turns = _turns()
+    # A history over the smallest context the schema allows (llm.n_ctx >= 256).
+    turns = _turns().with_columns(pl.col("text") + " " + "y" * 200)
     with caplog.at_level(logging.WARNING):
-        prompts = build_prompts(AnswerInputs(_cfg(64), _questions(), {"turns": turns}))
+        prompts = build_prompts(AnswerInputs(_cfg(256), _questions(), {"turns": turns}))
     lines = [r.getMessage() for r in caplog.records if "whole history" in r.getMessage()]
     assert len(lines) == 1 and "1 of 1 conversations (c)" in lines[0]
-    assert "64 tokens" in lines[0] and "refuses their 2 questions" in lines[0]
+    assert "256 tokens" in lines[0] and "refuses their 2 questions" in lines[0]
     assert render_history(turns, None).text in prompts["c:q1"].messages[1].content  # uncut
