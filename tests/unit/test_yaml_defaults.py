@@ -123,3 +123,19 @@ def test_a_new_knob_is_validated_overridable_hashed_and_documented(tmp_path: Pat
         "window": 4, "new_knob": 7}
     # Documented: its description is the YAML comment above it (and the model's field doc).
     assert FixtureWithKnob.model_fields["new_knob"].description in after["config.yaml"]
+
+
+def test_the_grace_and_answer_budget_have_one_home_each() -> None:
+    import inspect
+
+    from structmem_gpu.config.schema import PreemptSettings
+    from structmem_gpu.core.preempt import PreemptionGuard
+
+    # A config without the preempt block (an older saved one) gets the model's grace, the same
+    # value conf/config.yaml shows (generated); the guard itself has no default of its own.
+    assert PreemptSettings.from_cfg({}).grace_s == 20.0 == compose_cfg([]).preempt.grace_s
+    assert inspect.signature(PreemptionGuard).parameters["grace_s"].default is inspect.Parameter.empty
+    # The profile's answer budget reaches every short-answer reader (the CPU profile's 48).
+    for method in ("seem", "turn_rag", "full_context", "structmem"):
+        assert compose_cfg([f"method={method}"]).answer.max_tokens == 48
+        assert compose_cfg([f"method={method}", "++llm.budgets.answer_max_tokens=64"]).answer.max_tokens == 64
