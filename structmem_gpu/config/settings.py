@@ -44,7 +44,6 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
-from pydantic._internal._model_construction import ModelMetaclass
 from pydantic.fields import FieldInfo
 
 from structmem_gpu.core.errors import ConfigError
@@ -170,7 +169,7 @@ def items(model: type["Settings"], *, null: bool = False, default: Any = _MISSIN
     return _Knob(tp | None if null else tp, default, meta, description)
 
 
-class _SettingsMeta(ModelMetaclass):
+class _SettingsMeta(type(BaseModel)):  # type: ignore[misc]  # pydantic's model metaclass
     """Turns each `knob()`/`sub()`/`items()` of a class body into a typed pydantic field: the
     knob's type becomes the field's annotation (so the rule is written once, in the knob)."""
 
