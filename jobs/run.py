@@ -35,6 +35,7 @@ log = logging.getLogger("structmem_gpu.run")
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> dict | None:
+    from structmem_gpu.config.schema import PreemptSettings
     from structmem_gpu.core import preempt
     from structmem_gpu.run import sweep
     from structmem_gpu.config.path_values import expand_paths
@@ -60,9 +61,10 @@ def main(cfg: DictConfig) -> dict | None:
         log.error("%s", err)
         print(f"error: {err}", file=sys.stderr, flush=True)
         return _end(point("failed", str(err), 2), in_sweep)
-    grace = job.root.preempt  # conf/config.yaml's preempt node (None: the guard's defaults)
-    guard = (preempt.PreemptionGuard(grace_s=grace.grace_s, exit_code=grace.exit_code)
-             if grace is not None else preempt.PreemptionGuard())
+    # conf/config.yaml's preempt node; its model's defaults are the one home of grace and exit
+    # code (config/schema.py PreemptSettings), also when a config has no preempt node
+    stop = job.root.preempt or PreemptSettings()
+    guard = preempt.PreemptionGuard(grace_s=stop.grace_s, exit_code=stop.exit_code)
 
     from structmem_gpu.analysis import tracking
 

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import polars as pl
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.schema import EmbedderSettings, LLMSettings
+from structmem_gpu.config.settings import MODEL, fields_with_role
 from structmem_gpu.core.artifacts import RunDir
 
 if TYPE_CHECKING:
@@ -167,12 +169,10 @@ ROLES = ("llm", "judges", "encoder")
 
 # The model that wrote a stage's rows (the llm-config keys that change replies: the model,
 # its sampling seed and request extras; a different one must recompute the stage) and the
-# encoder identity behind its vectors. Connection settings (base_url, max_in_flight,
-# timeouts, restarts) are part of neither.
-LLM_IDENTITY = ("llm.backend", "llm.model", "llm.served_name", "llm.revision", "llm.seed",
-                "llm.api_flavor", "llm.extra_body", "llm.chat_template_kwargs")
-EMBEDDER_IDENTITY = ("embedder.model", "embedder.max_seq_length", "embedder.instructions",
-                     "embedder.trust_remote_code", "embedder.long_texts")
+# encoder identity behind its vectors: the role="model" fields of LLMSettings and
+# EmbedderSettings (config/schema.py). Connection settings (role "run") are part of neither.
+LLM_IDENTITY = tuple(f"llm.{k}" for k in fields_with_role(LLMSettings, MODEL))
+EMBEDDER_IDENTITY = tuple(f"embedder.{k}" for k in fields_with_role(EmbedderSettings, MODEL))
 
 
 def select_config(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
@@ -281,14 +281,15 @@ class Backends:
         """The backend for `role` ("llm" = the answer/build model; judges use their own names)."""
         self._require("llm" if role == "llm" and not self._judging else "judges")
         if role not in self._llms:
-            from structmem_gpu.llm.factory import open_llm
+            from structmem_gpu.llm.factory import llm_settings, open_llm
 
             # debug=scripted: every llm of the config (judges, panel members) is the job's
             # scripted one, so a harness run of any experiment starts no server; the judgments
             # record the scripted model that replied.
             if llm_cfg is None or self.cfg.get("debug_profile") == "scripted":
                 llm_cfg = OmegaConf.to_container(self.cfg.llm, resolve=True)  # type: ignore[assignment]
-            cm = open_llm(llm_cfg, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
+            settings = llm_settings(llm_cfg)  # typed (config/schema.py LLMSettings)
+            cm = open_llm(settings, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
             stack = contextlib.ExitStack()
             self._llms[role] = stack.enter_context(cm)
             self._stacks[role] = stack
@@ -308,8 +309,8 @@ class Backends:
         if self._encoder is None:
             from structmem_gpu.embed.encoder import open_encoder
 
-            ecfg = OmegaConf.to_container(self.cfg.embedder, resolve=True)
-            self._encoder = open_encoder(ecfg, cache_dir=self._cache_dir("embeddings"))  # type: ignore[arg-type]
+            self._encoder = open_encoder(EmbedderSettings.from_cfg(self.cfg),
+                                         cache_dir=self._cache_dir("embeddings"))
         return self._encoder
 
 
@@ -391,9 +392,8 @@ class StageContext:
         from structmem_gpu.embed.encoder import instruction
 
         enc = self.encoder()
-        ecfg = OmegaConf.select(self.cfg, "embedder", default=None)
-        plain = OmegaConf.to_container(ecfg, resolve=True) if ecfg is not None else {}
-        prompt = instruction(plain, use)  # type: ignore[arg-type]
+        has = OmegaConf.select(self.cfg, "embedder", default=None) is not None
+        prompt = instruction(EmbedderSettings.from_cfg(self.cfg) if has else EmbedderSettings(), use)
         t0 = time.perf_counter()
         out = enc.encode(list(texts), prompt=prompt) if prompt else enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0

@@ -1,6 +1,7 @@
 """Which configuration keys can change a result, for the run directory's name and the "changed
-keys" log: the typed fields marked hashed=False (config_schema.JobSettings, LLMSettings), which
-the config hash and every stage fingerprint leave out too.
+keys" log: read from the fields' roles (config/settings.py): role "run" fields of JobSettings,
+LLMSettings and EmbedderSettings, which the config hash and every stage fingerprint leave out
+too, and the fields marked tables=False.
 
 Where a run lives, how it is launched and how fast its requests go never change what it
 computes, so none of these keys enters a fingerprint, the config hash or a run directory name:
@@ -11,13 +12,12 @@ computes, so none of these keys enters a fingerprint, the config hash or a run d
 
 from __future__ import annotations
 
-import dataclasses
-
 from structmem_gpu.config.schema import SKIPPED_TOP_KEYS, EmbedderSettings, JobSettings, LLMSettings
+from structmem_gpu.config.settings import RUN, fields_with_role, no_table_keys
 
 
 def _unhashed(model: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(model) if not f.metadata.get("hashed", True))
+    return fields_with_role(model, RUN)
 
 
 # Shards of one job compute parts of one result: one config hash, but their own directories.
@@ -31,8 +31,8 @@ SERVING_KEYS = _unhashed(LLMSettings)
 # The same for the encoder: its GPU memory plan size (embedder.weights_gb).
 ENCODER_PLAN_KEYS = _unhashed(EmbedderSettings)
 # Keys that change no table of a run directory but only what is kept beside them: caches
-# (replies and embeddings are the same either way) and report figures.
-NO_TABLE_KEYS = ("cache", "report.plots")
+# (replies and embeddings are the same either way) and report figures (tables=False fields).
+NO_TABLE_KEYS = no_table_keys(JobSettings)
 
 
 def _head(key: str) -> str:

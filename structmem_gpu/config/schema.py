@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from structmem_gpu.core import preempt
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.config.settings import (
     BOOL,
     COUNT,
     DICT,
+    RATE,
     SIZE,
     STR,
     STR_OR_NULL,
@@ -57,7 +58,6 @@ class HasSettings(Protocol):
     settings: type[Settings] | None
 
 
-@dataclass(frozen=True)
 class LLMBudgets(Settings):
     """llm.budgets: a profile's reply and context budgets, read by the stage nodes through
     ${llm.budgets.*} interpolations (conf/method/structmem.yaml); absent = the node's default."""
@@ -72,62 +72,88 @@ class LLMBudgets(Settings):
     worked_example: bool | None = knob(BOOL, None)
 
 
-# Where and how a server is reached or restarted: never part of a fingerprint or the config hash.
-_LAUNCH = {"hashed": False}
+# Roles (config/settings.py): "model" = the llm identity (stage fingerprints, stage.LLM_IDENTITY),
+# "run" = where and how a server is reached or restarted (never hashed: result_keys.SERVING_KEYS).
+_MODEL = {"role": "model"}
+_RUN = {"role": "run"}
 
 
-@dataclass(frozen=True)
 class LLMSettings(Settings):
     """One llm config (conf/llm/*.yaml): the job's `llm`, `judge.llm`, `judge.*_llm` and each
-    judge panel member's `llm`. Keys a backend does not use are absent (None here)."""
+    judge panel member's `llm`. The defaults are what a profile that leaves a key out gets (the
+    factory, the client and the preflight read this model, never a dict of their own)."""
 
     node: ClassVar[str] = "llm"
+    # Fingerprints (the judge's embedded llm configs) hash what a profile states, absent = None,
+    # as before the defaults moved here from llm/factory.py.
+    fingerprint_unset_as_none: ClassVar[bool] = True
 
-    backend: str = knob(Enum("llamacpp", "vllm_server", "vllm_offline", "external", "scripted"))
-    model: str | None = knob(STR_OR_NULL, None)
-    served_name: str | None = knob(STR_OR_NULL, None)
-    revision: str | None = knob(STR_OR_NULL, None)
-    base_url: str | None = knob(STR_OR_NULL, None, **_LAUNCH)
-    api_key_env: str | None = knob(STR_OR_NULL, None)
-    api_flavor: str | None = knob(Enum("vllm", "llamacpp", null=True), None)
-    max_in_flight: int | None = knob(SIZE, None, **_LAUNCH)
-    request_timeout_s: float | None = knob(Float(gt=0), None, **_LAUNCH)
-    max_retries: int | None = knob(COUNT, None)
-    retry_backoff_s: float | None = knob(Float(ge=0), None)
-    startup_timeout_s: float | None = knob(Float(gt=0), None, **_LAUNCH)
-    max_restarts: int | None = knob(Int(ge=0, note="0 = never replace a dead server"), None, **_LAUNCH)
-    repair_attempts: int | None = knob(COUNT, None)
-    seed: int | None = knob(Int(ge=0, null=True), None)
-    request_seed: bool | None = knob(BOOL, None)
-    progress: bool | None = knob(BOOL, None)
-    n_ctx: int | None = knob(Int(ge=256), None)
-    tokenizer: str | None = knob(STR_OR_NULL, None)  # chars | HF tokenizer id / folder
-    n_threads: int | None = knob(SIZE, None)
-    tensor_parallel_size: int | None = knob(SIZE, None)
-    data_parallel_size: int | None = knob(SIZE, None)
+    backend: str = knob(Enum("llamacpp", "vllm_server", "vllm_offline", "external", "scripted"),
+                        "llamacpp", **_MODEL, description="what launches/serves the model")
+    model: str | None = knob(STR_OR_NULL, None, **_MODEL,
+                             description="GGUF path, HF id or folder; null = the backend's packaged default")
+    served_name: str | None = knob(STR_OR_NULL, "smollm2", **_MODEL,
+                                   description="name sent as `model`; null = the model argument (vLLM's own default)")
+    revision: str | None = knob(STR_OR_NULL, None, **_MODEL,
+                                description="weights version; part of the cache key")
+    # The sampling seed sent with every request (and the server's seed).
+    seed: int | None = knob(Int(ge=0, null=True), 0, **_MODEL, description="sampling seed")
+    base_url: str | None = knob(STR_OR_NULL, None, **_RUN,
+                                description="attach to a running server instead of launching one")
+    api_key_env: str | None = knob(STR_OR_NULL, None, description="env var holding an API key")
+    api_flavor: str | None = knob(Enum("vllm", "llamacpp", null=True), None, **_MODEL,
+                                  description="external only: vllm (json_schema, default) | llamacpp")
+    max_in_flight: int | None = knob(SIZE, 2, **_RUN, description="concurrent requests")
+    request_timeout_s: float | None = knob(Float(gt=0), 600.0, **_RUN, description="per attempt")
+    max_retries: int | None = knob(COUNT, 4, description="retries on transport errors")
+    retry_backoff_s: float | None = knob(Float(ge=0), 1.0, description="first backoff, doubling")
+    startup_timeout_s: float | None = knob(Float(gt=0), 180.0, **_RUN,
+                                           description="launch -> server answering")
+    max_restarts: int | None = knob(Int(ge=0, note="0 = never replace a dead server"), 3, **_RUN,
+                                    description="launched servers: replacements after a crash, per job")
+    repair_attempts: int | None = knob(COUNT, 1, description="re-asks per invalid/truncated JSON reply")
+    # Send each request's sampling seed (reproducible sampled replies whatever the batching);
+    # false only where an engine cannot take one (conf/llm/vllm_cpu.yaml). False enters the
+    # response-cache key (HTTPBackend.cache_params): unseeded replies are other replies.
+    request_seed: bool | None = knob(BOOL, True, description="send each request's sampling seed")
+    progress: bool | None = knob(BOOL, True, description="tqdm bar on stderr")
+    n_ctx: int | None = knob(Int(ge=256), 8192, description="llama.cpp context window")
+    # What counts this model's tokens (extract.window_tokenizer's default, the context guard):
+    # chars = characters / 4, or an HF tokenizer id / local folder (None = the model's own
+    # when it is local, else chars).
+    tokenizer: str | None = knob(STR_OR_NULL, None, description="chars | HF tokenizer id / folder")
+    n_threads: int | None = knob(SIZE, 2, description="llama.cpp decoding threads")
+    tensor_parallel_size: int | None = knob(SIZE, 1)
+    data_parallel_size: int | None = knob(SIZE, 1)
     max_model_len: int | None = knob(Int(ge=256, null=True), None)
-    gpu_memory_utilization: float | None = knob(Float(gt=0, le=1), None)
+    gpu_memory_utilization: float | None = knob(Float(gt=0, le=1), 0.9)
     max_num_seqs: int | None = knob(Int(ge=1, null=True), None)
-    extra_args: tuple[str, ...] | None = knob(List(STR), None)
-    extra_body: dict[str, Any] | None = knob(DICT, None)
-    chat_template_kwargs: dict[str, Any] | None = knob(DICT, None)
+    extra_args: tuple[str, ...] | None = knob(List(STR), (), description="extra server CLI flags")
+    extra_body: dict[str, Any] | None = knob(DICT, None, **_MODEL,
+                                             description="extra request-body fields; part of the cache key")
+    chat_template_kwargs: dict[str, Any] | None = knob(DICT, None, **_MODEL)
+    # Reply budgets of the profile, read by the stage nodes through ${llm.budgets.*}
+    # interpolations; the backend itself ignores them.
     budgets: LLMBudgets | None = sub(LLMBudgets, null=True, default=None)
-    server_python: str | None = knob(STR_OR_NULL, None)
-    vllm_entrypoint: str | None = knob(Enum("serve", "module"), None)
-    convert_from_gguf: str | None = knob(STR_OR_NULL, None)
-    server_env: dict[str, Any] | None = knob(DICT, None)
-    engine_kwargs: dict[str, Any] | None = knob(DICT, None)
+    # vLLM backends on another environment / CPU (conf/llm/vllm_cpu.yaml):
+    server_python: str | None = knob(STR_OR_NULL, None,
+                                     description="interpreter that runs the launched server; null = this one")
+    vllm_entrypoint: str | None = knob(Enum("serve", "module"), "serve",
+                                       description="serve = `vllm serve`; module = python -m ...api_server")
+    convert_from_gguf: str | None = knob(STR_OR_NULL, None,
+                                         description="GGUF to convert into `model` on first use; packaged = SmolLM2")
+    server_env: dict[str, Any] | None = knob(DICT, None, description="extra environment of the launched server")
+    engine_kwargs: dict[str, Any] | None = knob(DICT, None, description="vllm_offline only: extra vllm.LLM(...) arguments")
     # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
     # are not on disk yet (gpu_plan.py); never changes a reply.
-    weights_gb: float | None = knob(Float(gt=0, null=True), None, hashed=False)
+    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN)
     # True for profiles whose model only exercises the pipeline (the CPU profile's SmolLM2-135M,
     # the scripted fake): report.md and the closing table then open with a line saying the
     # scores test structure, not memory quality. Set false when such a profile serves a real
     # model (llm.model=...); it changes no reply, so it is not hashed.
-    structure_only: bool | None = knob(BOOL, None, hashed=False)
+    structure_only: bool | None = knob(BOOL, False, **_RUN)
 
 
-@dataclass(frozen=True)
 class BenchmarkSettings(Settings):
     node: ClassVar[str] = "benchmark"
 
@@ -138,7 +164,6 @@ class BenchmarkSettings(Settings):
     categories: tuple[int, ...] | None = knob(List(Int(ge=1), null=True), None)
 
 
-@dataclass(frozen=True)
 class MethodImplementations(Settings):
     """method.implementations: stage name -> "module:ATTR" of a Stage, or null to drop a stage
     inherited from another method YAML (structmem_gpu/methods/registry.py)."""
@@ -146,7 +171,6 @@ class MethodImplementations(Settings):
     open_keys: ClassVar[Mapping[str, Any]] = {"*": STR_OR_NULL}
 
 
-@dataclass(frozen=True)
 class MethodSettings(Settings):
     node: ClassVar[str] = "method"
 
@@ -155,9 +179,13 @@ class MethodSettings(Settings):
     implementations: MethodImplementations = sub(MethodImplementations)
 
 
-@dataclass(frozen=True)
 class EmbedderInstructions(Settings):
-    """Instruction per use (embedder.instructions); part of the embedding cache key."""
+    """Instruction per use (embedder.instructions); part of the embedding cache key. entry =
+    memory texts (entries, syntheses, StructMem's consolidation seed query, SEEM facts/passages
+    as documents); query = questions; fact / passage = SEEM queries against facts / passages
+    (HippoRAG 2's query-to-fact / query-to-passage). The uses are these fields (embed/encoder.py)."""
+
+    closed: ClassVar[bool] = True
 
     entry: str | None = knob(STR_OR_NULL, None)
     query: str | None = knob(STR_OR_NULL, None)
@@ -165,39 +193,52 @@ class EmbedderInstructions(Settings):
     passage: str | None = knob(STR_OR_NULL, None)
 
 
-@dataclass(frozen=True)
 class EmbedderSettings(Settings):
+    """embedder (conf/embedder/*.yaml). role "model" = the encoder identity behind every vector
+    (stage.EMBEDDER_IDENTITY); the open_encoder reads this model, nothing re-defaults it."""
+
     node: ClassVar[str] = "embedder"
 
-    model: str | None = knob(STR_OR_NULL)
-    device: str = knob(STR)
-    fp16: bool = knob(BOOL)
-    batch_size: int = knob(SIZE)
-    trust_remote_code: bool = knob(BOOL)
-    long_texts: str = knob(Enum("chunk", "truncate"))
-    instructions: EmbedderInstructions | None = sub(EmbedderInstructions, null=True, default=None)
-    max_seq_length: int | None = knob(Int(ge=1, null=True), None)
+    model: str | None = knob(STR_OR_NULL, None, **_MODEL,
+                             description="sentence-transformers model: hub id, folder, or null = packaged MiniLM")
+    max_seq_length: int | None = knob(Int(ge=1, null=True), None, **_MODEL,
+                                      description="truncate inputs to this many tokens; null = the model's own")
+    instructions: EmbedderInstructions | None = sub(EmbedderInstructions, null=True, default=None, **_MODEL)
+    # Models with their own modelling code (NV-Embed-v2) need it; it runs code from the model
+    # repository, so it is off unless the embedder config says so.
+    trust_remote_code: bool = knob(BOOL, False, **_MODEL)
+    # chunk = embed a text over the limit in chunks and mean-pool; truncate = let the model
+    # read its start only, as the reference code's MiniLM does (counted in the notes).
+    long_texts: str = knob(Enum("chunk", "truncate"), "chunk", **_MODEL)
+    device: str = knob(STR, "auto", description="auto | cpu | cuda[:N]")
+    # fp16 halves memory and roughly doubles throughput on GPU (CPU always runs float32).
+    fp16: bool = knob(BOOL, True, description="half precision on CUDA")
+    batch_size: int = knob(SIZE, 64)
     # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
     # are not on disk yet (gpu_plan.py); never changes a vector.
-    weights_gb: float | None = knob(Float(gt=0, null=True), None, hashed=False)
+    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN)
     # True for profiles whose model only exercises the pipeline (the CPU profile's SmolLM2-135M,
     # the scripted fake): report.md and the closing table then open with a line saying the
     # scores test structure, not memory quality. Set false when such a profile serves a real
     # model (llm.model=...); it changes no reply, so it is not hashed.
-    structure_only: bool | None = knob(BOOL, None, hashed=False)
+    structure_only: bool | None = knob(BOOL, None, **_RUN)
 
 
-@dataclass(frozen=True)
 class GpuSettings(Settings):
     """gpu: what the GPU memory plan (structmem_gpu/node/gpu_plan.py) plans against."""
 
     node: ClassVar[str] = "gpu"
 
-    memory_gb: float | None = knob(Float(gt=0, null=True), None)
-    headroom_gb: float = knob(Float(ge=0), 2.0)
+    memory_gb: float | None = knob(Float(gt=0, null=True), None, description=(
+        "GB of memory per GPU to plan against; null = the first CUDA device torch sees (no "
+        "device and null = the size is unknown and nothing is refused). Set it on a login node "
+        "or a CPU machine to plan for the GPU node, e.g. gpu.memory_gb=141 (H200) or 80 "
+        "(A100/H100 80GB)."))
+    headroom_gb: float = knob(Float(ge=0), 2.0, description=(
+        "GB kept free on each GPU beside the planned residents: CUDA contexts, the encoder's "
+        "activations, a server's minimum KV cache inside its share."))
 
 
-@dataclass(frozen=True)
 class IndexSettings(Settings):
     node: ClassVar[str] = "index"
 
@@ -205,19 +246,29 @@ class IndexSettings(Settings):
     gpu_max_k: int = knob(SIZE)
 
 
-@dataclass(frozen=True)
 class CacheSettings(Settings):
-    llm: bool = knob(BOOL)
-    embeddings: bool = knob(BOOL)
+    """cache: the caches shared across runs (under paths.cache_dir)."""
+
+    node: ClassVar[str] = "cache"
+
+    llm: bool = knob(BOOL, True, description=(
+        "LLM responses keyed by model, sampling, prompt version and messages"))
+    embeddings: bool = knob(BOOL, True, description="embeddings keyed by encoder model and text hash")
 
 
-@dataclass(frozen=True)
 class PreemptSettings(Settings):
-    grace_s: float = knob(Float(ge=0))
-    exit_code: int = knob(Int(ge=1, le=255))
+    """preempt (conf/config.yaml; core/preempt.py): how a job stops on SIGTERM / SIGUSR2."""
+
+    node: ClassVar[str] = "preempt"
+
+    grace_s: float = knob(Float(ge=0), 20.0, description=(
+        "Seconds in-flight requests get to finish after the signal; keep it under the "
+        "scheduler's kill wait (SLURM KillWait, 30 s by default) so the job exits before SIGKILL."))
+    exit_code: int = knob(Int(ge=1, le=255), preempt.DEFAULT_EXIT_CODE, description=(
+        'Exit code of a preempted job (75 = EX_TEMPFAIL, "try again"); a requeue wrapper or '
+        "slurm.conf RequeueExit can requeue on it. Under submitit its own handler requeues first."))
 
 
-@dataclass(frozen=True)
 class PromptSourcesSettings(Settings):
     """prompts.sources (prompts/official.py): each null, PATH or PATH@COMMIT."""
 
@@ -226,21 +277,26 @@ class PromptSourcesSettings(Settings):
     longmemeval: str | None = knob(STR_OR_NULL, None)
 
 
-@dataclass(frozen=True)
 class PreflightSettings(Settings):
     """preflight: what the node checks before any stage (structmem_gpu/node/preflight.py)."""
 
-    min_free_gb: float = knob(Float(ge=0))
-    hub_timeout_s: float = knob(Float(gt=0))
+    node: ClassVar[str] = "preflight"
+
+    min_free_gb: float = knob(Float(ge=0), 2.0, description=(
+        "Free disk (GB) required under the run directory and under paths.cache_dir; a job "
+        "writes tables, logs and LLM/embedding caches there (about 1 GB per LoCoMo run with a "
+        "GPU model)."))
+    hub_timeout_s: float = knob(Float(gt=0), 3.0, description=(
+        "Seconds for the one probe of the Hugging Face hub that asks whether a model missing "
+        "from the local cache could be downloaded (skipped with HF_HUB_OFFLINE=1); the job "
+        "never waits on huggingface_hub's retries."))
 
 
-@dataclass(frozen=True)
 class PromptsSettings(Settings):
     reference_dir: str | None = knob(STR_OR_NULL, None)  # older name of sources.lightmem
     sources: PromptSourcesSettings | None = sub(PromptSourcesSettings, null=True, default=None)
 
 
-@dataclass(frozen=True)
 class PathsSettings(Settings):
     """paths (conf/paths/default.yaml): where runs, caches and data live. Never changes a result."""
 
@@ -256,7 +312,6 @@ class PathsSettings(Settings):
     official_dir: str | None = knob(STR_OR_NULL, None)
 
 
-@dataclass(frozen=True)
 class TrackingSettings(Settings):
     """`tracking:` (conf/tracking/*.yaml; analysis/tracking.py): where finished runs are logged
     after they ended. Never changes a result (hashed=False in JobSettings)."""
@@ -272,7 +327,29 @@ class TrackingSettings(Settings):
     artifacts: bool = knob(BOOL, True)  # upload report/ (md, json, figures): bytes vs browsing
 
 
-@dataclass(frozen=True, kw_only=True)
+class ReportSettings(Settings):
+    """`report:` of conf/config.yaml (eval/report.py; defaults apply to older configs without
+    the block)."""
+
+    node: ClassVar[str] = "report"
+
+    bootstrap_resamples: int = knob(COUNT, 1000, description=(
+        "Bootstrap resamples for judge_accuracy_ci95; more = a stabler interval (1,000 over "
+        "1,540 questions takes milliseconds)."))
+    bootstrap_seed: int = knob(Int(ge=0), 0, description=(
+        "Bootstrap seed: the same judgments give the same interval on every machine."))
+    max_parse_failure_rate: float = knob(RATE, 0.5, description=(
+        "The report stage fails (after writing its files) when any LLM stage's parse-failure "
+        "rate exceeds this, so a broken prompt never reads as a low score. 0.5 lets a weak CPU "
+        "model (SmolLM2 with capped replies) through and still catches a prompt that fails "
+        "outright. For GPU runs with real models, 0.05-0.1 is stricter."))
+    # report/*.png only: no table changes with it (result_keys.NO_TABLE_KEYS).
+    plots: bool = knob(BOOL, True, tables=False, description=(
+        "Write report/*.png (accuracy by category beside matching published values, build cost "
+        "per stage, cumulative build tokens over turns, evidence recall@k; eval/plots.py). About "
+        "1-2 s a run; false skips matplotlib (e.g. thousands of sweep jobs)."))
+
+
 class JobSettings(Settings):
     """The nodes of every job's config that no stage owns (conf/config.yaml and its groups).
     hashed=False: where a run lives and how it is launched never changes what it computes."""
@@ -285,7 +362,8 @@ class JobSettings(Settings):
     num_shards: int = knob(SIZE, 1, hashed=False)
     debug_profile: str | None = knob(Enum("ci", "scripted", null=True), None)
     prompts: PromptsSettings | None = sub(PromptsSettings, null=True, default=None)
-    cache: CacheSettings | None = sub(CacheSettings, null=True, default=None)
+    # Caches change no table, only what is kept beside them (result_keys.NO_TABLE_KEYS).
+    cache: CacheSettings | None = sub(CacheSettings, null=True, default=None, tables=False)
     preempt: PreemptSettings | None = sub(PreemptSettings, null=True, default=None, hashed=False)
     preflight: PreflightSettings | None = sub(PreflightSettings, null=True, default=None,
                                               hashed=False)
@@ -296,6 +374,7 @@ class JobSettings(Settings):
     llm: LLMSettings = sub(LLMSettings)
     embedder: EmbedderSettings = sub(EmbedderSettings)
     index: IndexSettings = sub(IndexSettings)
+    report: ReportSettings | None = sub(ReportSettings, null=True, default=None)
     gpu: GpuSettings | None = sub(GpuSettings, null=True, default=None, hashed=False)
     tracking: TrackingSettings | None = sub(TrackingSettings, null=True, default=None,
                                             hashed=False)

@@ -1,20 +1,33 @@
-"""Typed settings: one frozen dataclass per config node, whose fields carry their rule.
+"""Typed settings: one frozen pydantic model per config node, each knob one typed field.
 
-    @dataclass(frozen=True)
     class ConsolidateSettings(Settings):
         node: ClassVar[str] = "consolidate"
-        seed_k: int = knob(COUNT)                         # type + range = the validation
-        reference_dir: str | None = knob(STR_OR_NULL, external="prompts.reference_dir")
+        seed_k: int = knob(COUNT, 3)                      # type + range = the validation
+        reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.reference_dir")
 
     ConsolidateSettings.from_cfg(cfg)   # validated instance; ConfigError naming the key if not
 
-A settings class is the schema (its fields' rules are what `config_schema.check_config`
-checks before any stage runs), the stage's view of its config (stage code reads the instance,
-not `cfg`), and its fingerprint (`fingerprint_dict`: every field except `hashed=False` ones).
-Fields may be nested settings (`sub`), lists of settings (`items`), or read from outside the
-node (`external`: a dotted key from the config root, checked by the root model). Keys of a
-node that no field declares are not checked at run time; tests/unit/test_config_schema.py
-fails when a packaged config has such a key.
+A settings class is the schema (pydantic v2 validates every field before any stage runs:
+`config.schema.check_config`), the stage's view of its config (stage code reads the instance,
+not `cfg`) and its fingerprint (`fingerprint_dict`). `knob(TYPE, default, role=...)` is a
+pydantic `Field`: TYPE is a pydantic type (`COUNT = Annotated[int, Field(ge=0), Note("0 =
+off")]`, `Enum("a", "b")` = a Literal, `List(STR)` = a tuple) and becomes the field's
+annotation, so the written annotation is documentation only; the field's metadata carries
+
+  role      "result" (changes results; the default), "model" (identifies a model: part of the
+            LLM/encoder identity that stage fingerprints and caches key on), or "run" (only how
+            or where a job runs: never in a fingerprint, the config hash or a run-directory key).
+            Every derived key list (stage.LLM_IDENTITY, result_keys.SERVING_KEYS ...) reads it.
+  external  read from this dotted key of the config root instead of the node (its owner's model
+            checks it there), e.g. seem.passages_per_request.
+
+Fields may be nested settings (`sub`) or lists of settings (`items`). Keys of a node that no
+field declares are not checked at run time; tests/unit/test_config_schema.py fails when a
+packaged config has such a key. Open keys (`open_keys`: fnmatch pattern -> type or settings
+class, e.g. judge.*_llm) are checked and kept (`open_values`).
+
+Errors are one line, `config KEY=value: expected <what is allowed>` (jobs exit 2): pydantic's
+errors are mapped back to the dotted key and described from the field's type (`describe`).
 
 Ranges follow one convention: counts and k's are >= 0 where 0 switches the thing off, windows
 and budgets are >= 1 (or > 0 for seconds), rates and thresholds are in [0, 1].
@@ -22,165 +35,192 @@ and budgets are >= 1 (or > 0 for seconds), rates and thresholds are in [0, 1].
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+import annotated_types as at
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from structmem_gpu.core.errors import ConfigError
 
 _MISSING = object()
 
+ROLES = ("result", "model", "run")
+RESULT, MODEL, RUN = ROLES
+
 
 @dataclass(frozen=True)
-class Rule:
-    """One value's type and range. `kind`: int | float | bool | str | list | dict | any."""
+class Note:
+    """Annotated metadata: a remark the error line and the docs add to the type's text."""
 
-    kind: str
-    ge: float | None = None
-    le: float | None = None
-    gt: float | None = None
-    choices: tuple[Any, ...] | None = None
-    null: bool = False
-    item: "Rule | None" = None  # lists: every item's rule
-    note: str = ""
-
-    def problem(self, value: Any) -> str | None:
-        """None when `value` is allowed, else what is allowed (for the error line)."""
-        if value is None:
-            return None if self.null else f"a value is required: {self.describe()}"
-        ok = _type_ok(self.kind, value)
-        if ok and self.choices is not None and value not in self.choices:
-            ok = False
-        if ok and self.kind in ("int", "float"):
-            ok = ((self.ge is None or value >= self.ge) and (self.le is None or value <= self.le)
-                  and (self.gt is None or value > self.gt))
-        if ok and self.kind == "list" and self.item is not None:
-            bad = [v for v in value if self.item.problem(v) is not None]
-            ok = not bad
-        return None if ok else f"expected {self.describe()}"
-
-    def describe(self) -> str:
-        if self.choices is not None:
-            text = "one of " + ", ".join(repr(c) for c in self.choices)
-        elif self.kind == "list":
-            text = "a list" + (f" of {self.item.describe()}" if self.item else "")
-        else:
-            text = {"int": "an integer", "float": "a number", "bool": "true or false",
-                    "str": "a string", "dict": "a mapping", "any": "any value"}[self.kind]
-            bounds = [f">= {_num(self.ge)}" if self.ge is not None else "",
-                      f"> {_num(self.gt)}" if self.gt is not None else "",
-                      f"<= {_num(self.le)}" if self.le is not None else ""]
-            text += " " + " and ".join(b for b in bounds if b) if any(bounds) else ""
-        if self.null:
-            text += " or null"
-        return text.strip() + (f" ({self.note})" if self.note else "")
-
-    def convert(self, value: Any) -> Any:
-        """The checked value as the stage uses it (lists become tuples: settings are frozen)."""
-        if value is None:
-            return None
-        if self.kind == "int":
-            return int(value)
-        if self.kind == "float":
-            return float(value)
-        if self.kind == "list":
-            return tuple(self.item.convert(v) if self.item else v for v in value)
-        if self.kind == "dict":
-            return dict(value)
-        return value
+    text: str
 
 
-def _num(x: float | None) -> str:
-    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+# ---- types: what a knob may hold (pydantic validates; `describe` words them) ---------------
 
 
-def _type_ok(kind: str, value: Any) -> bool:
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "float":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "list":
-        return isinstance(value, (list, tuple))
-    if kind == "dict":
-        return isinstance(value, Mapping)
-    return True
-
-
-def Int(ge: float | None = None, le: float | None = None, *, null: bool = False, note: str = "") -> Rule:
-    return Rule("int", ge=ge, le=le, null=null, note=note)
+def Int(ge: float | None = None, le: float | None = None, *, null: bool = False, note: str = "") -> Any:
+    return _typed(int, null, note, ge=ge, le=le)
 
 
 def Float(ge: float | None = None, le: float | None = None, *, gt: float | None = None,
-          null: bool = False, note: str = "") -> Rule:
-    return Rule("float", ge=ge, le=le, gt=gt, null=null, note=note)
+          null: bool = False, note: str = "") -> Any:
+    return _typed(float, null, note, ge=ge, le=le, gt=gt)
 
 
-def Enum(*choices: Any, null: bool = False) -> Rule:
-    kind = "bool" if all(isinstance(c, bool) for c in choices) else "any"
-    return Rule(kind, choices=tuple(choices), null=null)
+def Str(*, null: bool = False, note: str = "") -> Any:
+    return _typed(str, null, note)
 
 
-def List(item: Rule | None = None, *, null: bool = False) -> Rule:
-    return Rule("list", item=item, null=null)
+def Enum(*choices: Any, null: bool = False) -> Any:
+    tp: Any = Literal[choices]  # type: ignore[valid-type]
+    return tp | None if null else tp
 
 
-BOOL = Rule("bool")
-STR = Rule("str")
-STR_OR_NULL = Rule("str", null=True)
-ANY = Rule("any", null=True)
-DICT = Rule("dict", null=True)  # free-form mapping passed through (extra_body, server_env ...)
+def List(item: Any = None, *, null: bool = False) -> Any:
+    tp: Any = tuple[Any if item is None else item, ...]  # settings are frozen: lists become tuples
+    return tp | None if null else tp
+
+
+def _typed(base: type, null: bool, note: str, **bounds: float | None) -> Any:
+    meta: list[Any] = [Field(**{k: v for k, v in bounds.items() if v is not None})]
+    if note:
+        meta.append(Note(note))
+    tp: Any = Annotated[(base, *meta)] if any(v is not None for v in bounds.values()) or note else base
+    return tp | None if null else tp
+
+
+BOOL: Any = bool
+STR: Any = str
+STR_OR_NULL: Any = str | None
+ANY: Any = Any
+DICT: Any = dict[str, Any] | None  # free-form mapping passed through (extra_body, server_env ...)
 COUNT = Int(ge=0, note="0 = off")  # k's and optional counts
 SIZE = Int(ge=1)  # budgets, windows, batch sizes
 TOKENS = Int(ge=1, note="reply budget in tokens")
 RATE = Float(ge=0, le=1)
 TEMPERATURE = Float(ge=0, le=2)
 TOP_P = Float(gt=0, le=1)  # nucleus sampling mass (1 = off)
-_MAPPING = Rule("dict")
 
 
-def knob(rule: Rule, default: Any = _MISSING, *, hashed: bool = True, external: str | None = None) -> Any:
-    """A leaf field checked by `rule`. hashed=False: never part of a fingerprint or the config
-    hash (where/how a job runs, not what it computes). external: read from this dotted key of
-    the config root instead of the node (that key's own model checks it)."""
-    meta = {"rule": rule, "hashed": hashed, "external": external}
-    if default is _MISSING:
-        return dataclasses.field(metadata=meta)
+# ---- fields -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Knob:
+    """A field declaration; the Settings metaclass turns it into a pydantic field of `type`."""
+
+    type: Any
+    default: Any
+    meta: Mapping[str, Any]
+    description: str | None
+
+    def field(self) -> Any:
+        extra = dict(self.meta)
+        kwargs: dict[str, Any] = {"json_schema_extra": extra}
+        if self.description:
+            kwargs["description"] = self.description
+        if self.default is _MISSING:
+            return Field(**kwargs)
+        return Field(self.default, **kwargs)
+
+
+def _role(role: str | None, hashed: bool | None) -> str:
+    if role is None:
+        role = RESULT if hashed is None or hashed else RUN
+    if role not in ROLES:
+        raise ValueError(f"role {role!r}; roles are {ROLES}")
+    return role
+
+
+def knob(type_: Any, default: Any = _MISSING, *, role: str | None = None, hashed: bool | None = None,
+         external: str | None = None, description: str | None = None, tables: bool = True) -> Any:
+    """A leaf field of pydantic type `type_` (COUNT, Int(ge=1), Enum(...) ...). role: see the
+    module text (hashed=False is role="run"). external: read from this dotted key of the config
+    root instead of the node (that key's own model checks it). tables=False: a result knob
+    that changes no table of a run directory, only what is kept beside them (report figures;
+    result_keys.NO_TABLE_KEYS)."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("knob defaults must be immutable")
-    return dataclasses.field(default=default, metadata=meta)
+    meta = {"role": _role(role, hashed), "external": external, "tables": tables}
+    return _Knob(type_, default, meta, description)
 
 
-def sub(model: type["Settings"], *, null: bool = False, default: Any = _MISSING, hashed: bool = True,
-        external: str | None = None) -> Any:
+def sub(model: type["Settings"], *, null: bool = False, default: Any = _MISSING, hashed: bool | None = None,
+        role: str | None = None, external: str | None = None, description: str | None = None,
+        tables: bool = True) -> Any:
     """A nested node of settings `model` (null=True: the node may be null); external: the
     node at this dotted key of the config root instead (e.g. seem.ablation)."""
-    meta = {"model": model, "null": null, "hashed": hashed, "external": external}
-    if default is _MISSING:
-        return dataclasses.field(metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+    meta = {"role": _role(role, hashed), "external": external, "sub": model, "null": null,
+            "tables": tables}
+    return _Knob(model | None if null else model, default, meta, description)
 
 
-def items(model: type["Settings"], *, null: bool = False, default: Any = _MISSING) -> Any:
+def items(model: type["Settings"], *, null: bool = False, default: Any = _MISSING,
+          description: str | None = None) -> Any:
     """A list whose items are nodes of settings `model`."""
-    meta = {"each": model, "null": null, "hashed": True, "external": None}
-    if default is _MISSING:
-        return dataclasses.field(metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+    meta = {"role": RESULT, "external": None, "each": model, "null": null}
+    tp: Any = tuple[model, ...]  # type: ignore[valid-type]
+    return _Knob(tp | None if null else tp, default, meta, description)
 
 
-class Settings:
-    """Base of every settings dataclass (subclasses are @dataclass(frozen=True))."""
+class _SettingsMeta(type(BaseModel)):  # type: ignore[misc]  # pydantic's model metaclass
+    """Turns each `knob()`/`sub()`/`items()` of a class body into a typed pydantic field: the
+    knob's type becomes the field's annotation (so the rule is written once, in the knob)."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> Any:
+        ann = dict(ns.get("__annotations__", {}))
+        for key, value in list(ns.items()):
+            if isinstance(value, _Knob):
+                ann[key] = value.type
+                ns[key] = value.field()
+        ns["__annotations__"] = ann
+        return super().__new__(mcs, name, bases, ns, **kw)
+
+
+class Settings(BaseModel, metaclass=_SettingsMeta):
+    """Base of every settings model (frozen; strict types: "3" is not an integer)."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore", arbitrary_types_allowed=True,
+                              protected_namespaces=())
 
     # Dotted config node the settings are built from ("" = the config root).
     node: ClassVar[str] = ""
-    # Keys matched by pattern (fnmatch) rather than named: pattern -> Rule or Settings class.
+    # Keys matched by pattern (fnmatch) rather than named: pattern -> a type or Settings class.
     open_keys: ClassVar[Mapping[str, Any]] = {}
+    # True: a field the node does not state is fingerprinted as None, not as its default (llm
+    # configs: their defaults moved into the model from the factory; fingerprints stay as they
+    # were, when an absent key was None).
+    fingerprint_unset_as_none: ClassVar[bool] = False
+    # True: a key the model does not declare is an error (a closed table such as
+    # embedder.instructions, whose typo would otherwise silently drop an instruction).
+    closed: ClassVar[bool] = False
+
+    _open_values: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Positional arguments in field order, as the dataclasses these models replace took.
+        names = list(type(self).model_fields)
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)}")
+        kwargs.update(zip(names, args))
+        super().__init__(**kwargs)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists_to_tuples(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        out = dict(data)
+        for name, f in cls.model_fields.items():
+            if isinstance(out.get(name), list) and _origin(_strip(f.annotation)[0]) is tuple:
+                out[name] = tuple(out[name])
+        return out
 
     def check(self) -> list[str]:
         """Rules across fields (`key=value: expected ...`), run after each field passed its own."""
@@ -188,15 +228,118 @@ class Settings:
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> Any:
-        """The validated settings of `cfg` (the whole job config) at `cls.node`."""
+        """The validated settings of `cls.node` of `cfg` (the whole job config)."""
         root = to_plain(cfg)
         data = select(root, cls.node) if cls.node else root
         if data is None:
             data = {}  # an absent node: defaults, or each required field named as missing
-        found = problems(cls, data, cls.node, root)
+        obj, found = _check_build(cls, data, cls.node, root)
         if found:
             raise ConfigError(error_line(found))
-        return build(cls, data, root)
+        return obj
+
+
+# ---- reading a field's declaration --------------------------------------------------------------
+
+
+def meta(f: FieldInfo) -> Mapping[str, Any]:
+    """role / external / sub / each / null of a field (knob, sub, items)."""
+    extra = f.json_schema_extra
+    return extra if isinstance(extra, Mapping) else {"role": RESULT, "external": None}
+
+
+def role(f: FieldInfo) -> str:
+    return str(meta(f).get("role", RESULT))
+
+
+def hashed(f: FieldInfo) -> bool:
+    return role(f) != RUN
+
+
+def fields(model: type[Settings]) -> Mapping[str, FieldInfo]:
+    return model.model_fields
+
+
+def no_table_keys(model: type[Settings], prefix: str = "") -> tuple[str, ...]:
+    """Dotted keys under `model` (at `prefix`) marked tables=False; a node so marked is one key."""
+    out: list[str] = []
+    for name, f in fields(model).items():
+        m, path = meta(f), _join(prefix, name)
+        if m.get("external"):
+            continue
+        if m.get("tables", True) is False:
+            out.append(path)
+        elif "sub" in m:
+            out += no_table_keys(m["sub"], path)
+    return tuple(out)
+
+
+def fields_with_role(model: type[Settings], wanted: str) -> tuple[str, ...]:
+    """Names of `model`'s fields with role `wanted`, in declaration order."""
+    return tuple(name for name, f in fields(model).items() if role(f) == wanted)
+
+
+def _origin(tp: Any) -> Any:
+    return typing.get_origin(tp)
+
+
+def _strip(tp: Any) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed)."""
+    if _origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        null = len(args) < len(typing.get_args(tp))
+        inner = args[0] if len(args) == 1 else Union[tuple(args)]  # type: ignore[valid-type]
+        return inner, null
+    return tp, False
+
+
+def _num(x: Any) -> str:
+    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+
+
+def describe(tp: Any) -> str:
+    """What a value of type `tp` may be, in the error line's words ("an integer >= 0 (0 = off)")."""
+    base, null = _strip(tp)
+    note = ""
+    bounds: dict[str, Any] = {}
+    if _origin(base) is Annotated:
+        base, *extras = typing.get_args(base)
+        for m in extras:
+            if isinstance(m, Note):
+                note = m.text
+            for c in getattr(m, "metadata", [m]):
+                for attr in ("ge", "gt", "le"):
+                    if isinstance(c, getattr(at, attr.capitalize())):
+                        bounds[attr] = getattr(c, attr)
+    if _origin(base) is Literal:
+        text = "one of " + ", ".join(repr(c) for c in typing.get_args(base))
+    elif _origin(base) is tuple:
+        item = typing.get_args(base)[0] if typing.get_args(base) else Any
+        text = "a list" + ("" if item is Any else f" of {describe(item)}")
+    elif isinstance(base, type) and issubclass(base, Settings):
+        text = "a mapping"
+    else:
+        text = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+                dict: "a mapping"}.get(_origin(base) or base, "any value")
+        words = [f"{op} {_num(bounds[k])}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="))
+                 if k in bounds]
+        if words:
+            text += " " + " and ".join(words)
+    if null:
+        text += " or null"
+    return text.strip() + (f" ({note})" if note else "")
+
+
+def field_type(f: FieldInfo) -> Any:
+    """The field's full type (pydantic moves a top-level Annotated's metadata into f.metadata)."""
+    return Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
+
+
+def describe_field(f: FieldInfo) -> str:
+    return describe(field_type(f))
+
+
+# ---- checking and building ------------------------------------------------------------------------
 
 
 def to_plain(cfg: Any) -> dict[str, Any]:
@@ -233,119 +376,129 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def _fields(model: type[Settings]) -> tuple[dataclasses.Field[Any], ...]:
-    return dataclasses.fields(model)  # type: ignore[arg-type]
-
-
 def _open(model: type[Settings], key: str) -> Any:
     return next((spec for pat, spec in model.open_keys.items() if fnmatch.fnmatchcase(key, pat)), None)
 
 
-def _spec_problems(spec: Any, value: Any, path: str, root: Mapping[str, Any], null: bool = False) -> list[str]:
-    if isinstance(spec, Rule):
-        why = spec.problem(value)
-        return [f"{path}={value!r}: {why}"] if why else []
-    if value is None and null:
-        return []
+def _is_model(spec: Any) -> bool:
+    return isinstance(spec, type) and issubclass(spec, Settings)
+
+
+def _leaf(tp: Any, value: Any, path: str) -> tuple[Any, list[str]]:
+    """(value as validated, problems) of a leaf value of type `tp` at `path`."""
+    if value is None and not _strip(tp)[1]:
+        return None, [f"{path}=None: a value is required: {describe(tp)}"]
+    try:
+        return _adapter(tp).validate_python(tuple(value) if isinstance(value, list) else value), []
+    except ValidationError:
+        return None, [f"{path}={value!r}: expected {describe(tp)}"]
+
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    key = repr(tp)
+    if key not in _ADAPTERS:
+        _ADAPTERS[key] = TypeAdapter(tp, config=ConfigDict(strict=True))
+    return _ADAPTERS[key]
+
+
+def _node(spec: type[Settings], value: Any, path: str, root: Mapping[str, Any], null: bool) -> tuple[Any, list[str]]:
+    if value is None:
+        return None, ([] if null else [f"{path}=None: a value is required: a mapping"])
     if not isinstance(value, Mapping):
-        why = _MAPPING.problem(value)
-        return [f"{path}={value!r}: {why}"]
-    return problems(spec, value, path, root)
+        return None, [f"{path}={value!r}: expected a mapping"]
+    return _check_build(spec, value, path, root)
+
+
+def _check_build(model: type[Settings], data: Any, prefix: str,
+                 root: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """(instance of `model` from node `data` at dotted `prefix`, every problem as `key=value:
+    expected ...`); the instance is None when there is a problem. Nested nodes are built first
+    (their problems named at their own keys), then pydantic validates this node's fields."""
+    if not isinstance(data, Mapping):
+        return None, [f"{prefix or 'config'}={data!r}: expected a mapping"]
+    lines: dict[str, list[str]] = {}
+    kwargs: dict[str, Any] = {}
+    for name, f in fields(model).items():
+        m = meta(f)
+        path = m.get("external") or _join(prefix, name)
+        value = select(root, m["external"], _MISSING) if m.get("external") else data.get(name, _MISSING)
+        if value is _MISSING:
+            if f.is_required():
+                what = "a mapping" if "sub" in m else describe_field(f)
+                lines[name] = [f"{path}=None: a value is required: {what}"]
+            continue
+        if "sub" in m:
+            obj, lines[name] = _node(m["sub"], value, path, root, m["null"])
+        elif "each" in m:
+            if value is None and m["null"]:
+                obj, lines[name] = None, []
+            elif not isinstance(value, (list, tuple)):
+                obj, lines[name] = None, [f"{path}={value!r}: expected a list"]
+            else:
+                built = [_node(m["each"], v, f"{path}.{i}", root, False) for i, v in enumerate(value)]
+                lines[name] = [line for _, p in built for line in p]
+                obj = tuple(b for b, _ in built)
+        else:
+            obj, lines[name] = _leaf(field_type(f), value, path)
+        if not lines[name]:
+            kwargs[name] = obj
+    extra: dict[str, Any] = {}
+    open_lines: list[str] = []
+    for key, value in data.items():
+        spec = None if str(key) in fields(model) else _open(model, str(key))
+        if spec is None:
+            continue
+        path = _join(prefix, str(key))
+        obj, found = _node(spec, value, path, root, False) if _is_model(spec) else _leaf(spec, value, path)
+        open_lines += found
+        extra[str(key)] = obj
+    if model.closed:
+        known = ", ".join(fields(model))
+        open_lines += [f"{_join(prefix, str(k))}={v!r}: expected one of the keys {known}"
+                       for k, v in data.items() if str(k) not in fields(model) and _open(model, str(k)) is None]
+    found = [line for name in fields(model) for line in lines.get(name, [])] + open_lines
+    if found:
+        return None, found
+    try:
+        obj = model(**kwargs)
+    except ValidationError as e:  # a field the per-field check let through (never expected)
+        err = e.errors()[0]
+        return None, [f"{_join(prefix, '.'.join(map(str, err['loc'])))}={err.get('input')!r}: {err['msg']}"]
+    if extra:
+        obj._open_values.update(extra)
+    return obj, obj.check()
 
 
 def problems(model: type[Settings], data: Any, prefix: str, root: Mapping[str, Any]) -> list[str]:
     """Every violation in node `data` (at dotted `prefix`) as `key=value: expected ...`."""
-    if not isinstance(data, Mapping):
-        return [f"{prefix or 'config'}={data!r}: expected a mapping"]
-    out: list[str] = []
-    names = set()
-    for f in _fields(model):
-        names.add(f.name)
-        meta, path = f.metadata, _join(prefix, f.name)
-        has_default = f.default is not dataclasses.MISSING
-        if meta.get("external"):
-            # Checked at its own key, with this field's rule (the same line as its owner's).
-            path = meta["external"]
-            value = select(root, path, _MISSING)
-            if value is _MISSING:
-                if not has_default:
-                    out.append(f"{path}=None: a value is required: "
-                               f"{meta['rule'].describe() if 'rule' in meta else 'a mapping'}")
-                continue
-            spec = meta.get("rule") or meta["model"]
-            out += _spec_problems(spec, value, path, root, null=meta.get("null", False))
-            continue
-        if f.name not in data:
-            if not has_default:
-                out.append(f"{path}=None: a value is required: "
-                           f"{meta['rule'].describe() if 'rule' in meta else 'a mapping'}")
-            continue
-        value = data[f.name]
-        if "rule" in meta:
-            out += _spec_problems(meta["rule"], value, path, root)
-        elif "model" in meta:
-            out += _spec_problems(meta["model"], value, path, root, null=meta["null"])
-        else:
-            if value is None and meta["null"]:
-                continue
-            if not isinstance(value, (list, tuple)):
-                out.append(f"{path}={value!r}: expected a list")
-                continue
-            for i, item in enumerate(value):
-                out += _spec_problems(meta["each"], item, f"{path}.{i}", root)
-    for key, value in data.items():
-        spec = None if key in names else _open(model, str(key))
-        if spec is not None:
-            out += _spec_problems(spec, value, _join(prefix, str(key)), root)
-    if not out:
-        out += build(model, data, root).check()
-    return out
+    return _check_build(model, data, prefix, root)[1]
 
 
 def build(model: type[Settings], data: Mapping[str, Any], root: Mapping[str, Any]) -> Any:
-    """An instance of `model` from checked node `data` (fields absent from data: defaults)."""
-    kwargs: dict[str, Any] = {}
-    for f in _fields(model):
-        meta = f.metadata
-        if meta.get("external"):
-            value = select(root, meta["external"], _MISSING)
-            if value is _MISSING:
-                continue  # a partial config (a test's node alone): the field's default
-            if "rule" in meta:
-                kwargs[f.name] = meta["rule"].convert(value)
-            else:
-                kwargs[f.name] = None if value is None else build(meta["model"], value, root)
-            continue
-        if f.name not in data:
-            continue
-        value = data[f.name]
-        if "rule" in meta:
-            kwargs[f.name] = meta["rule"].convert(value)
-        elif "model" in meta:
-            kwargs[f.name] = None if value is None else build(meta["model"], value, root)
-        else:
-            kwargs[f.name] = None if value is None else tuple(build(meta["each"], v, root) for v in value)
-    extra = {}
-    for key, value in data.items():
-        spec = None if key in kwargs or any(f.name == key for f in _fields(model)) else _open(model, str(key))
-        if spec is not None:
-            extra[str(key)] = spec.convert(value) if isinstance(spec, Rule) else build(spec, value, root)
-    obj = model(**kwargs)
-    if extra:
-        object.__setattr__(obj, "_open_values", extra)
+    """An instance of `model` from node `data` (ConfigError on a problem)."""
+    obj, found = _check_build(model, data, "", root)
+    if found:
+        raise ConfigError(error_line(found))
     return obj
 
 
 def open_values(obj: Settings) -> dict[str, Any]:
     """Values of the keys matched by the model's `open_keys` (e.g. judge.qwen_llm)."""
-    return dict(getattr(obj, "_open_values", {}))
+    return dict(obj._open_values)
 
 
 def fingerprint_dict(obj: Any) -> Any:
-    """The hashed fields of a settings instance as plain containers (what fingerprints hash)."""
+    """The hashed fields (role result or model) of a settings instance as plain containers
+    (what fingerprints hash)."""
     if isinstance(obj, Settings):
-        out = {f.name: fingerprint_dict(getattr(obj, f.name))
-               for f in _fields(type(obj)) if f.metadata.get("hashed", True)}
+        cls = type(obj)
+        unset = cls.fingerprint_unset_as_none
+        out = {name: (None if unset and name not in obj.model_fields_set
+                      else fingerprint_dict(getattr(obj, name)))
+               for name, f in fields(cls).items() if hashed(f)}
         out.update({k: fingerprint_dict(v) for k, v in open_values(obj).items()})
         return out
     if isinstance(obj, (list, tuple)):
@@ -357,27 +510,27 @@ def fingerprint_dict(obj: Any) -> Any:
 
 def externals(model: type[Settings]) -> dict[str, str]:
     """field name -> dotted root key of the fields read from outside the node."""
-    return {f.name: f.metadata["external"] for f in _fields(model) if f.metadata.get("external")}
+    return {name: meta(f)["external"] for name, f in fields(model).items() if meta(f).get("external")}
 
 
 def without_unhashed(model: type[Settings], data: Any) -> Any:
-    """`data` (a node of `model`) minus the hashed=False fields, other keys kept as they are."""
+    """`data` (a node of `model`) minus the role="run" fields, other keys kept as they are."""
     if not isinstance(data, Mapping):
         return data
     out = dict(data)
-    for f in _fields(model):
-        if f.name not in out:
+    for name, f in fields(model).items():
+        if name not in out:
             continue
-        meta = f.metadata
-        if not meta.get("hashed", True):
-            del out[f.name]
-        elif "model" in meta:
-            out[f.name] = without_unhashed(meta["model"], out[f.name])
-        elif "each" in meta and isinstance(out[f.name], (list, tuple)):
-            out[f.name] = [without_unhashed(meta["each"], v) for v in out[f.name]]
+        m = meta(f)
+        if not hashed(f):
+            del out[name]
+        elif "sub" in m:
+            out[name] = without_unhashed(m["sub"], out[name])
+        elif "each" in m and isinstance(out[name], (list, tuple)):
+            out[name] = [without_unhashed(m["each"], v) for v in out[name]]
     for key, value in data.items():
-        spec = _open(model, str(key)) if key in out and not any(f.name == key for f in _fields(model)) else None
-        if spec is not None and not isinstance(spec, Rule):
+        spec = _open(model, str(key)) if key in out and str(key) not in fields(model) else None
+        if _is_model(spec):
             out[key] = without_unhashed(spec, value)
     return out
 
@@ -404,37 +557,37 @@ def covered(model: type[Settings], data: Any, prefix: str, root: Mapping[str, An
     """Dotted keys that a field of `model` (at `prefix`, node `data`) declares: a leaf field
     covers its whole subtree (a list, a free-form mapping), an external field its own key."""
     out: set[str] = set()
-    for f in _fields(model):
-        ext = f.metadata.get("external")
+    for f in fields(model).values():
+        m = meta(f)
+        ext = m.get("external")
         if ext is not None and select(root, ext, _MISSING) is not _MISSING:
             value = select(root, ext)
             out.add(ext)
-            if "model" in f.metadata:
-                out |= covered(f.metadata["model"], value, ext, root)
+            if "sub" in m:
+                out |= covered(m["sub"], value, ext, root)
             else:
                 out.update(leaves(value, ext))
     if not isinstance(data, Mapping):
         return out
-    names = {f.name: f for f in _fields(model)}
     for key, value in data.items():
         path = _join(prefix, str(key))
-        f = names.get(str(key))
+        f = fields(model).get(str(key))
         spec: Any
-        if f is not None and not f.metadata.get("external"):
-            meta = f.metadata
-            spec = meta.get("rule") or meta.get("model") or ("each", meta.get("each"))
+        if f is not None and not meta(f).get("external"):
+            m = meta(f)
+            spec = m.get("sub") or (("each", m["each"]) if "each" in m else "leaf")
         else:
             spec = _open(model, str(key))
         if spec is None:
             continue
-        if isinstance(spec, Rule):
-            out.update(leaves(value, path))
-            out.add(path)
-        elif isinstance(spec, tuple):
+        if isinstance(spec, tuple):
             out.add(path)
             for i, v in enumerate(value or []):
                 out.update(covered(spec[1], v, f"{path}.{i}", root))
-        else:
+        elif _is_model(spec):
             out.add(path)
             out.update(covered(spec, value, path, root))
+        else:
+            out.update(leaves(value, path))
+            out.add(path)
     return out

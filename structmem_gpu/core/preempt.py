@@ -1,6 +1,6 @@
 """Preemption: SIGTERM / SIGUSR2 stop a job cleanly so that its requeued copy resumes.
 
-    with PreemptionGuard(grace_s=30):          # jobs/run.py, around the whole job
+    with PreemptionGuard(grace_s=20):          # jobs/run.py, around the whole job (preempt.grace_s)
         run_stages(...)                        # raises Preempted once a signal arrived
 
 What a signal does (README "Failure behaviour"):
@@ -137,7 +137,8 @@ Handler = Callable[[int, FrameType | None], Any] | int | None
 class PreemptionGuard:
     """Install the stop handlers for the block; restore (and remember) the previous ones."""
 
-    def __init__(self, grace_s: float = 30.0, exit_code: int = DEFAULT_EXIT_CODE) -> None:
+    def __init__(self, grace_s: float, exit_code: int = DEFAULT_EXIT_CODE) -> None:
+        # grace_s has no default here: its one home is config/schema.py PreemptSettings.
         self.grace_s = float(grace_s)
         self.exit_code = int(exit_code)
         self.previous: dict[int, Handler] = {}

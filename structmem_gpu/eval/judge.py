@@ -73,7 +73,7 @@ from structmem_gpu.config.settings import (
     TEMPERATURE,
     TOKENS,
     Enum,
-    Rule,
+    Str,
     Settings,
     items,
     knob,
@@ -148,13 +148,11 @@ JUDGMENT_COLUMNS: schemas.Schema = {
 OfficialJudges = Mapping[str, Mapping[str, official.OfficialText]]
 
 
-@dataclass(frozen=True)
 class PanelMember(Settings):
-    name: str = knob(Rule("str", note="each panel member needs a name"))
+    name: str = knob(Str(note="each panel member needs a name"))
     llm: LLMSettings | None = sub(LLMSettings, null=True, default=None)  # None = the answer model
 
 
-@dataclass(frozen=True)
 class JudgeSettings(Settings):
     """The `judge` config (conf/judge/*.yaml). `llm: null` = the answer model; a `panel`
     judges with every member; `*_llm` keys hold llm configs the panel refers to."""

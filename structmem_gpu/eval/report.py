@@ -30,8 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import polars as pl
 
@@ -56,25 +55,13 @@ from structmem_gpu.eval.published import (
     run_categories,
 )
 from structmem_gpu.eval.selection import selected_questions
-from structmem_gpu.config.settings import BOOL, COUNT, RATE, Int, Settings, knob
+from structmem_gpu.config.schema import ReportSettings  # the root node report: (config/schema.py)
 from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
 
 LONGMEMEVAL_IDS = frozenset(LONGMEMEVAL_TYPES.values())
 COST_KEYS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s")
-
-
-@dataclass(frozen=True)
-class ReportSettings(Settings):
-    """`report:` of conf/config.yaml (defaults apply to older configs without the block)."""
-
-    node: ClassVar[str] = "report"
-
-    bootstrap_resamples: int = knob(COUNT, 1000)
-    bootstrap_seed: int = knob(Int(ge=0), 0)
-    max_parse_failure_rate: float = knob(RATE, 0.5)
-    plots: bool = knob(BOOL, True)  # write report/*.png
 
 
 # ---- scores ---------------------------------------------------------------------------------

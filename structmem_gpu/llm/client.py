@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.core import preempt
 from structmem_gpu.llm.structured import OnResult, RawReply, RepairState, response_format
 from structmem_gpu.llm.types import LLMRequest, LLMResult
@@ -67,11 +68,13 @@ class _Counter:
 
 
 HTTP_CALLS = _Counter()
+# The llm config's defaults (config/schema.py LLMSettings), the one home of every default below.
+_LLM = LLMSettings()
 
 
 def request_body(
     req: LLMRequest, *, served_name: str, flavor: str, extra_body: Mapping[str, Any] | None = None,
-    request_seed: bool = True,
+    request_seed: bool = _LLM.request_seed,
 ) -> dict[str, Any]:
     """The JSON body of POST /chat/completions for one request.
 
@@ -143,15 +146,15 @@ class HTTPBackend:
         served_name: str,
         model_id: str,
         flavor: str = "vllm",
-        max_in_flight: int = 2,
-        request_timeout_s: float = 600.0,
-        max_retries: int = 4,
-        retry_backoff_s: float = 1.0,
-        repair_attempts: int = 1,
+        max_in_flight: int = _LLM.max_in_flight,
+        request_timeout_s: float = _LLM.request_timeout_s,
+        max_retries: int = _LLM.max_retries,
+        retry_backoff_s: float = _LLM.retry_backoff_s,
+        repair_attempts: int = _LLM.repair_attempts,
         extra_body: Mapping[str, Any] | None = None,
         api_key: str | None = None,
-        progress: bool = True,
-        request_seed: bool = True,
+        progress: bool = _LLM.progress,
+        request_seed: bool = _LLM.request_seed,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.served_name = served_name
@@ -178,8 +181,15 @@ class HTTPBackend:
 
     @property
     def cache_params(self) -> dict[str, Any]:
-        """Request extras that change the reply, hence part of the response-cache key."""
-        return dict(self.extra_body)
+        """Request extras that change the reply, hence part of the response-cache key: the
+        body extras of the llm identity (llm.extra_body, llm.chat_template_kwargs; the other
+        role="model" fields reach the key through model_id and each request's sampling), and
+        `request_seed: false` (unseeded replies are other replies). The default, true, adds
+        nothing, so every cache written before the flag entered the key stays valid."""
+        out = dict(self.extra_body)
+        if not self.request_seed:
+            out["request_seed"] = False
+        return out
 
     def __repr__(self) -> str:
         return f"HTTPBackend({self.base_url!r}, model_id={self.model_id!r}, flavor={self.flavor!r})"

@@ -3,7 +3,6 @@ typed settings; every bad value is one ConfigError line naming the key, before a
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from structmem_gpu.config import schema as config_schema
+from structmem_gpu.config.settings import fields, meta
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
 from tests.fixtures.pipeline import CONF_DIR, compose_cfg
@@ -92,10 +92,10 @@ def _declares(model, key: str, nested: bool = False) -> bool:
             return key == model.node
         key = key[len(model.node) + 1:]
     head, _, rest = key.partition(".")
-    field = next((f for f in dataclasses.fields(model) if f.name == head), None)
-    if field is None or field.metadata.get("external"):
+    field = fields(model).get(head)
+    if field is None or meta(field).get("external"):
         return False
-    inner = field.metadata.get("model")
+    inner = meta(field).get("sub")
     return not rest or (inner is not None and _declares(inner, rest, nested=True))
 
 

@@ -150,7 +150,7 @@ def test_instructions_reach_the_encoder_per_use(tmp_path: Path) -> None:
     cfg = {"instructions": {"query": "Instruct: find memories\nQuery: ", "fact": "Q2F: ", "passage": None}}
     assert instruction(cfg, "query") == "Instruct: find memories\nQuery: "
     assert instruction(cfg, "entry") is None and instruction(cfg, "passage") is None
-    with pytest.raises(Exception, match="unknown uses"):
+    with pytest.raises(Exception, match="embedder.instructions.querry='x': expected one of the keys"):
         instruction({"instructions": {"querry": "x"}}, "query")
     with pytest.raises(Exception, match="encoder use"):
         instruction(cfg, "document")
@@ -203,5 +203,8 @@ def test_truncate_mode_counts_long_texts_and_keeps_them_whole() -> None:
     assert model.calls == [["a b c d e f g h i j", "short"]]  # the model truncates, we count
     assert enc.stats.truncated == 1 and enc.stats.chunked == 0
     assert enc.namespace != Encoder(RecordingModel(), "rec").namespace  # never mixed in the cache
-    with pytest.raises(Exception, match="long_texts"):
-        Encoder(RecordingModel(), "rec", long_texts="drop")
+    # The choice is the schema's (EmbedderSettings.long_texts), checked before any encoder opens.
+    from structmem_gpu.embed.encoder import embedder_settings
+
+    with pytest.raises(Exception, match="embedder.long_texts='drop': expected one of 'chunk', 'truncate'"):
+        embedder_settings({"long_texts": "drop"})

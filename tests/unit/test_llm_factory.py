@@ -19,7 +19,8 @@ from structmem_gpu.llm import server as srvmod
 from structmem_gpu.llm.cache import CachedBackend
 from structmem_gpu.llm.client import HTTPBackend
 from structmem_gpu.llm.dedup import DedupBackend
-from structmem_gpu.llm.factory import DEFAULTS, model_id, open_llm, resolve_config
+from structmem_gpu.config.schema import LLMSettings
+from structmem_gpu.llm.factory import model_id, open_llm, resolve_config
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.supervisor import SupervisedBackend
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
@@ -235,7 +236,7 @@ def test_config_composes_and_resolves(name: str) -> None:
     with initialize_config_dir(config_dir=str(CONF.parent), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"llm={name}"])
     c = resolve_config(cfg.llm)
-    assert set(c) == set(DEFAULTS)
+    assert set(c) == set(LLMSettings.model_fields)
     if name.startswith("vllm_") and name not in ("vllm_server", "vllm_offline"):
         assert c["backend"] == "vllm_server" and c["model"] and c["served_name"]
 

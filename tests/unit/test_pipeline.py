@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,13 +21,11 @@ from tests.fixtures.pipeline import compose_cfg
 CALLS: list[str] = []
 
 
-@dataclass(frozen=True)
 class MakeSettings(Settings):
     node: ClassVar[str] = "toy"
     n: int = knob(SIZE)
 
 
-@dataclass(frozen=True)
 class DoubleSettings(Settings):
     node: ClassVar[str] = "toy"
     factor: int = knob(SIZE)

@@ -3,7 +3,6 @@ cross-field checks, and which fields a fingerprint hashes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
@@ -24,13 +23,11 @@ from structmem_gpu.config.settings import (
 )
 
 
-@dataclass(frozen=True)
 class Inner(Settings):
     k: int = knob(COUNT)
     url: str | None = knob(STR, None, hashed=False)
 
 
-@dataclass(frozen=True)
 class Outer(Settings):
     node: ClassVar[str] = "toy"
     open_keys: ClassVar[dict[str, Any]] = {"*_inner": Inner}
@@ -85,3 +82,36 @@ def test_coverage_names_every_declared_key_and_only_those() -> None:
     keys = covered(Outer, data["toy"], "toy", data)
     assert {"toy.size", "toy.inner.k", "toy.inner.url", "toy.items", "toy.extra_inner.k", "other.flag"} <= keys
     assert "toy.stray" not in keys
+
+
+def test_types_are_strict_and_settings_frozen() -> None:
+    # pydantic validates, strictly: a string is not an integer, a bool is not a count.
+    for bad, line in (({"size": "2"}, "toy.size='2': expected an integer >= 1"),
+                      ({"size": True}, "toy.size=True: expected an integer >= 1"),
+                      ({"inner": {"k": 1.5}}, "toy.inner.k=1.5: expected an integer >= 0 (0 = off)")):
+        assert problems(Outer, cfg(**bad)["toy"], "toy", cfg(**bad)) == [line]
+    s = Outer.from_cfg(cfg())
+    with pytest.raises(Exception):
+        s.size = 5  # type: ignore[misc]
+    assert Inner(3) == Inner(k=3)  # positional fields, in declaration order
+
+
+def test_roles_are_field_metadata_and_derive_the_key_lists() -> None:
+    from structmem_gpu import stage
+    from structmem_gpu.config import result_keys
+    from structmem_gpu.config.schema import LLMSettings
+    from structmem_gpu.config.settings import MODEL, RUN, fields_with_role, role
+
+    assert role(Inner.model_fields["url"]) == RUN and role(Inner.model_fields["k"]) == "result"
+    assert stage.LLM_IDENTITY == tuple(f"llm.{k}" for k in fields_with_role(LLMSettings, MODEL))
+    assert set(result_keys.SERVING_KEYS) == set(fields_with_role(LLMSettings, RUN))
+    assert "request_seed" not in fields_with_role(LLMSettings, MODEL)  # it enters cache_params
+    with pytest.raises(ValueError, match="role"):
+        knob(COUNT, 1, role="sometimes")
+
+
+def test_a_closed_model_names_an_unknown_key() -> None:
+    from structmem_gpu.config.schema import EmbedderInstructions
+
+    assert problems(EmbedderInstructions, {"querry": "x"}, "embedder.instructions", {}) == [
+        "embedder.instructions.querry='x': expected one of the keys entry, query, fact, passage"]

@@ -152,13 +152,11 @@ def relation_rows(
     return out
 
 
-@dataclass(frozen=True)
 class GraphRetrieveBudget(Settings):
     entries_k: int = knob(COUNT)  # factual entries per question (as flat memory)
     relations_k: int = knob(COUNT)  # relations per question (touching a matched entity)
 
 
-@dataclass(frozen=True)
 class QuestionEntities(Settings):
     """Question -> entity matching (graph_memory.question_*; no LLM)."""
 
@@ -166,7 +164,6 @@ class QuestionEntities(Settings):
     question_entities_k: int = knob(COUNT)
 
 
-@dataclass(frozen=True)
 class GraphRetrieveSettings(Settings):
     """What the graph retrieve stage reads: `retrieve.*` and the question matching knobs of
     `graph_memory` (the build knobs there are the graph stage's)."""

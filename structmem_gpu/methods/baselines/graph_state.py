@@ -49,7 +49,6 @@ _SPACE = re.compile(r"\s+")
 _EDGE_PUNCT = " \t\n\"'`.,;:!?()[]{}"
 
 
-@dataclass(frozen=True)
 class SubStepTokens(Settings):
     """graph_memory.max_tokens: the output budget of each sub-step's requests."""
 
@@ -62,7 +61,6 @@ class SubStepTokens(Settings):
         return int(getattr(self, sub_step))
 
 
-@dataclass(frozen=True)
 class GraphSettings(Settings):
     """conf/method/graph_memory.yaml `graph_memory.*` (the build knobs; question_* are the
     retrieve stage's)."""

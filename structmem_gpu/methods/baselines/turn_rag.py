@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -80,7 +79,6 @@ def _pools(emb: pl.DataFrame) -> dict[str, tuple[list[str], np.ndarray]]:
     }
 
 
-@dataclass(frozen=True)
 class TurnRetrieveSettings(Settings):
     node: ClassVar[str] = "retrieve"
 

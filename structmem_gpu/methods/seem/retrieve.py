@@ -239,7 +239,7 @@ def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:
         ppr_questions=sum(s.source == "ppr" for s in sels), p_ret_mean=_mean([len(s.p_ret) for s in sels]),
         rpe_added_mean=_mean([len(s.added) for s in sels]),
         p_final_mean=_mean([len(s.p_ret) + len(s.added) for s in sels]), frames_mean=_mean([len(s.frames) for s in sels]),
-        facts_kept_mean=_mean([len(s.facts) for s in sels]), ablation=asdict(rs.ablation))
+        facts_kept_mean=_mean([len(s.facts) for s in sels]), ablation=rs.ablation.model_dump())
     log.info("seem retrieve: %s", ctx.notes)
     return {"retrievals": core_schemas.frame(rows, SEEM_RETRIEVALS)}
 

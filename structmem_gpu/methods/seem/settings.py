@@ -11,7 +11,6 @@ therefore never invalidate the build stages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from structmem_gpu.methods.seem.prompts.frame import FrameBounds
@@ -33,7 +32,6 @@ from structmem_gpu.config.settings import (
 _PER_REQUEST = knob(SIZE, 1, external="seem.passages_per_request")
 
 
-@dataclass(frozen=True)
 class FrameSettings(Settings):
     """seem.frames: Stage A, F_ext (schema bounds, event splitting, fallback)."""
 
@@ -56,7 +54,6 @@ class FrameSettings(Settings):
                            self.max_chars, self.summary_chars)
 
 
-@dataclass(frozen=True)
 class FusionSettings(Settings):
     """seem.fusion: Stage B, F_judge + F_fuse; `frames` is seem.frames (the event schema)."""
 
@@ -80,7 +77,6 @@ class FusionSettings(Settings):
         return []
 
 
-@dataclass(frozen=True)
 class GraphSettings(Settings):
     """seem.graph: Stage C, the graph memory layer."""
 
@@ -100,7 +96,6 @@ class GraphSettings(Settings):
     passages_per_request: int = _PER_REQUEST
 
 
-@dataclass(frozen=True)
 class Ablation(Settings):
     """Paper Table 3 switches (docs/methods.md "SEEM: ablations"); all true = the full model."""
 
@@ -120,7 +115,6 @@ class Ablation(Settings):
         return self.rpe and (self.eef or self.rpe_without_eef)
 
 
-@dataclass(frozen=True)
 class RetrieveSettings(Settings):
     """seem.retrieve: Stages D-E; `ablation` is seem.ablation."""
 

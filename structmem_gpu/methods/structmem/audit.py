@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import polars as pl
@@ -88,21 +87,18 @@ CONSOLIDATION_COLUMNS: dict[str, pl.DataType] = {
 }
 
 
-@dataclass(frozen=True)
 class AuditExtraction(Settings):
     sample_size: int | None = knob(Int(ge=1, null=True), None)  # None = every entry
     max_tokens: int = knob(TOKENS, 96)
     reason_max_chars: int = knob(SIZE, 160)
 
 
-@dataclass(frozen=True)
 class AuditConsolidation(Settings):
     max_tokens: int = knob(TOKENS, 384)
     link_max_chars: int = knob(SIZE, 120)
     max_links: int = knob(SIZE, 8)
 
 
-@dataclass(frozen=True)
 class AuditSettings(Settings):
     """The `audit:` block (conf/audit/default.yaml; its values are the defaults for configs
     without it) and the report's bootstrap knobs."""

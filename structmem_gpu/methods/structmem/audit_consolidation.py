@@ -95,7 +95,7 @@ def count_links(data: Any, text: str) -> tuple[list[str], list[str]] | None:
 
 def plans_k0(ctx: StageContext, s: ConsolidateSettings) -> dict[tuple[str, int], WindowPlan]:
     """(conv_id, window_index) -> the K = 0 plan, built by the consolidate stage's code."""
-    k0 = dataclasses.replace(s, seed_k=0)
+    k0 = s.model_copy(update={"seed_k": 0})
     views = conversation_views(ctx.read("entries"), ctx.read("entry_embeddings"), s.window_seconds)
     out = {}
     for v in views:
@@ -203,7 +203,6 @@ def audit_row(
     }
 
 
-@dataclass(frozen=True, kw_only=True)
 class ConsolidationAuditSettings(AuditSettings):
     """The audit block, and the consolidate node whose windows are audited."""
 

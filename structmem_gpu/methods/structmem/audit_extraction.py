@@ -155,7 +155,6 @@ def judge_items(ctx: StageContext, items: Sequence[AuditItem], s: AuditSettings)
     return schemas.frame(rows, EXTRACTION_COLUMNS)
 
 
-@dataclass(frozen=True, kw_only=True)
 class ExtractionAuditSettings(AuditSettings):
     """The audit block, and the extract node whose windows the judge is shown."""
 

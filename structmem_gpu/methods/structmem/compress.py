@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import polars as pl
@@ -46,7 +45,6 @@ STAGE_NAME = "compress"
 REFERENCE_MODEL = "microsoft/llmlingua-2-bert-base-multilingual-cased-meetingbank"
 
 
-@dataclass(frozen=True)
 class CompressSettings(Settings):
     """conf/method/structmem.yaml `compress:`."""
 

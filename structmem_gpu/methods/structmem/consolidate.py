@@ -94,7 +94,6 @@ STAGE_NAME = "consolidate"
 QUERY_MODES = ("concat", "mean")
 
 
-@dataclass(frozen=True)
 class ConsolidateSettings(Settings):
     """conf/method/structmem.yaml `consolidate:` (+ prompts.reference_dir)."""
 

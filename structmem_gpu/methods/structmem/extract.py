@@ -115,7 +115,6 @@ class EntryRow:
     model: str
 
 
-@dataclass(frozen=True)
 class ExtractSettings(Settings):
     """conf/method/structmem.yaml `extract:` (+ prompts.reference_dir)."""
 
@@ -702,8 +701,7 @@ def estimate_extract(inp: EstimateInputs) -> StageEstimate:
         # The window tokenizer is not on this machine (a login node before `jobs/data.py
         # models`, a CI machine): the job stops on it (preflight); the dry run still plans,
         # by characters / 4, and says these are not the job's windows.
-        chars = (s.model_copy(update={"window_tokenizer": CHARS}) if hasattr(s, "model_copy")
-                 else replace(s, window_tokenizer=CHARS))  # pydantic settings or a dataclass
+        chars = s.model_copy(update={"window_tokenizer": CHARS})
         windows, packer = plan_from_settings(turns, chars, llm_cfg)
         plan, missing = None, str(err)
     prompt = completion = n = over = 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -107,7 +106,6 @@ def search_rows(
     return rows
 
 
-@dataclass(frozen=True)
 class RetrieveSettings(Settings):
     """`retrieve:` of conf/method/structmem.yaml (paper A.3: 60 entries + 5 syntheses)."""
 

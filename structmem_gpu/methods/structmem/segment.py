@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,7 +43,6 @@ log = logging.getLogger(__name__)
 STAGE_NAME = "segment"
 
 
-@dataclass(frozen=True)
 class SegmentSettings(Settings):
     """conf/method/structmem.yaml `segment:` (+ compress.model, the shared model)."""
 

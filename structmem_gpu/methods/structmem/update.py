@@ -74,7 +74,6 @@ READS = ("pre", "post")
 STAGE_NAME = "update"
 
 
-@dataclass(frozen=True)
 class UpdateSettings(Settings):
     """conf/method/structmem.yaml `update:` (+ prompts.sources.lightmem for the prompt)."""
 

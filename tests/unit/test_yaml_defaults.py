@@ -1,0 +1,141 @@
+"""Each knob is written once: the YAML default blocks are generated from the models
+(structmem_gpu/config/yaml_defaults.py), and a knob added to a model is validated, overridable
+from the command line, hashed per its role and documented with no other file touched."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from structmem_gpu.config import yaml_defaults
+from structmem_gpu.config.settings import (
+    COUNT,
+    SIZE,
+    Settings,
+    describe_field,
+    fingerprint_dict,
+    knob,
+    without_unhashed,
+)
+from structmem_gpu.core.errors import ConfigError
+from tests.fixtures.pipeline import CONF_DIR, compose_cfg
+
+
+def test_generated_blocks_match_the_models() -> None:
+    assert yaml_defaults.differences() == [], (
+        "conf/ differs from the models: run python -m structmem_gpu.config.yaml_defaults")
+
+
+@pytest.mark.parametrize("model", [m for _, ms in yaml_defaults.GENERATED for m in ms],
+                         ids=lambda m: m.__name__)
+def test_composed_defaults_are_the_models_defaults(model: type[Settings]) -> None:
+    cfg = compose_cfg([])
+    assert model.from_cfg(cfg) == model()
+    node = OmegaConf.to_container(cfg[model.node], resolve=True)
+    assert list(node) == list(model.model_fields)  # every key is in the YAML: overridable
+
+
+def test_a_changed_default_or_comment_is_found(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    path = conf / "config.yaml"
+    for old, new in (("  grace_s: 20.0\n", "  grace_s: 30\n"),
+                     ("kill wait (SLURM KillWait", "kill wait (KillWait")):
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new))
+        assert yaml_defaults.differences(conf) == [str(path)]
+        path.write_text(text)
+    assert yaml_defaults.differences(conf) == []
+
+
+class Fixture(Settings):
+    """A stage node as a developer writes it (test fixture)."""
+
+    node: ClassVar[str] = "fixture"
+
+    window: int = knob(SIZE, 4, description="Turns per window.")
+    workers: int = knob(SIZE, 2, role="run", description="Worker threads: how it runs, never hashed.")
+
+
+class FixtureWithKnob(Settings):
+    """The same node after the developer added one knob: one field, nothing else."""
+
+    node: ClassVar[str] = "fixture"
+
+    window: int = knob(SIZE, 4, description="Turns per window.")
+    workers: int = knob(SIZE, 2, role="run", description="Worker threads: how it runs, never hashed.")
+    new_knob: int = knob(COUNT, 5, description="Entries kept per window; 0 keeps none.")
+
+
+def _conf_with(tmp_path: Path, model: type[Settings]) -> Path:
+    """A copy of conf/ whose config.yaml has `model`'s block, as the generator writes it."""
+    conf = tmp_path / "conf"
+    if not conf.exists():
+        shutil.copytree(CONF_DIR, conf)
+        path = conf / "config.yaml"
+        path.write_text(path.read_text() + "\nfixture:\n")
+    path = conf / "config.yaml"
+    path.write_text(yaml_defaults.regenerate(path.read_text(), [model]))
+    return conf
+
+
+def _compose(conf: Path, overrides: list[str]) -> Any:
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _files(conf: Path) -> dict[str, str]:
+    return {str(p.relative_to(conf)): p.read_text() for p in sorted(conf.rglob("*.yaml"))}
+
+
+def test_a_new_knob_is_validated_overridable_hashed_and_documented(tmp_path: Path) -> None:
+    conf = _conf_with(tmp_path, Fixture)
+    before = _files(conf)
+    with pytest.raises(Exception):  # Hydra refuses a key the YAML lacks
+        _compose(conf, ["fixture.new_knob=7"])
+
+    _conf_with(tmp_path, FixtureWithKnob)  # the generator, after the one-field edit
+    after = _files(conf)
+    # No other file touched: only config.yaml's fixture block gained the knob and its comment.
+    assert {k for k in after if after[k] != before[k]} == {"config.yaml"}
+    added = [ln for ln in after["config.yaml"].splitlines()
+             if ln not in before["config.yaml"].splitlines()]
+    assert added == ["  # Entries kept per window; 0 keeps none.", "  new_knob: 5"]
+
+    # Overridable from the command line (no `+`), with the model's default otherwise.
+    assert FixtureWithKnob.from_cfg(_compose(conf, [])).new_knob == 5
+    s = FixtureWithKnob.from_cfg(_compose(conf, ["fixture.new_knob=7"]))
+    assert s.new_knob == 7
+    # Validated: one line naming the key and what is allowed.
+    with pytest.raises(ConfigError) as err:
+        FixtureWithKnob.from_cfg(_compose(conf, ["fixture.new_knob=-1"]))
+    assert str(err.value) == "config fixture.new_knob=-1: expected an integer >= 0 (0 = off)"
+    assert describe_field(FixtureWithKnob.model_fields["new_knob"]) == "an integer >= 0 (0 = off)"
+    # Hashed per its role: a result knob enters the stage fingerprint, a run knob never does.
+    assert fingerprint_dict(s) == {"window": 4, "new_knob": 7}
+    assert without_unhashed(FixtureWithKnob, {"window": 4, "workers": 8, "new_knob": 7}) == {
+        "window": 4, "new_knob": 7}
+    # Documented: its description is the YAML comment above it (and the model's field doc).
+    assert FixtureWithKnob.model_fields["new_knob"].description in after["config.yaml"]
+
+
+def test_the_grace_and_answer_budget_have_one_home_each() -> None:
+    import inspect
+
+    from structmem_gpu.config.schema import PreemptSettings
+    from structmem_gpu.core.preempt import PreemptionGuard
+
+    # A config without the preempt block (an older saved one) gets the model's grace, the same
+    # value conf/config.yaml shows (generated); the guard itself has no default of its own.
+    assert PreemptSettings.from_cfg({}).grace_s == 20.0 == compose_cfg([]).preempt.grace_s
+    assert inspect.signature(PreemptionGuard).parameters["grace_s"].default is inspect.Parameter.empty
+    # The profile's answer budget reaches every short-answer reader (the CPU profile's 48).
+    for method in ("seem", "turn_rag", "full_context", "structmem"):
+        assert compose_cfg([f"method={method}"]).answer.max_tokens == 48
+        assert compose_cfg([f"method={method}", "++llm.budgets.answer_max_tokens=64"]).answer.max_tokens == 64
