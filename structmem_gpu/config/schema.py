@@ -228,6 +228,7 @@ class GpuSettings(Settings):
     """gpu: what the GPU memory plan (structmem_gpu/node/gpu_plan.py) plans against."""
 
     node: ClassVar[str] = "gpu"
+    yaml_home: ClassVar[str | None] = "config.yaml"
 
     memory_gb: float | None = knob(Float(gt=0, null=True), None, description=(
         "GB of memory per GPU to plan against; null = the first CUDA device torch sees (no "
@@ -250,6 +251,7 @@ class CacheSettings(Settings):
     """cache: the caches shared across runs (under paths.cache_dir)."""
 
     node: ClassVar[str] = "cache"
+    yaml_home: ClassVar[str | None] = "config.yaml"
 
     llm: bool = knob(BOOL, True, description=(
         "LLM responses keyed by model, sampling, prompt version and messages"))
@@ -260,6 +262,7 @@ class PreemptSettings(Settings):
     """preempt (conf/config.yaml; core/preempt.py): how a job stops on SIGTERM / SIGUSR2."""
 
     node: ClassVar[str] = "preempt"
+    yaml_home: ClassVar[str | None] = "config.yaml"
 
     grace_s: float = knob(Float(ge=0), 20.0, description=(
         "Seconds in-flight requests get to finish after the signal; keep it under the "
@@ -281,6 +284,7 @@ class PreflightSettings(Settings):
     """preflight: what the node checks before any stage (structmem_gpu/node/preflight.py)."""
 
     node: ClassVar[str] = "preflight"
+    yaml_home: ClassVar[str | None] = "config.yaml"
 
     min_free_gb: float = knob(Float(ge=0), 2.0, description=(
         "Free disk (GB) required under the run directory and under paths.cache_dir; a job "
@@ -332,6 +336,7 @@ class ReportSettings(Settings):
     the block)."""
 
     node: ClassVar[str] = "report"
+    yaml_home: ClassVar[str | None] = "config.yaml"
 
     bootstrap_resamples: int = knob(COUNT, 1000, description=(
         "Bootstrap resamples for judge_accuracy_ci95; more = a stabler interval (1,000 over "

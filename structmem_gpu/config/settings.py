@@ -139,15 +139,25 @@ def _role(role: str | None, hashed: bool | None) -> str:
 
 
 def knob(type_: Any, default: Any = _MISSING, *, role: str | None = None, hashed: bool | None = None,
-         external: str | None = None, description: str | None = None, tables: bool = True) -> Any:
+         external: str | None = None, description: str | None = None, tables: bool = True,
+         yaml: str | None = None, in_yaml: bool = True) -> Any:
     """A leaf field of pydantic type `type_` (COUNT, Int(ge=1), Enum(...) ...). role: see the
     module text (hashed=False is role="run"). external: read from this dotted key of the config
     root instead of the node (that key's own model checks it). tables=False: a result knob
     that changes no table of a run directory, only what is kept beside them (report figures;
-    result_keys.NO_TABLE_KEYS)."""
+    result_keys.NO_TABLE_KEYS). yaml: the default as the generated YAML writes it when that is
+    an expression rather than the value, e.g. "${oc.select:llm.budgets.extract_max_tokens,4096}"
+    (a profile's budget); `default` is then what the expression resolves to when the profile
+    sets nothing (tests/unit/test_yaml_defaults.py checks the two agree). in_yaml=False: the
+    generated block leaves the key out (a knob only some methods' hand-written files set, whose
+    absence elsewhere keeps those methods' composed configs and config hashes as they were)."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("knob defaults must be immutable")
     meta = {"role": _role(role, hashed), "external": external, "tables": tables}
+    if yaml is not None:
+        meta["yaml"] = yaml
+    if not in_yaml:
+        meta["in_yaml"] = False
     return _Knob(type_, default, meta, description)
 
 
@@ -200,6 +210,9 @@ class Settings(BaseModel, metaclass=_SettingsMeta):
     # True: a key the model does not declare is an error (a closed table such as
     # embedder.instructions, whose typo would otherwise silently drop an instruction).
     closed: ClassVar[bool] = False
+    # The conf/ file (relative to conf/) whose top-level `node:` block is generated from this
+    # model's fields (config/yaml_defaults.py); None = the node's YAML is hand-written.
+    yaml_home: ClassVar[str | None] = None
 
     _open_values: dict[str, Any] = PrivateAttr(default_factory=dict)
 

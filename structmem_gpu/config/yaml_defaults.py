@@ -1,9 +1,17 @@
 """YAML default blocks written from the models: a node's keys, defaults and comments in conf/.
 
 Hydra refuses to override a key the YAML lacks, so a node whose defaults live in its model
-(config/schema.py) must still appear in the YAML, key by key. Those blocks are generated, never
-written by hand: each field becomes its description (wrapped, as comment lines) and `key:
-default`. The comment lines above a block's `node:` line stay hand-written (what the node is for).
+must still appear in the YAML, key by key. Those blocks are generated, never written by hand:
+each field becomes its description (wrapped, as comment lines) and `key: default` (the field's
+`yaml=` expression where the YAML default is an interpolation such as a profile's budget). The
+comment lines above a block's `node:` line stay hand-written (what the node is for); so do the
+files that only override values (method variants, experiments, debug and llm profiles).
+
+A model says where its block lives (`yaml_home = "method/structmem.yaml"`); the generator finds
+the models itself: the root nodes of JobSettings and the settings of every stage named in a
+conf/method/*.yaml's method.implementations. Several models may share one block (structmem's
+`retrieve:` holds StructMem's entries_k/syntheses_k and turn_rag's turns_k): the model of a
+stage its home file implements comes first, the others in discovery order.
 
     python -m structmem_gpu.config.yaml_defaults           # rewrite the generated blocks
     python -m structmem_gpu.config.yaml_defaults --check   # exit 1 when a block differs
@@ -14,83 +22,132 @@ tests/unit/test_yaml_defaults.py fails on any difference, so a knob added to one
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from structmem_gpu.config.schema import (
-    CacheSettings,
-    GpuSettings,
-    PreemptSettings,
-    PreflightSettings,
-    ReportSettings,
-)
+import yaml
+
+from structmem_gpu.config.schema import JobSettings
 from structmem_gpu.config.settings import Settings, fields, meta
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 WIDTH = 95  # the conf/ files' line length
-# (file under conf/, models whose `node` block in it is generated)
-GENERATED: tuple[tuple[str, tuple[type[Settings], ...]], ...] = (
-    ("config.yaml", (CacheSettings, GpuSettings, PreemptSettings, PreflightSettings, ReportSettings)),
-)
+
+
+def _stage_settings(target: str) -> type[Settings] | None:
+    """The settings model of the Stage at "module:ATTR" (method.implementations' form)."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr).settings
+
+
+def discover(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, list[type[Settings]]]]:
+    """home file -> node -> the models generating that block, every model with a `yaml_home`."""
+    found: list[tuple[str, type[Settings]]] = []  # (file it was found through, model)
+    for f in fields(JobSettings).values():
+        model = meta(f).get("sub")
+        if model is not None:
+            found.append(("config.yaml", model))
+    for path in sorted((conf_dir / "method").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        impl = (data.get("method") or {}).get("implementations") or {}
+        for target in impl.values():
+            model = _stage_settings(target) if target else None
+            if model is not None:
+                found.append((f"method/{path.name}", model))
+    out: dict[str, dict[str, list[type[Settings]]]] = {}
+    for source, model in sorted(found, key=lambda sm: sm[0] != sm[1].yaml_home):  # stable
+        if model.yaml_home is None:
+            continue
+        group = out.setdefault(model.yaml_home, {}).setdefault(model.node, [])
+        if model not in group:
+            group.append(model)
+    return out
+
+
+def generated_models(conf_dir: Path = CONF_DIR) -> list[type[Settings]]:
+    """Every model with a generated block (tests parametrize over it)."""
+    return [m for nodes in discover(conf_dir).values() for ms in nodes.values() for m in ms]
 
 
 def scalar(value: Any) -> str:
     """A default as YAML text (JSON scalars are YAML; tuples become flow lists)."""
-    if isinstance(value, tuple):
-        value = list(value)
-    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", value) and \
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(scalar(v) for v in value) + "]"
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./:-]*[A-Za-z0-9_]", value) and \
             value not in ("null", "true", "false", "yes", "no", "on", "off"):
         return value
     return json.dumps(value)
 
 
-def render_block(model: type[Settings], indent: int = 0) -> list[str]:
-    """The lines of `model`'s node: `node:`, then per field its description and `key: default`
-    (nested settings as nested blocks). Every field needs a default and a description."""
+def _field_lines(model: type[Settings], name: str, f: Any, indent: int) -> list[str]:
     pad = " " * (indent + 2)
+    if f.is_required():
+        raise ValueError(f"{model.__name__}.{name}: a generated block needs a default")
+    if not f.description:
+        raise ValueError(f"{model.__name__}.{name}: a generated block needs a description")
+    out = textwrap.wrap(f.description, WIDTH, initial_indent=f"{pad}# ",
+                        subsequent_indent=f"{pad}# ", break_on_hyphens=False)
+    sub = meta(f).get("sub")
+    if sub is not None and f.default is not None:
+        out.append(f"{pad}{name}:")
+        out += render_block(sub, indent + 2)[1:]
+    else:
+        expr = meta(f).get("yaml")
+        out.append(f"{pad}{name}: {expr if expr is not None else scalar(f.default)}")
+    return out
+
+
+def render_block(*models: type[Settings], indent: int = 0) -> list[str]:
+    """The lines of the models' node: `node:`, then per field its description and `key:
+    default` (nested settings as nested blocks; a field read from another node, `external`, is
+    that node's; a name two models declare is written once, by the first). Every field needs a
+    default and a description; `in_yaml=False` fields are left out."""
     out: list[str] = []
-    for name, f in fields(model).items():
-        if f.is_required():
-            raise ValueError(f"{model.__name__}.{name}: a generated block needs a default")
-        if not f.description:
-            raise ValueError(f"{model.__name__}.{name}: a generated block needs a description")
-        out += textwrap.wrap(f.description, WIDTH, initial_indent=f"{pad}# ",
-                             subsequent_indent=f"{pad}# ", break_on_hyphens=False)
-        sub = meta(f).get("sub")
-        if sub is not None and f.default is not None:
-            out.append(f"{pad}{name}:")
-            out += render_block(sub, indent + 2)[1:]
-        else:
-            out.append(f"{pad}{name}: {scalar(f.default)}")
-    return [f"{' ' * indent}{model.node}:", *out]
+    seen: set[str] = set()
+    for model in models:
+        for name, f in fields(model).items():
+            if meta(f).get("external") or meta(f).get("in_yaml") is False or name in seen:
+                continue
+            seen.add(name)
+            out += _field_lines(model, name, f, indent)
+    return [f"{' ' * indent}{models[0].node}:", *out]
 
 
 def regenerate(text: str, models: Sequence[type[Settings]]) -> str:
-    """`text` (a YAML file) with each model's top-level `node:` block replaced by its rendering:
-    the block is the `node:` line and every following indented, comment or blank line up to the
-    next top-level key or comment (a blank line followed by one)."""
-    lines = text.split("\n")
+    """`text` (a YAML file) with each node's top-level `node:` block replaced by the rendering
+    of the models of that node (in order): the block is the `node:` line and every following
+    indented, comment or blank line up to the next top-level key or comment (a blank line
+    followed by one)."""
+    groups: dict[str, list[type[Settings]]] = {}
     for model in models:
-        start = next((i for i, ln in enumerate(lines) if re.fullmatch(rf"{model.node}:\s*(#.*)?", ln)), None)
+        groups.setdefault(model.node, []).append(model)
+    lines = text.split("\n")
+    for node, group in groups.items():
+        start = next((i for i, ln in enumerate(lines) if re.fullmatch(rf"{node}:\s*(#.*)?", ln)), None)
         if start is None:
-            raise ValueError(f"no top-level '{model.node}:' block to generate")
+            raise ValueError(f"no top-level '{node}:' block to generate")
         end = start + 1
         while end < len(lines) and (lines[end].startswith(" ") or
                                     (lines[end] == "" and end + 1 < len(lines) and lines[end + 1].startswith(" "))):
             end += 1
-        lines[start:end] = render_block(model)
+        lines[start:end] = render_block(*group)
     return "\n".join(lines)
+
+
+def _files(conf_dir: Path) -> dict[str, list[type[Settings]]]:
+    return {home: [m for ms in nodes.values() for m in ms] for home, nodes in discover(conf_dir).items()}
 
 
 def differences(conf_dir: Path = CONF_DIR) -> list[str]:
     """Files under `conf_dir` whose generated blocks differ from the models."""
     out = []
-    for name, models in GENERATED:
+    for name, models in _files(conf_dir).items():
         path = conf_dir / name
         text = path.read_text(encoding="utf-8")
         if regenerate(text, models) != text:
@@ -101,7 +158,7 @@ def differences(conf_dir: Path = CONF_DIR) -> list[str]:
 def write(conf_dir: Path = CONF_DIR) -> list[str]:
     """Rewrite the generated blocks; the files changed."""
     changed = []
-    for name, models in GENERATED:
+    for name, models in _files(conf_dir).items():
         path = conf_dir / name
         text = path.read_text(encoding="utf-8")
         new = regenerate(text, models)

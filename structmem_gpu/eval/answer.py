@@ -181,21 +181,38 @@ def clean_prediction(text: str) -> str:
 
 
 class AnswerSettings(Settings):
-    """`answer:` of the method config (conf/method/*.yaml)."""
+    """`answer:` of the method config: generated into conf/method/structmem.yaml from these
+    fields; the other methods' files set their own reader (hand-written values)."""
 
     node: ClassVar[str] = "answer"
+    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    prompt: str = knob(STR)  # a context builder's name, or module:function
-    max_tokens: int = knob(TOKENS)
-    temperature: float = knob(TEMPERATURE)
-    protocol: str = knob(Enum(*PROTOCOLS), "paper")
-    # Reader context budget (characters / 4): full_context and SEEM's builders.
-    # full_context: null = the whole history, never cut (requests over the model's context
-    # are refused by the context guard); SEEM's reader needs a number.
-    context_tokens: int | None = knob(Int(ge=1, null=True), None)
-    # paper reader: entries grouped by speaker (the reference) or one ranked list.
-    entry_layout: str = knob(Enum("speakers", "rank"), "speakers")
-    speaker_groups: int = knob(SIZE, 2)  # speaker groups shown (entry_layout=speakers)
+    prompt: str = knob(STR, "structmem_gpu.methods.structmem.context:build_prompts", description=(
+        'The reader\'s context builder ("module:function"; structmem_gpu/eval/answer.py): what '
+        "each question's prompt holds. Every method names its own."))
+    protocol: str = knob(Enum(*PROTOCOLS), "paper", description=(
+        "Reader protocol: paper = the StructMem reference reader (step-by-step reasoning, then "
+        '"Answer: <short answer>"; the published numbers came from it); reasoned = our earlier '
+        "short-phrase reader (no reasoning, chronological entries, always an abstention line). "
+        "Different protocols give different scores: compare runs of the same protocol only."))
+    max_tokens: int = knob(TOKENS, 512, yaml="${oc.select:llm.budgets.answer_max_tokens,512}", description=(
+        "Reply budget. The paper reader reasons before answering, so it needs room: >= 512 on "
+        "GPU (the reference sets no limit); a reply cut here has no final answer line and its "
+        "whole text becomes the prediction. The CPU profile's llm.budgets caps it for a 135M "
+        "model; debug=ci caps it further (structure only)."))
+    entry_layout: str = knob(Enum("speakers", "rank"), "speakers", description=(
+        "paper reader only: speakers = entries grouped by speaker, the first `speaker_groups` "
+        "groups in order of first appearance in the ranking, rank order inside (the reference); "
+        "rank = one list in rank order, each line naming its speaker (all entries kept)."))
+    speaker_groups: int = knob(SIZE, 2, description=(
+        "Speaker groups shown (reference: 2, both conversation partners; more keeps entries "
+        "about a third speaker at the cost of prompt length). entry_layout=speakers only."))
+    temperature: float = knob(TEMPERATURE, 0.0, description="Reader sampling temperature (0 = greedy).")
+    # Reader context budget (characters / 4): full_context and SEEM's builders. full_context:
+    # null = the whole history, never cut (requests over the model's context are refused by
+    # the context guard); SEEM's reader needs a number. Not in StructMem's block: its reader
+    # has no budget, and the key stays out of its composed config (config hash unchanged).
+    context_tokens: int | None = knob(Int(ge=1, null=True), None, in_yaml=False)
 
 
 def sampling(s: AnswerSettings) -> Sampling:

@@ -118,7 +118,7 @@ def test_entries_from_any_part_cite_the_turn(long_turn_file: tuple[Path, str]) -
     path, event = long_turn_file
     turns, _ = load_benchmark("locomo", str(path), None, None)
     wins = [w for w in plan_windows(turns, 64, 2, 850) if any(t.event_id == event for t in w.turns)]
-    s = ExtractSettings(64, 2, ("fact",), 256, 8, 200, 0.0, 1.0, window_tokens=850)
+    s = ExtractSettings(turns_per_request=64, context_turns=2, perspectives=("fact",), max_tokens=256, max_items=8, max_item_chars=200, temperature=0.0, top_p=1.0, window_tokens=850)
     for w in wins:
         n = next(i for i, t in enumerate(w.turns, 1) if t.event_id == event)
         mapped = map_items(w, "fact", build_request(w, "fact", s), result({"entries": [{"turn": n, "text": "x"}]}))
@@ -218,7 +218,7 @@ def test_dry_run_and_job_cut_identical_windows(tmp_path: Path, tokenizer: str) -
 
 def test_tokenizers_cut_different_windows_so_the_plan_names_them() -> None:
     turns, _ = load_benchmark("sample", None, None, None)
-    s = ExtractSettings(64, 2, ("fact",), 256, 8, 200, 0.0, 1.0, window_tokens=60)
+    s = ExtractSettings(turns_per_request=64, context_turns=2, perspectives=("fact",), max_tokens=256, max_items=8, max_item_chars=200, temperature=0.0, top_p=1.0, window_tokens=60)
     a, _ = plan_from_settings(turns, s, None)
     b, name = plan_from_settings(turns, ExtractSettings(**{**s.__dict__, "window_tokenizer": str(MINILM)}), None)
     assert name == str(MINILM) and window_plan_hash(a) != window_plan_hash(b)

@@ -20,7 +20,7 @@ from structmem_gpu.methods.structmem.extract import (
 )
 
 S1, S2 = datetime(2023, 5, 8, 13, 56), datetime(2023, 5, 25, 9, 0)
-SETTINGS = ExtractSettings(3, 2, ("fact", "relation"), 256, 8, 200, 0.1, 0.1)
+SETTINGS = ExtractSettings(turns_per_request=3, context_turns=2, perspectives=("fact", "relation"), max_tokens=256, max_items=8, max_item_chars=200, temperature=0.1, top_p=0.1)
 
 
 def turns_frame() -> pl.DataFrame:

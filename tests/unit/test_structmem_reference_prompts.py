@@ -21,7 +21,7 @@ from structmem_gpu.methods.structmem.prompts import synthesis
 from tests.unit.test_structmem_extract import turns_frame
 
 CHECKOUT = Path(__file__).parents[1] / "fixtures" / "lightmem_checkout"
-S = ExtractSettings(3, 2, ("fact", "relation"), 256, None, 200, 0.1, 0.1, reference_dir=str(CHECKOUT))
+S = ExtractSettings(turns_per_request=3, context_turns=2, perspectives=("fact", "relation"), max_tokens=256, max_items=None, max_item_chars=200, temperature=0.1, top_p=0.1, reference_dir=str(CHECKOUT))
 
 
 def _result(req, data) -> LLMResult:

@@ -20,6 +20,7 @@ from structmem_gpu.config.settings import (
     describe_field,
     fingerprint_dict,
     knob,
+    meta,
     without_unhashed,
 )
 from structmem_gpu.core.errors import ConfigError
@@ -31,21 +32,60 @@ def test_generated_blocks_match_the_models() -> None:
         "conf/ differs from the models: run python -m structmem_gpu.config.yaml_defaults")
 
 
-@pytest.mark.parametrize("model", [m for _, ms in yaml_defaults.GENERATED for m in ms],
-                         ids=lambda m: m.__name__)
+GENERATED = yaml_defaults.generated_models()
+
+
+def _yaml_fields(model: type[Settings]) -> dict[str, Any]:
+    """The fields a generated block writes (not read from another node, not left out)."""
+    return {n: f for n, f in model.model_fields.items()
+            if not meta(f).get("external") and meta(f).get("in_yaml") is not False}
+
+
+def test_the_stage_nodes_are_generated() -> None:
+    """No hand-written list: the generator finds the root nodes and the stages' models itself."""
+    homes = yaml_defaults.discover()
+    assert set(homes["config.yaml"]) == {"gpu", "cache", "preempt", "preflight", "report"}
+    assert set(homes["method/structmem.yaml"]) >= {
+        "extract", "compress", "segment", "consolidate", "update", "retrieve", "answer"}
+    # One block from two models: StructMem's entries_k/syntheses_k first (its home implements
+    # the stage), then turn_rag's turns_k.
+    assert [m.__name__ for m in homes["method/structmem.yaml"]["retrieve"]] == [
+        "RetrieveSettings", "TurnRetrieveSettings"]
+    assert not hasattr(yaml_defaults, "GENERATED")
+
+
+@pytest.mark.parametrize("model", GENERATED, ids=lambda m: f"{m.__module__}.{m.__name__}")
 def test_composed_defaults_are_the_models_defaults(model: type[Settings]) -> None:
     cfg = compose_cfg([])
-    assert model.from_cfg(cfg) == model()
-    node = OmegaConf.to_container(cfg[model.node], resolve=True)
-    assert list(node) == list(model.model_fields)  # every key is in the YAML: overridable
+    node = OmegaConf.to_container(OmegaConf.select(cfg, model.node), resolve=False)
+    written = [n for m in GENERATED if m.node == model.node and m.yaml_home == model.yaml_home
+               for n in _yaml_fields(m)]
+    assert list(node) == list(dict.fromkeys(written))  # every key is in the YAML: overridable
+    for name, f in _yaml_fields(model).items():
+        expr = meta(f).get("yaml")
+        if expr is None:
+            assert node[name] == (list(f.default) if isinstance(f.default, tuple) else f.default), name
+        else:
+            # The YAML keeps the interpolation; the Python default is what it resolves to
+            # when the profile sets nothing.
+            assert node[name] == expr, name
+            assert OmegaConf.create({"v": expr}).v == f.default, name
 
 
 def test_a_changed_default_or_comment_is_found(tmp_path: Path) -> None:
     conf = tmp_path / "conf"
     shutil.copytree(CONF_DIR, conf)
-    path = conf / "config.yaml"
-    for old, new in (("  grace_s: 20.0\n", "  grace_s: 30\n"),
-                     ("kill wait (SLURM KillWait", "kill wait (KillWait")):
+    for name, old, new in (
+            ("config.yaml", "  grace_s: 20.0\n", "  grace_s: 30\n"),
+            ("config.yaml", "kill wait (SLURM KillWait", "kill wait (KillWait"),
+            # a stage node: a value, an interpolation kept as the YAML default, a comment, a
+            # key written by hand that no field declares, a key dropped
+            ("method/structmem.yaml", "  seed_k: 15\n", "  seed_k: 10\n"),
+            ("method/structmem.yaml", "extract_max_tokens,4096}", "extract_max_tokens,2048}"),
+            ("method/structmem.yaml", "(paper Fig. 3d sweeps", "(Fig. 3d sweeps"),
+            ("method/structmem.yaml", "  turns_k: 20\n", "  turns_k: 20\n  stray: 1\n"),
+            ("method/structmem.yaml", "  speaker_groups: 2\n", "")):
+        path = conf / name
         text = path.read_text()
         assert old in text
         path.write_text(text.replace(old, new))

@@ -80,9 +80,13 @@ def _pools(emb: pl.DataFrame) -> dict[str, tuple[list[str], np.ndarray]]:
 
 
 class TurnRetrieveSettings(Settings):
-    node: ClassVar[str] = "retrieve"
+    """`retrieve:` of conf/method/turn_rag.yaml (hand-written there); its default is generated
+    into StructMem's `retrieve:` block, which every method inheriting it reads."""
 
-    turns_k: int = knob(COUNT)  # raw turns per question
+    node: ClassVar[str] = "retrieve"
+    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
+
+    turns_k: int = knob(COUNT, 20, description="Raw turns per question (turn_rag baseline only).")
 
 
 def run_retrieve_turns(ctx: StageContext) -> dict[str, pl.DataFrame]:

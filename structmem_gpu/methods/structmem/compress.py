@@ -46,24 +46,27 @@ REFERENCE_MODEL = "microsoft/llmlingua-2-bert-base-multilingual-cased-meetingban
 
 
 class CompressSettings(Settings):
-    """conf/method/structmem.yaml `compress:`."""
+    """conf/method/structmem.yaml `compress:` (generated from these fields)."""
 
     node: ClassVar[str] = "compress"
+    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    # HF id or local folder of an LLMLingua-2 token classifier (llmlingua recognises the
-    # family by "bert-base-multilingual-cased" or "xlm-roberta-large" in the name).
-    model: str = knob(STR, REFERENCE_MODEL)
-    # Share of tokens kept (the reference's add_locomo: 0.6; its README says 0.8).
-    rate: float = knob(RATE, 0.6)
-    # The reference re-compresses a result of >= 512 model tokens (only when the segmenter
-    # lends the compressor its tokenizer, i.e. with topic segmentation on).
-    recompress: bool = knob(BOOL, True)
-    # Turns per llmlingua call (its forward passes take them 512-token chunk by chunk, this
-    # many at a time): more = faster on a GPU, more memory. Batch size 1 is the reference; a
-    # larger one may flip a word lying at its chunk's keep threshold (kernel float order).
-    batch_size: int = knob(SIZE, 64, hashed=False)
-    # auto = cuda when torch sees one, else cpu.
-    device: str = knob(Enum("auto", "cuda", "cpu"), "auto", hashed=False)
+    # llmlingua recognises the model family by "bert-base-multilingual-cased" or
+    # "xlm-roberta-large" in the name.
+    model: str = knob(STR, REFERENCE_MODEL, description=(
+        "The reference's model (a token classifier; `python jobs/data.py models` fetches it): "
+        "an HF id or local folder of an LLMLingua-2 token classifier."))
+    rate: float = knob(RATE, 0.6, description=(
+        "Share of tokens kept: the reference's add_locomo 0.6 (its README says 0.8). Lower = "
+        "fewer extraction tokens, fewer words for the extractor."))
+    recompress: bool = knob(BOOL, True, description=(
+        "Re-compress a result of >= 512 model tokens, as the reference does with segmentation "
+        "on (only when the segmenter lends the compressor its tokenizer)."))
+    batch_size: int = knob(SIZE, 64, hashed=False, description=(
+        "Turns per llmlingua call: more = faster on a GPU and more memory; 1 = the reference's "
+        "order of float operations (a larger batch may flip a word lying at its keep threshold)."))
+    device: str = knob(Enum("auto", "cuda", "cpu"), "auto", hashed=False, description=(
+        "auto = cuda when torch sees one, else cpu."))
 
 
 def reference_message(text: str | None, caption: str | None) -> str:

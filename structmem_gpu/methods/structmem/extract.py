@@ -116,33 +116,69 @@ class EntryRow:
 
 
 class ExtractSettings(Settings):
-    """conf/method/structmem.yaml `extract:` (+ prompts.reference_dir)."""
+    """conf/method/structmem.yaml `extract:` (+ prompts.sources.lightmem); the block is
+    generated from these fields (config/yaml_defaults.py)."""
 
     node: ClassVar[str] = "extract"
+    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    # max turns per window (None = no cap; needs window_tokens)
-    turns_per_request: int | None = knob(Int(ge=1, null=True))
-    context_turns: int = knob(COUNT)
-    perspectives: tuple[str, ...] = knob(List(Enum("fact", "relation")))
-    max_tokens: int = knob(TOKENS)
-    max_items: int | None = knob(Int(ge=1, null=True))  # None = no maxItems in the schema
-    max_item_chars: int = knob(SIZE)
-    temperature: float = knob(TEMPERATURE)
-    top_p: float = knob(TOP_P)
-    # default (reference semantics) | grounded
-    prompt_variant: str = knob(Enum("default", "grounded"), "default")
-    # token budget per window (None = turns_per_request only)
-    window_tokens: int | None = knob(Int(ge=1, null=True, note="null = fixed turn windows"), None)
-    # what counts window_tokens: "chars" (characters / 4) or an HF tokenizer id / local folder
-    window_tokenizer: str | None = knob(STR_OR_NULL, "chars")  # null = chars
-    # a LightMem checkout: its prompts (methods/structmem/prompts/reference.py)
+    window_tokens: int | None = knob(Int(ge=1, null=True, note="null = fixed turn windows"), 850, description=(
+        'Token budget per request: consecutive turns of one session are packed up to this many '
+        'tokens of "Speaker: text" (the model\'s tokenizer when it is on disk, else chars/4). 850 '
+        'is reference-like (512 tokens of LLMLingua-2 text at rate 0.6); LoCoMo sessions average '
+        '~740, so ~one request pair per session. null = windows of turns_per_request turns only. '
+        'Smaller = more requests (the paper\'s Eq. 1 is per utterance), larger = fewer, longer '
+        'replies.'))
+    window_tokenizer: str | None = knob(STR_OR_NULL, "chars", yaml="${oc.select:llm.tokenizer,chars}", description=(
+        "What counts window_tokens (and cuts a longer turn into parts, each keeping its turn id "
+        "and speaker): chars = characters / 4, or an HF tokenizer id / local folder, which must "
+        "be on this machine (never downloaded; a missing one stops the job and the dry run "
+        "naming the fix, `python jobs/data.py models ...`), so every machine cuts the same "
+        "windows. Default: the LLM profile's `llm.tokenizer` (vLLM presets: the model's own "
+        "tokenizer, `${llm.model}`; llama.cpp: chars, a GGUF has no HF tokenizer; vllm_cpu: its "
+        "converted folder). null = chars."))
+    turns_per_request: int | None = knob(Int(ge=1, null=True), 64, description=(
+        "Max turns per request (with window_tokens: a cap; alone: fixed-size windows; 1 = the "
+        "paper's per-utterance Eq. 1). More amortises the instructions, at the risk of skipped "
+        "turns. null = no cap (needs window_tokens)."))
+    context_turns: int = knob(COUNT, 2, description=(
+        "Earlier turns of the same session shown read-only before the window (context, no "
+        "entries), so a reply at a window's first turn keeps the turn it answers. 0 saves prompt "
+        "tokens."))
+    perspectives: tuple[str, ...] = knob(List(Enum("fact", "relation")), ("fact", "relation"), description=(
+        "Perspectives extracted per window: fact (factual prompt) and/or relation (relational "
+        "prompt)."))
+    prompt_variant: str = knob(Enum("default", "grounded"), "default", description=(
+        "default = the reference prompts' instructions in our words (inferred insights as extra "
+        "entries, relative times kept and anchored); grounded = our stricter wording (computed "
+        "dates, no inference, relational causes/co-participation). Ignored with "
+        "prompts.sources.lightmem."))
+    worked_example: bool = knob(BOOL, True, yaml="${oc.select:llm.budgets.worked_example,true}", description=(
+        "The default prompts' worked examples (the reference teaches by example). From the LLM "
+        "profile: the CPU profile's 135M model copies an example's facts into its replies, so it "
+        "leaves them out; every real model keeps them."))
+    max_tokens: int = knob(TOKENS, 4096, yaml="${oc.select:llm.budgets.extract_max_tokens,4096}", description=(
+        "Output budget per request, from the LLM profile (llm.budgets; GPU profiles 4096, the "
+        "reference allows 16000; the CPU profile a 135M model's). A reply cut here keeps its "
+        "complete items (counted as salvaged); more costs time only when the model uses it."))
+    max_items: int | None = knob(Int(ge=1, null=True), None, yaml="${oc.select:llm.budgets.extract_max_items,null}", description=(
+        "JSON-schema bound maxItems (null = unbounded, as the reference); tight bounds keep a "
+        "small model's reply short, loose ones lose nothing on real models."))
+    max_item_chars: int = knob(SIZE, 400, yaml="${oc.select:llm.budgets.extract_max_item_chars,400}", description=(
+        "JSON-schema bound maxLength per item (characters); tight bounds keep a small model's "
+        "reply short, loose ones lose nothing on real models."))
+    temperature: float = knob(TEMPERATURE, 0.1, description=(
+        "Sampling as the reference extracts (temperature 0.1, top_p 0.1: nearly greedy, seeded "
+        "by llm.seed). Every profile, the CPU one included, uses it: nothing asks a small model "
+        "for other values. 0 / 1.0 = greedy decoding (other replies, other cache keys)."))
+    top_p: float = knob(TOP_P, 0.1, description="Nucleus mass of the same sampling (see temperature).")
+    input: str = knob(Enum("turns", "compressed", "segments"), "turns", description=(
+        "What the windows hold: turns (raw turns, session windows); compressed (the compress "
+        "stage's texts, session windows); segments (the segment stage's extraction batches of "
+        "compressed text, which may span sessions: the reference). compressed/segments need "
+        "those stages in method.stages."))
+    # A LightMem checkout: its prompts (methods/structmem/prompts/reference.py).
     reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
-    worked_example: bool = knob(BOOL, True)  # the default prompts' worked examples (off for tiny models)
-    # What the windows hold: turns = the raw turns in session windows (default);
-    # compressed = the compress stage's texts in the same session windows; segments = the
-    # segment stage's extraction batches of compressed text (the reference: topic segments
-    # packed to 512 o200k tokens, which may span sessions).
-    input: str = knob(Enum("turns", "compressed", "segments"), "turns")
 
     def check(self) -> list[str]:
         out = []

@@ -107,12 +107,19 @@ def search_rows(
 
 
 class RetrieveSettings(Settings):
-    """`retrieve:` of conf/method/structmem.yaml (paper A.3: 60 entries + 5 syntheses)."""
+    """`retrieve:` of conf/method/structmem.yaml (paper A.3: 60 entries + 5 syntheses); the
+    block is generated from these fields and turn_rag's TurnRetrieveSettings."""
 
     node: ClassVar[str] = "retrieve"
+    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    entries_k: int = knob(COUNT)
-    syntheses_k: int = knob(COUNT)
+    entries_k: int = knob(COUNT, 60, yaml="${oc.select:llm.budgets.reader_entries_k,60}", description=(
+        "Entries per question. Reader context per question: paper A.3 (60 entries + 5 "
+        "syntheses) unless the LLM profile caps it (llm.budgets.reader_*: the CPU profile's 135M "
+        "model reads ~140 prompt tokens/s). The replication experiments pin 60/5 whatever the "
+        "profile."))
+    syntheses_k: int = knob(COUNT, 5, yaml="${oc.select:llm.budgets.reader_syntheses_k,5}", description=(
+        "Syntheses per question (paper A.3)."))
 
 
 def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:

@@ -44,18 +44,21 @@ STAGE_NAME = "segment"
 
 
 class SegmentSettings(Settings):
-    """conf/method/structmem.yaml `segment:` (+ compress.model, the shared model)."""
+    """conf/method/structmem.yaml `segment:` (+ compress.model, the shared model); the block
+    is generated from these fields."""
 
     node: ClassVar[str] = "segment"
+    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    # Sensory buffer in model tokens (the reference: the model's max_position_embeddings, 512).
-    buffer_tokens: int = knob(SIZE, 512)
-    # Extraction batch budget in o200k tokens (hard-coded 512 in LightMemory.__init__).
-    batch_tokens: int = knob(SIZE, 512)
-    # Attention layers averaged for the inter-sentence signal (the reference: 8-11).
-    layers: tuple[int, ...] = knob(List(Int(ge=0)), (8, 9, 10, 11))
-    # Buffers per attention forward pass: more = faster on a GPU, more memory.
-    batch_size: int = knob(SIZE, 32, hashed=False)
+    buffer_tokens: int = knob(SIZE, 512, description=(
+        "Sensory buffer, model tokens (the reference: the model's 512 positions, "
+        "max_position_embeddings)."))
+    batch_tokens: int = knob(SIZE, 512, description=(
+        "Extraction batch, o200k tokens (the reference's hard-coded 512 in LightMemory.__init__)."))
+    layers: tuple[int, ...] = knob(List(Int(ge=0)), (8, 9, 10, 11), description=(
+        "Attention layers averaged for the inter-sentence signal (the reference: 8-11)."))
+    batch_size: int = knob(SIZE, 32, hashed=False, description=(
+        "Buffers per attention forward pass (speed/memory only)."))
     # The compression model, shared as in the reference (precomp_topic_shared: true).
     model: str = knob(STR, "microsoft/llmlingua-2-bert-base-multilingual-cased-meetingbank",
                       external="compress.model")

@@ -75,23 +75,41 @@ STAGE_NAME = "update"
 
 
 class UpdateSettings(Settings):
-    """conf/method/structmem.yaml `update:` (+ prompts.sources.lightmem for the prompt)."""
+    """conf/method/structmem.yaml `update:` (+ prompts.sources.lightmem for the prompt); the
+    block is generated from these fields."""
 
     node: ClassVar[str] = "update"
+    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    enabled: bool = knob(BOOL)
-    queue_top_k: int = knob(SIZE)  # neighbours searched per entry (itself included)
-    queue_keep: int = knob(COUNT)  # kept in its queue after dropping itself
-    score_threshold: float = knob(RATE)
-    # What QA reads (update_view.py; retrieve and the readers fingerprint it). Hashed like
-    # every knob that changes a result (config hash, run directory name); a switch reruns
-    # this stage from the response cache.
-    read: str = knob(Enum(*READS))
-    post_syntheses: bool = knob(BOOL)
-    max_tokens: int = knob(TOKENS)
-    max_chars: int = knob(SIZE)
-    temperature: float = knob(TEMPERATURE)
-    top_p: float = knob(TOP_P)
+    enabled: bool = knob(BOOL, True, description=(
+        "The offline update (methods/structmem/update.py), for profiles that list the `update` "
+        "stage. false = the stage writes an empty entry_updates table and sends nothing."))
+    queue_top_k: int = knob(SIZE, 20, description=(
+        "Per entry: its top queue_top_k neighbours by cosine among entries at an earlier or "
+        "equal time (itself included, then dropped), queue_keep of them kept (reference: 20, "
+        "10). Larger = more candidate pairs, more update requests."))
+    queue_keep: int = knob(COUNT, 10, description=(
+        "Neighbours kept in an entry's queue after dropping itself (see queue_top_k)."))
+    score_threshold: float = knob(RATE, 0.9, description=(
+        "An entry becomes a candidate when it reaches this cosine in a later entry's queue "
+        "(reference 0.9); lower = more requests and more rewritten or deleted entries."))
+    # update_view.py applies it; retrieve and the readers fingerprint it. Hashed like every
+    # knob that changes a result; a switch reruns this stage from the response cache.
+    read: str = knob(Enum(*READS), "pre", description=(
+        "The store QA reads: pre = before the update (the reference script's default QA "
+        "directory, syntheses included); post = after it (the reference README's QA command). "
+        "Both are what the reference code can do; which one the published numbers read is not "
+        "stated."))
+    post_syntheses: bool = knob(BOOL, False, description=(
+        "post only: keep the syntheses (true) or not (false = the reference's post store, which "
+        "holds none: its consolidation wrote them beside the pre store)."))
+    max_tokens: int = knob(TOKENS, 512, description=(
+        "Reply budget: an action and at most one rewritten memory (the reference allows 16,000)."))
+    max_chars: int = knob(SIZE, 600, description=(
+        "JSON-schema bound on the rewritten memory's characters (like extract.max_item_chars)."))
+    temperature: float = knob(TEMPERATURE, 0.1, description=(
+        "Sampling as the reference's LLM config (temperature 0.1, top_p 0.1, as extract)."))
+    top_p: float = knob(TOP_P, 0.1, description="Nucleus mass of the same sampling (see temperature).")
     lightmem: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
 
 
