@@ -60,6 +60,15 @@ def discover(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, list[type[Setting
             model = _stage_settings(target) if target else None
             if model is not None:
                 found.append((f"method/{path.name}", model))
+    # A node a stage reads through a nested field of its own (seem.retrieve's seem.ablation).
+    i = 0
+    while i < len(found):
+        source, model = found[i]
+        for f in fields(model).values():
+            nested = meta(f).get("sub")
+            if nested is not None and all(nested is not m for _, m in found):
+                found.append((source, nested))
+        i += 1
     out: dict[str, dict[str, list[type[Settings]]]] = {}
     for source, model in sorted(found, key=lambda sm: sm[0] != sm[1].yaml_home):  # stable
         if model.yaml_home is None:
@@ -116,27 +125,39 @@ def render_block(*models: type[Settings], indent: int = 0) -> list[str]:
                 continue
             seen.add(name)
             out += _field_lines(model, name, f, indent)
-    return [f"{' ' * indent}{models[0].node}:", *out]
+    return [f"{' ' * indent}{models[0].node.rsplit('.', 1)[-1]}:", *out]
+
+
+def _block(lines: list[str], node: str) -> tuple[int, int]:
+    """(index of the `key:` line of dotted `node`, end of its block): the block is every
+    following line indented deeper, and a blank line followed by one."""
+    lo, hi, indent = 0, len(lines), 0
+    start = -1
+    for part in node.split("."):
+        pat = re.compile(rf"{' ' * indent}{re.escape(part)}:\s*(#.*)?")
+        start = next((i for i in range(lo, hi) if pat.fullmatch(lines[i])), -1)
+        if start < 0:
+            raise ValueError(f"no '{node}:' block to generate")
+        deeper = " " * (indent + 1)
+        end = start + 1
+        while end < hi and (lines[end].startswith(deeper) or
+                            (lines[end] == "" and end + 1 < hi and lines[end + 1].startswith(deeper))):
+            end += 1
+        lo, hi, indent = start + 1, end, indent + 2
+    return start, hi
 
 
 def regenerate(text: str, models: Sequence[type[Settings]]) -> str:
-    """`text` (a YAML file) with each node's top-level `node:` block replaced by the rendering
-    of the models of that node (in order): the block is the `node:` line and every following
-    indented, comment or blank line up to the next top-level key or comment (a blank line
-    followed by one)."""
+    """`text` (a YAML file) with each node's block replaced by the rendering of the models of
+    that node (in order). The `node:` line itself (and an inline comment on it) and the comment
+    lines above it stay as written: what the node is for."""
     groups: dict[str, list[type[Settings]]] = {}
     for model in models:
         groups.setdefault(model.node, []).append(model)
     lines = text.split("\n")
     for node, group in groups.items():
-        start = next((i for i, ln in enumerate(lines) if re.fullmatch(rf"{node}:\s*(#.*)?", ln)), None)
-        if start is None:
-            raise ValueError(f"no top-level '{node}:' block to generate")
-        end = start + 1
-        while end < len(lines) and (lines[end].startswith(" ") or
-                                    (lines[end] == "" and end + 1 < len(lines) and lines[end + 1].startswith(" "))):
-            end += 1
-        lines[start:end] = render_block(*group)
+        start, end = _block(lines, node)
+        lines[start + 1:end] = render_block(*group, indent=2 * node.count("."))[1:]
     return "\n".join(lines)
 
 

@@ -56,7 +56,8 @@ def test_the_stage_nodes_are_generated() -> None:
 
 @pytest.mark.parametrize("model", GENERATED, ids=lambda m: f"{m.__module__}.{m.__name__}")
 def test_composed_defaults_are_the_models_defaults(model: type[Settings]) -> None:
-    cfg = compose_cfg([])
+    home = Path(str(model.yaml_home))
+    cfg = compose_cfg([f"method={home.stem}"] if home.parent.name == "method" else [])
     node = OmegaConf.to_container(OmegaConf.select(cfg, model.node), resolve=False)
     written = [n for m in GENERATED if m.node == model.node and m.yaml_home == model.yaml_home
                for n in _yaml_fields(m)]
