@@ -105,7 +105,7 @@ def _field_lines(model: type[Settings], name: str, f: Any, indent: int) -> list[
     sub = meta(f).get("sub")
     if sub is not None and f.default is not None:
         out.append(f"{pad}{name}:")
-        out += render_block(sub, indent + 2)[1:]
+        out += render_block(sub, indent=indent + 2)[1:]
     else:
         expr = meta(f).get("yaml")
         out.append(f"{pad}{name}: {expr if expr is not None else scalar(f.default)}")

@@ -65,7 +65,8 @@ def test_composed_defaults_are_the_models_defaults(model: type[Settings]) -> Non
     for name, f in _yaml_fields(model).items():
         expr = meta(f).get("yaml")
         if expr is None:
-            assert node[name] == (list(f.default) if isinstance(f.default, tuple) else f.default), name
+            default = f.default.model_dump() if isinstance(f.default, Settings) else f.default
+            assert node[name] == (list(default) if isinstance(default, tuple) else default), name
         else:
             # The YAML keeps the interpolation; the Python default is what it resolves to
             # when the profile sets nothing.

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -158,10 +158,17 @@ class GraphRetrieveBudget(Settings):
 
 
 class QuestionEntities(Settings):
-    """Question -> entity matching (graph_memory.question_*; no LLM)."""
+    """Question -> entity matching (graph_memory.question_*; no LLM); generated into the
+    `graph_memory:` block after GraphSettings' build knobs."""
 
-    question_entity_threshold: float = knob(RATE)
-    question_entities_k: int = knob(COUNT)
+    node: ClassVar[str] = "graph_memory"
+    yaml_home: ClassVar[str | None] = "method/graph_memory.yaml"
+
+    question_entity_threshold: float = knob(RATE, 0.5, description=(
+        "Question -> entity matching at retrieval (no LLM): whole-word name/alias matches, plus "
+        "the best question_entities_k names whose cosine with the question is >= the threshold."))
+    question_entities_k: int = knob(COUNT, 3, description=(
+        "Names matched by cosine per question (see question_entity_threshold)."))
 
 
 class GraphRetrieveSettings(Settings):

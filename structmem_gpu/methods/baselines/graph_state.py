@@ -52,10 +52,10 @@ _EDGE_PUNCT = " \t\n\"'`.,;:!?()[]{}"
 class SubStepTokens(Settings):
     """graph_memory.max_tokens: the output budget of each sub-step's requests."""
 
-    entities: int = knob(TOKENS)
-    entity_dedup: int = knob(TOKENS)
-    relations: int = knob(TOKENS)
-    relation_dedup: int = knob(TOKENS)
+    entities: int = knob(TOKENS, 384, description="Entity extraction (one request per window).")
+    entity_dedup: int = knob(TOKENS, 192, description="Entity de-duplication.")
+    relations: int = knob(TOKENS, 512, description="Relation extraction.")
+    relation_dedup: int = knob(TOKENS, 256, description="Relation de-duplication / conflict resolution.")
 
     def __getitem__(self, sub_step: str) -> int:
         return int(getattr(self, sub_step))
@@ -63,21 +63,29 @@ class SubStepTokens(Settings):
 
 class GraphSettings(Settings):
     """conf/method/graph_memory.yaml `graph_memory.*` (the build knobs; question_* are the
-    retrieve stage's)."""
+    retrieve stage's, graph_retrieve.QuestionEntities). The block is generated from both."""
 
     node: ClassVar[str] = "graph_memory"
+    yaml_home: ClassVar[str | None] = "method/graph_memory.yaml"
 
-    turns_per_request: int = knob(SIZE)
-    entity_types: tuple[str, ...] = knob(List(STR))
-    max_entities: int = knob(SIZE)
-    max_name_chars: int = knob(SIZE)
-    max_relations: int = knob(SIZE)
-    max_relation_chars: int = knob(SIZE)
-    entity_threshold: float = knob(RATE)
-    entity_candidates_k: int = knob(COUNT)
-    relation_candidates_k: int = knob(COUNT)
-    max_tokens: SubStepTokens = sub(SubStepTokens)
-    temperature: float = knob(TEMPERATURE)
+    turns_per_request: int = knob(SIZE, 8, description=(
+        "Turns per window = one wavefront step per window (mem0 adds one message at a time)."))
+    entity_types: tuple[str, ...] = knob(List(STR), (
+        "person", "animal", "place", "organization", "object", "activity", "event", "work", "other"),
+        description="Entity types (a schema enum: a small model cannot invent one under the grammar).")
+    max_entities: int = knob(SIZE, 12, description="Schema maxItems of entities per window.")
+    max_name_chars: int = knob(SIZE, 60, description="Schema maxLength of an entity name.")
+    max_relations: int = knob(SIZE, 12, description="Schema maxItems of relations per window.")
+    max_relation_chars: int = knob(SIZE, 60, description="Schema maxLength of a relation phrase.")
+    entity_threshold: float = knob(RATE, 0.7, description=(
+        "A new name goes to the LLM dedup when a known name/alias has cosine >= this (mem0 uses "
+        "0.7 to collect neighbours); lower = more dedup requests, fewer missed merges."))
+    entity_candidates_k: int = knob(COUNT, 5, description="Known entities shown per new mention.")
+    relation_candidates_k: int = knob(COUNT, 8, description=(
+        "Existing relations (sharing an entity) compared per new relation."))
+    max_tokens: SubStepTokens = sub(SubStepTokens, default=SubStepTokens(), description=(
+        "Output budget per request of each sub-step."))
+    temperature: float = knob(TEMPERATURE, 0.0, description="Sampling temperature (0 = greedy decoding).")
 
 
 def normalize(name: str) -> str:
