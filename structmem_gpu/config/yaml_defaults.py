@@ -147,15 +147,23 @@ def _block(lines: list[str], node: str) -> tuple[int, int]:
     return start, hi
 
 
-def regenerate(text: str, models: Sequence[type[Settings]]) -> str:
+def regenerate(text: str, models: Sequence[type[Settings]], home: str = "") -> str:
     """`text` (a YAML file) with each node's block replaced by the rendering of the models of
     that node (in order). The `node:` line itself (and an inline comment on it) and the comment
-    lines above it stay as written: what the node is for."""
+    lines above it stay as written: what the node is for. A file that is the node (home
+    conf/<node>/*.yaml, Hydra's group package, e.g. audit/default.yaml) is generated below its
+    header: the comment lines up to the first blank line."""
     groups: dict[str, list[type[Settings]]] = {}
     for model in models:
         groups.setdefault(model.node, []).append(model)
     lines = text.split("\n")
     for node, group in groups.items():
+        if Path(home).parent.name == node:
+            if "" not in lines[:-1]:
+                raise ValueError(f"{home}: a blank line must end the header above the generated keys")
+            start, end = lines.index(""), len(lines) - (lines[-1] == "")
+            lines[start + 1:end] = render_block(*group, indent=-2)[1:]
+            continue
         start, end = _block(lines, node)
         lines[start + 1:end] = render_block(*group, indent=2 * node.count("."))[1:]
     return "\n".join(lines)
@@ -171,7 +179,7 @@ def differences(conf_dir: Path = CONF_DIR) -> list[str]:
     for name, models in _files(conf_dir).items():
         path = conf_dir / name
         text = path.read_text(encoding="utf-8")
-        if regenerate(text, models) != text:
+        if regenerate(text, models, name) != text:
             out.append(str(path))
     return out
 
@@ -182,7 +190,7 @@ def write(conf_dir: Path = CONF_DIR) -> list[str]:
     for name, models in _files(conf_dir).items():
         path = conf_dir / name
         text = path.read_text(encoding="utf-8")
-        new = regenerate(text, models)
+        new = regenerate(text, models, name)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(str(path))

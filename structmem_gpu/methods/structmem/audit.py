@@ -88,27 +88,48 @@ CONSOLIDATION_COLUMNS: dict[str, pl.DataType] = {
 
 
 class AuditExtraction(Settings):
-    sample_size: int | None = knob(Int(ge=1, null=True), None)  # None = every entry
-    max_tokens: int = knob(TOKENS, 96)
-    reason_max_chars: int = knob(SIZE, 160)
+    """audit.extraction: one judgment per audited entry."""
+
+    sample_size: int | None = knob(Int(ge=1, null=True), None, description=(
+        "Entries audited: null = every entry (paper Table 6); N = a seeded random sample of N "
+        "(cheaper; the report's bootstrap interval widens as N shrinks)."))
+    max_tokens: int = knob(TOKENS, 96, description=(
+        "Reply budget per entry judgment; the reason is cut to what fits, so a capped reply stays "
+        "valid JSON. Larger = longer reasons, more decode time."))
+    reason_max_chars: int = knob(SIZE, 160, description=(
+        "maxLength of the one-line reason (before the label); lowered automatically to fit "
+        "max_tokens."))
 
 
 class AuditConsolidation(Settings):
-    max_tokens: int = knob(TOKENS, 384)
-    link_max_chars: int = knob(SIZE, 120)
-    max_links: int = knob(SIZE, 8)
+    """audit.consolidation: one judgment per synthesis window."""
+
+    max_tokens: int = knob(TOKENS, 384, description=(
+        "Reply budget per window (the link list); larger lets the judge list more / longer links."))
+    link_max_chars: int = knob(SIZE, 120, description=(
+        "maxLength of each listed link; lowered automatically so max_links links fit max_tokens."))
+    max_links: int = knob(SIZE, 8, description=(
+        "maxItems of the link list: links a synthesis adds beyond this are not audited (raise it "
+        "for long syntheses; each link costs ~link_max_chars/1.5 + 14 tokens)."))
 
 
 class AuditSettings(Settings):
-    """The `audit:` block (conf/audit/default.yaml; its values are the defaults for configs
-    without it) and the report's bootstrap knobs."""
+    """The `audit:` block (conf/audit/default.yaml, generated from these fields below its
+    header; its values are the defaults for configs without it) and the report's bootstrap
+    knobs."""
 
     node: ClassVar[str] = "audit"
+    yaml_home: ClassVar[str | None] = "audit/default.yaml"
 
-    seed: int = knob(Int(ge=0), 0)
-    temperature: float = knob(TEMPERATURE, 0.0)
-    extraction: AuditExtraction = sub(AuditExtraction, default=AuditExtraction())
-    consolidation: AuditConsolidation = sub(AuditConsolidation, default=AuditConsolidation())
+    seed: int = knob(Int(ge=0), 0, description=(
+        "Seed of the extraction sample: the same run and seed audit the same entries everywhere."))
+    temperature: float = knob(TEMPERATURE, 0.0, description=(
+        "Judge sampling temperature (0 = deterministic verdicts, cacheable)."))
+    extraction: AuditExtraction = sub(AuditExtraction, default=AuditExtraction(), description=(
+        "The extraction audit (stage audit_extraction)."))
+    consolidation: AuditConsolidation = sub(AuditConsolidation, default=AuditConsolidation(),
+                                            description=(
+        "The consolidation audit (stage audit_consolidation)."))
     bootstrap_resamples: int = knob(COUNT, 1000, external="report.bootstrap_resamples")
     bootstrap_seed: int = knob(Int(ge=0), 0, external="report.bootstrap_seed")
 
