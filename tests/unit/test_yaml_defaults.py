@@ -86,7 +86,13 @@ def test_a_changed_default_or_comment_is_found(tmp_path: Path) -> None:
             ("method/structmem.yaml", "extract_max_tokens,4096}", "extract_max_tokens,2048}"),
             ("method/structmem.yaml", "(paper Fig. 3d sweeps", "(Fig. 3d sweeps"),
             ("method/structmem.yaml", "  turns_k: 20\n", "  turns_k: 20\n  stray: 1\n"),
-            ("method/structmem.yaml", "  speaker_groups: 2\n", "")):
+            ("method/structmem.yaml", "  speaker_groups: 2\n", ""),
+            # nested nodes, a group file that is the node, the default judge
+            ("method/seem.yaml", "    p_ret_k: 5\n", "    p_ret_k: 6\n"),
+            ("method/graph_memory.yaml", "    relation_dedup: 256\n", "    relation_dedup: 128\n"),
+            ("method/graph_memory.yaml", "  question_entities_k: 3\n", "  question_entities_k: 4\n"),
+            ("audit/default.yaml", "  max_links: 8\n", "  max_links: 9\n"),
+            ("judge/same_as_llm.yaml", "max_tokens: 128\n", "max_tokens: 64\n")):
         path = conf / name
         text = path.read_text()
         assert old in text
