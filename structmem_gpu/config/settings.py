@@ -20,6 +20,13 @@ annotation, so the written annotation is documentation only; the field's metadat
             Every derived key list (stage.LLM_IDENTITY, result_keys.SERVING_KEYS ...) reads it.
   external  read from this dotted key of the config root instead of the node (its owner's model
             checks it there), e.g. seem.passages_per_request.
+  yaml      the default as the generated YAML writes it when that is an interpolation (a
+            profile's budget: "${oc.select:llm.budgets.extract_max_tokens,4096}"); the Python
+            default is what it resolves to when no profile sets it.
+
+A model with `yaml_home = "method/structmem.yaml"` (a ClassVar) has its node's block in that
+file generated from its fields: description as comments, then `key: default`
+(config/yaml_defaults.py finds such models itself; `in_yaml=False` leaves a knob out).
 
 Fields may be nested settings (`sub`) or lists of settings (`items`). Keys of a node that no
 field declares are not checked at run time; tests/unit/test_config_schema.py fails when a
