@@ -31,6 +31,7 @@ from structmem_gpu.llm.context_guard import (
     context_limit,
     guard_counter,
 )
+from structmem_gpu.llm.factory import llm_settings
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.tokens import CHARS_COUNTER, text_counter
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
@@ -271,7 +272,7 @@ def test_guard_refuses_over_context_requests_and_sends_the_rest(tmp_path: Path, 
     from structmem_gpu.llm.dedup import DedupBackend
 
     inner = ScriptedLLM()
-    guard = ContextGuard(ContextLimit(1000, "llm.n_ctx"), guard_counter({"tokenizer": "chars"}))
+    guard = ContextGuard(ContextLimit(1000, "llm.n_ctx"), guard_counter(llm_settings({"tokenizer": "chars"})))
     llm = CachedBackend(inner, ResponseCache(tmp_path), guard) if cached else DedupBackend(inner, guard)
     reqs = [_req("a", 300), _req("b", 3000), _req("c", 2600, 100), _req("b2", 3000)]
     seen: list[int] = []
@@ -289,15 +290,15 @@ def test_guard_refuses_over_context_requests_and_sends_the_rest(tmp_path: Path, 
 
 
 def test_guard_counts_with_a_local_tokenizer() -> None:
-    counter = guard_counter({"tokenizer": str(MINILM)})
+    counter = guard_counter(llm_settings({"tokenizer": str(MINILM)}))
     assert counter.name == str(MINILM)
-    assert guard_counter({"tokenizer": "nobody/no-such-model-xyz"}).name == "chars/3 (safe)"
+    assert guard_counter(llm_settings({"tokenizer": "nobody/no-such-model-xyz"})).name == "chars/3 (safe)"
 
 
 def test_limits_come_from_the_profile_or_the_server() -> None:
-    assert configured_limit({"backend": "llamacpp", "n_ctx": 8192}) == ContextLimit(8192, "llm.n_ctx")
-    assert configured_limit({"backend": "vllm_server", "n_ctx": 8192, "max_model_len": 4096}).tokens == 4096
-    assert configured_limit({"backend": "external", "n_ctx": 8192, "max_model_len": None}).tokens is None
+    assert configured_limit(llm_settings({"backend": "llamacpp", "n_ctx": 8192})) == ContextLimit(8192, "llm.n_ctx")
+    assert configured_limit(llm_settings({"backend": "vllm_server", "n_ctx": 8192, "max_model_len": 4096})).tokens == 4096
+    assert configured_limit(llm_settings({"backend": "external", "n_ctx": 8192, "max_model_len": None})).tokens is None
 
     class Models(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
@@ -313,7 +314,7 @@ def test_limits_come_from_the_profile_or_the_server() -> None:
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{srv.server_port}/v1"
-        got = context_limit({"backend": "external", "max_model_len": None}, url)
+        got = context_limit(llm_settings({"backend": "external", "max_model_len": None}), url)
         assert got.tokens == 32768 and "reports" in got.source
     finally:
         srv.shutdown()
