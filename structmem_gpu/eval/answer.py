@@ -84,7 +84,6 @@ class AnswerPrompt:
 
 def answer_protocol(job: JobConfig) -> str:
     """`answer.protocol` (AnswerSettings checks it; a job without an answer node: paper)."""
-    job = JobConfig.from_cfg(job)
     return job.settings(AnswerSettings).protocol if job.has("answer") else "paper"
 
 
@@ -139,7 +138,6 @@ def builder_fingerprint(job: JobConfig) -> Any:
     """Extra fingerprint material of the configured builder: a "module:function" builder may
     define `<function>_fingerprint(job)` beside it (e.g. the commit and hash of an official
     reader text it reads from a checkout); None when it does not."""
-    job = JobConfig.from_cfg(job)
     name = job.settings(AnswerSettings).prompt if job.has("answer") else ""
     module, sep, attr = name.partition(":")
     if not sep or name in _REGISTERED:

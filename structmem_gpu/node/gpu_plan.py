@@ -141,7 +141,7 @@ def _gpu_total(on: Sequence[Resident], device_gb: float | None, headroom_gb: flo
 
 def device_memory(job: JobConfig) -> tuple[float | None, str]:
     """(GB per GPU, where it came from): gpu.memory_gb, else torch's first CUDA device."""
-    gpu = JobConfig.from_cfg(job).root.gpu
+    gpu = job.root.gpu
     stated = gpu.memory_gb if gpu is not None else None
     if stated is not None:
         return float(stated), "gpu.memory_gb"
