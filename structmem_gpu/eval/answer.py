@@ -107,10 +107,6 @@ class AnswerInputs:
     questions: pl.DataFrame  # the selected questions, table order
     tables: Mapping[str, pl.DataFrame] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        # a config JobConfig checks is taken too (JobConfig.from_cfg returns a JobConfig as is)
-        object.__setattr__(self, "job", JobConfig.from_cfg(self.job))
-
     def table(self, name: str) -> pl.DataFrame | None:
         return self.tables.get(name)
 

@@ -371,9 +371,7 @@ def _ceil2(x: float) -> str:
 
 
 def plan(job: JobConfig, stages: Sequence[Stage]) -> GpuPlan:
-    """The plan for the job's `stages` (in order), following the pipeline's release schedule.
-    `job`: a JobConfig, or a config it is checked from."""
-    job = JobConfig.from_cfg(job)
+    """The plan for the job's `stages` (in order), following the pipeline's release schedule."""
     device_gb, source = device_memory(job)
     gpu = job.root.gpu
     headroom = 2.0 if gpu is None else float(gpu.headroom_gb)  # GpuSettings' default: 2.0
@@ -427,7 +425,6 @@ def job_stages(job: JobConfig) -> list[Stage]:
     """The job's Stage objects in order (stages=[...] or the method's list)."""
     from structmem_gpu.methods.registry import stage_registry
 
-    job = JobConfig.from_cfg(job)
     names = list(job.root.stages) if job.root.stages else list(job.root.method.stages)
     registry = stage_registry(job)
     return [registry[n] for n in names if n in registry]

@@ -19,6 +19,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.node.dry_run import ContextCheck, estimate, format_estimate
 from structmem_gpu.data import display_text, load_benchmark, sample_path
@@ -357,7 +358,7 @@ def _reader_inputs(n_entries: int, n_synth: int, text_chars: int, **llm: Any) ->
     syntheses = pl.DataFrame({"synth_id": sids, "window_start": [when] * n_synth,
                               "window_end": [when] * n_synth,
                               "text": [f"synth{i} " + "y" * 2000 for i in range(n_synth)]})
-    return AnswerInputs(cfg, q, {"retrievals": retrievals, "entries": entries, "syntheses": syntheses})
+    return AnswerInputs(JobConfig.from_cfg(cfg), q, {"retrievals": retrievals, "entries": entries, "syntheses": syntheses})
 
 
 def test_structmem_reader_drops_its_lowest_ranked_entries_and_syntheses_to_fit() -> None:
@@ -414,7 +415,7 @@ def test_full_context_history_shrinks_to_fit() -> None:
     # the scripted model states no context: nothing is trimmed
     before = build_prompts(AnswerInputs(job_with({"answer": answer}, ["llm=scripted"]), questions, {"turns": turns}))
     assert not all(guard.fits(p.messages, 48) for p in before.values())
-    after = build_prompts(AnswerInputs(cfg, questions, {"turns": turns}))
+    after = build_prompts(AnswerInputs(JobConfig.from_cfg(cfg), questions, {"turns": turns}))
     assert all(guard.fits(p.messages, 48) for p in after.values())
     # the newest session stays first: the history lost its oldest part
     q = next(iter(after))
