@@ -7,7 +7,6 @@ from datetime import datetime
 import polars as pl
 import pytest
 
-from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.answer import (
@@ -138,7 +137,7 @@ def _questions(n: int = 2) -> pl.DataFrame:
 
 def test_full_context_builder_needs_turns_and_shares_history() -> None:
     cfg = job_with({"answer": {"context_tokens": 10_000}}, ["llm=scripted"])
-    prompts = build_prompts(AnswerInputs(JobConfig.from_cfg(cfg), _questions(), {"turns": _turns()}))
+    prompts = build_prompts(AnswerInputs(cfg, _questions(), {"turns": _turns()}))
     a, b = prompts["c:q0"].messages[1].content, prompts["c:q1"].messages[1].content
     assert a.split("Question:")[0] == b.split("Question:")[0] and a.endswith("Question: Q0?")
     with pytest.raises(MissingTableError, match="needs table 'turns'"):
