@@ -260,9 +260,11 @@ class Backends:
             torch.cuda.empty_cache()  # hand the freed blocks back to the device for a server
 
     def _cache_dir(self, kind: str) -> Path | None:
-        if not bool(self.job.select(f"cache.{kind}", True)):
+        """<paths.cache_dir>/<kind>, or None when `cache.<kind>` (llm | embeddings) is off."""
+        root = self.job.root
+        if root.cache is not None and not getattr(root.cache, kind):
             return None
-        return Path(str(self.job.select("paths.cache_dir"))) / kind
+        return Path(str(root.paths.cache_dir if root.paths is not None else None)) / kind
 
     def llm(self, role: str = "llm", llm_cfg: Mapping[str, Any] | None = None) -> "LLMBackend":
         """The backend for `role` ("llm" = the answer/build model; judges use their own names)."""
