@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import polars as pl
-from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.config.schema import EmbedderSettings, LLMSettings
 from structmem_gpu.config.settings import MODEL, fields_with_role
@@ -57,8 +56,8 @@ class Stage:
     depends: tuple[str, ...] = ()
     version: str = "1"  # bump when the stage's code changes its output for the same inputs
     optional_reads: tuple[str, ...] = ()  # read when present (fingerprinted when present)
-    # Extra fingerprint material computed from the config (e.g. the sha256 of an input file).
-    extra_fingerprint: Callable[[DictConfig], Any] | None = None
+    # Extra fingerprint material computed from the job (e.g. the sha256 of an input file).
+    extra_fingerprint: "Callable[[JobConfig], Any] | None" = None
     # The backends it opens (ROLES): the pipeline keeps a server or the encoder only while a
     # remaining stage of the job uses it, and the GPU plan (gpu_plan.py) adds up per stage
     # what these roles keep resident. None = undeclared, read as every role (every packaged
@@ -175,25 +174,13 @@ LLM_IDENTITY = tuple(f"llm.{k}" for k in fields_with_role(LLMSettings, MODEL))
 EMBEDDER_IDENTITY = tuple(f"embedder.{k}" for k in fields_with_role(EmbedderSettings, MODEL))
 
 
-def select_config(cfg: DictConfig, keys: Sequence[str]) -> dict[str, Any]:
-    """Values of dotted `keys` (missing keys map to None), as plain containers."""
-    out: dict[str, Any] = {}
-    for key in keys:
-        value = OmegaConf.select(cfg, key, default=None)
-        if isinstance(value, DictConfig) or OmegaConf.is_list(value):
-            value = OmegaConf.to_container(value, resolve=True)
-        out[key] = value
-    return out
-
-
-def judge_members(cfg: DictConfig) -> list[tuple[str, Any]]:
-    """(judge name, its llm config or None = the answer model) for every configured judge."""
-    jnode = OmegaConf.select(cfg, "judge", default=None)
-    if jnode is None:
+def judge_members(job: "JobConfig") -> list[tuple[str, Any]]:
+    """(judge name, its llm config or None = the answer model) for every configured judge,
+    the llm configs as the plain mappings the factory reads."""
+    judge = job.select("judge")
+    if judge is None:
         return []
-    jcfg = OmegaConf.to_container(jnode, resolve=True)
-    assert isinstance(jcfg, dict)
-    panel = jcfg.get("panel") or [{"name": jcfg["name"], "llm": jcfg.get("llm")}]
+    panel = judge.get("panel") or [{"name": judge["name"], "llm": judge.get("llm")}]
     return [(str(m["name"]), m.get("llm")) for m in panel]
 
 
@@ -202,13 +189,13 @@ def judge_key(name: str, llm_cfg: Any) -> str:
     return "llm" if llm_cfg is None else f"judge-{name}"
 
 
-def backend_keys(cfg: DictConfig, uses: Sequence[str] | None) -> set[str]:
+def backend_keys(job: "JobConfig", uses: Sequence[str] | None) -> set[str]:
     """The backends (`Backends` keys: "llm", "judge-<name>", "encoder") that roles `uses`
     open (None = every role)."""
     out: set[str] = set()
     for role in ROLES if uses is None else uses:
         if role == "judges":
-            out |= {judge_key(name, llm_cfg) for name, llm_cfg in judge_members(cfg)}
+            out |= {judge_key(name, llm_cfg) for name, llm_cfg in judge_members(job)}
         else:
             out.add(role)
     return out
@@ -219,8 +206,8 @@ class Backends:
     pipeline releases what no remaining stage uses) or at the end of the job; a released one
     opens again when a later stage asks for it."""
 
-    def __init__(self, cfg: DictConfig, run: RunDir) -> None:
-        self.cfg = cfg
+    def __init__(self, job: "JobConfig", run: RunDir) -> None:
+        self.job = job
         self.run = run
         self._stacks: dict[str, contextlib.ExitStack] = {}
         self._llms: dict[str, LLMBackend] = {}
@@ -273,9 +260,11 @@ class Backends:
             torch.cuda.empty_cache()  # hand the freed blocks back to the device for a server
 
     def _cache_dir(self, kind: str) -> Path | None:
-        if not bool(OmegaConf.select(self.cfg, f"cache.{kind}", default=True)):
+        """<paths.cache_dir>/<kind>, or None when `cache.<kind>` (llm | embeddings) is off."""
+        root = self.job.root
+        if root.cache is not None and not getattr(root.cache, kind):
             return None
-        return Path(str(self.cfg.paths.cache_dir)) / kind
+        return Path(str(root.paths.cache_dir if root.paths is not None else None)) / kind
 
     def llm(self, role: str = "llm", llm_cfg: Mapping[str, Any] | None = None) -> "LLMBackend":
         """The backend for `role` ("llm" = the answer/build model; judges use their own names)."""
@@ -286,8 +275,8 @@ class Backends:
             # debug=scripted: every llm of the config (judges, panel members) is the job's
             # scripted one, so a harness run of any experiment starts no server; the judgments
             # record the scripted model that replied.
-            if llm_cfg is None or self.cfg.get("debug_profile") == "scripted":
-                llm_cfg = OmegaConf.to_container(self.cfg.llm, resolve=True)  # type: ignore[assignment]
+            if llm_cfg is None or self.job.root.debug_profile == "scripted":
+                llm_cfg = self.job.select("llm")
             settings = llm_settings(llm_cfg)  # typed (config/schema.py LLMSettings)
             cm = open_llm(settings, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
             stack = contextlib.ExitStack()
@@ -300,7 +289,7 @@ class Backends:
         self._judging = True  # a judge on the answer model is the "judges" role here
         try:
             return [(name, self.llm(judge_key(name, llm_cfg), llm_cfg))
-                    for name, llm_cfg in judge_members(self.cfg)]
+                    for name, llm_cfg in judge_members(self.job)]
         finally:
             self._judging = False
 
@@ -309,16 +298,17 @@ class Backends:
         if self._encoder is None:
             from structmem_gpu.embed.encoder import open_encoder
 
-            self._encoder = open_encoder(EmbedderSettings.from_cfg(self.cfg),
+            self._encoder = open_encoder(self.job.settings(EmbedderSettings),
                                          cache_dir=self._cache_dir("embeddings"))
         return self._encoder
 
 
 @dataclass
 class StageContext:
-    """What a stage function sees: config, run directory, backends, and its own accounting."""
+    """What a stage function sees: the job's typed configuration (structmem_gpu/config/job.py),
+    the run directory, backends, and its own accounting."""
 
-    cfg: DictConfig
+    job: "JobConfig"
     run: RunDir
     stage: Stage
     backends: Backends
@@ -334,17 +324,10 @@ class StageContext:
     unanswered_endpoints: set[str] = field(default_factory=set)
 
     @functools.cached_property
-    def job(self) -> "JobConfig":
-        """The job's configuration as typed objects (structmem_gpu/config/job.py)."""
-        from structmem_gpu.config.job import JobConfig
-
-        return JobConfig.from_cfg(self.cfg)
-
-    @functools.cached_property
     def settings(self) -> Any:
         """The stage's typed settings for this job (built once, from the checked config)."""
         cls = self.stage.settings
-        return None if cls is None else cls.from_cfg(self.cfg)
+        return None if cls is None else self.job.settings(cls)
 
     def read(self, name: str) -> pl.DataFrame:
         return self.run.read_table(name, needed_by=self.stage.name)
@@ -392,8 +375,8 @@ class StageContext:
         from structmem_gpu.embed.encoder import instruction
 
         enc = self.encoder()
-        has = OmegaConf.select(self.cfg, "embedder", default=None) is not None
-        prompt = instruction(EmbedderSettings.from_cfg(self.cfg) if has else EmbedderSettings(), use)
+        has = self.job.select("embedder") is not None
+        prompt = instruction(self.job.settings(EmbedderSettings) if has else EmbedderSettings(), use)
         t0 = time.perf_counter()
         out = enc.encode(list(texts), prompt=prompt) if prompt else enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0

@@ -178,6 +178,7 @@ def check_vllm(model: str, overrides: Sequence[str], timeout_s: float = 240) -> 
         return Outcome("vllm", "skipped", why)
     import json
 
+    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.node.gpu_plan import device_memory
 
     util = 0.3  # a small model: leaves the GPU to anything else the node runs
@@ -195,7 +196,7 @@ def check_vllm(model: str, overrides: Sequence[str], timeout_s: float = 240) -> 
         return Outcome("vllm", "failed", f"extract on {model} exited {done.returncode}: {tail}")
     stage = json.loads((run_dir / "manifest.json").read_text())["stages"]["extract"]
     cost = stage["build_cost"]
-    device_gb, _ = device_memory(compose(overrides))
+    device_gb, _ = device_memory(JobConfig.from_cfg(compose(overrides)))
     share = "?" if device_gb is None else f"{util * device_gb:.1f}"
     line = (f"{model}: sample extract {cost['calls']} requests in {cost['wall_s']:.1f} s "
             f"(job {wall:.0f} s with server start); nvidia-smi peak {mem.peak_mb / 1000:.1f} GB, "

@@ -26,7 +26,8 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+
+from structmem_gpu.config.job import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class BenchSettings:
         cache_off: bool = False,
         cache_dir: Path | None = None,
         scripted: bool = False,
-    ) -> DictConfig:
+    ) -> JobConfig:
         return compose(
             self.conf_dir,
             self.overrides_for(extra, cache_off=cache_off, cache_dir=cache_dir, scripted=scripted),
@@ -92,37 +93,37 @@ def _is_llm_override(o: str) -> bool:
     return key == "llm" or key.startswith("llm.") or key.startswith("llm@")
 
 
-def compose(conf_dir: Path, overrides: Sequence[str]) -> DictConfig:
-    """conf/config.yaml with overrides, composed in-process (the same config jobs/run.py gets)."""
+def compose(conf_dir: Path, overrides: Sequence[str]) -> JobConfig:
+    """conf/config.yaml with overrides, composed in-process (the same config jobs/run.py gets)
+    and checked into the typed JobConfig every bench part reads."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+        return JobConfig.from_cfg(hydra_compose(config_name="config", overrides=list(overrides)))
 
 
 def run_pipeline(
-    cfg: DictConfig, run_dir: Path, registry: Mapping[str, Any] | None = None
+    job: JobConfig, run_dir: Path, registry: Mapping[str, Any] | None = None
 ) -> float:
     """Run the configured stages into `run_dir` (forced: a bench always measures); wall seconds."""
     from structmem_gpu.methods.registry import stage_registry
     from structmem_gpu.run.pipeline import run_stages
 
-    cfg = cfg.copy()
-    OmegaConf.update(cfg, "force", True)
+    job = JobConfig({**job.plain, "force": True})  # force never changes a fingerprint
     t0 = time.perf_counter()
     run_stages(
-        cfg, run_dir, registry if registry is not None else stage_registry(cfg)
+        job, run_dir, registry if registry is not None else stage_registry(job)
     )
     return time.perf_counter() - t0
 
 
-def llm_stages(cfg: DictConfig, stages: Sequence[str]) -> list[str]:
+def llm_stages(job: JobConfig, stages: Sequence[str]) -> list[str]:
     """The stages among `stages` that may send LLM requests, as each Stage declares it
     (`uses` names "llm" or "judges"; stage.py), in the given order."""
     from structmem_gpu.methods.registry import stage_registry
 
-    registry = stage_registry(cfg)
+    registry = stage_registry(job)
     return [s for s in stages if registry[s].sends_llm_requests]
 
 
@@ -136,14 +137,13 @@ def manifest_stages(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def llm_endpoint(cfg: DictConfig, log_dir: Path) -> Iterator[tuple[str | None, Any]]:
+def llm_endpoint(job: JobConfig, log_dir: Path) -> Iterator[tuple[str | None, Any]]:
     """(base_url, backend) of the configured LLM: attached, launched once for the whole bench
     (stopped on exit), or (None, None) for backends without an HTTP endpoint (scripted,
     vllm_offline), which each pipeline run then opens itself."""
     from structmem_gpu.llm.factory import open_llm
 
-    llm = OmegaConf.to_container(cfg.llm, resolve=True)
-    assert isinstance(llm, dict)
+    llm = dict(job.select("llm"))  # the plain node open_llm reads, as jobs/run.py's backends do
     if llm.get("backend") in ("scripted", "vllm_offline"):
         yield None, None
         return

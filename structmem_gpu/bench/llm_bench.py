@@ -39,8 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def sample_requests(job: JobConfig, n: int, max_tokens: int) -> list[LLMRequest]:
-    """The first n extraction requests of the configured benchmark (both perspectives).
-    `job`: a JobConfig, or a config it checks."""
+    """The first n extraction requests of the configured benchmark (both perspectives)."""
     from structmem_gpu.data import load_benchmark
     from structmem_gpu.methods.structmem.extract import (
         ExtractSettings,
@@ -48,7 +47,6 @@ def sample_requests(job: JobConfig, n: int, max_tokens: int) -> list[LLMRequest]
         plan_from_settings,
     )
 
-    job = JobConfig.from_cfg(job)
     b = job.root.benchmark
     turns, _ = load_benchmark(b.name, b.path, None, b.max_sessions)
     s = job.settings(ExtractSettings)

@@ -215,7 +215,7 @@ class Suite:
         )
         with endpoint as (url, _backend):
             self.settings.base_url = url
-            llm = self.base.llm
+            llm = self.base.root.llm
             where = url or ("in-process" if needs_llm else "not started (no part needs it)")
             meta["llm"] = f"{llm.backend} {llm.served_name} at {where}"
             for name in (p for p in PARTS if p in self.opts.parts):
@@ -255,7 +255,7 @@ class Suite:
         from structmem_gpu.bench import llm_bench
 
         if not self.settings.base_url:
-            return {"skipped": f"llm.backend={self.base.llm.backend} has no HTTP endpoint"}
+            return {"skipped": f"llm.backend={self.base.root.llm.backend} has no HTTP endpoint"}
         cfg = self.settings.compose()  # requests of the configured benchmark (default: sample)
         return llm_bench.run_llm_bench(
             cfg,

@@ -84,7 +84,6 @@ class AnswerPrompt:
 
 def answer_protocol(job: JobConfig) -> str:
     """`answer.protocol` (AnswerSettings checks it; a job without an answer node: paper)."""
-    job = JobConfig.from_cfg(job)
     return job.settings(AnswerSettings).protocol if job.has("answer") else "paper"
 
 
@@ -107,10 +106,6 @@ class AnswerInputs:
     job: JobConfig  # the job's typed configuration (config/job.py)
     questions: pl.DataFrame  # the selected questions, table order
     tables: Mapping[str, pl.DataFrame] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # a config JobConfig checks is taken too (JobConfig.from_cfg returns a JobConfig as is)
-        object.__setattr__(self, "job", JobConfig.from_cfg(self.job))
 
     def table(self, name: str) -> pl.DataFrame | None:
         return self.tables.get(name)
@@ -139,7 +134,6 @@ def builder_fingerprint(job: JobConfig) -> Any:
     """Extra fingerprint material of the configured builder: a "module:function" builder may
     define `<function>_fingerprint(job)` beside it (e.g. the commit and hash of an official
     reader text it reads from a checkout); None when it does not."""
-    job = JobConfig.from_cfg(job)
     name = job.settings(AnswerSettings).prompt if job.has("answer") else ""
     module, sep, attr = name.partition(":")
     if not sep or name in _REGISTERED:

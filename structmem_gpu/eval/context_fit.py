@@ -30,7 +30,6 @@ _STEPS = 12  # binary-search steps over the share: 1/4096 resolution
 def reader_fits(job: JobConfig) -> Callable[[Sequence[Message]], bool]:
     """`fits(messages)`: the prompt plus `answer.max_tokens` fits the answer model's context,
     by the context guard's own rule and counter (the configured context; no server asked)."""
-    job = JobConfig.from_cfg(job)
     from structmem_gpu.llm.factory import config_guard
 
     from structmem_gpu.eval.answer import AnswerSettings

@@ -190,7 +190,6 @@ class JudgeSettings(Settings):
 
 def judge_protocol(job: JobConfig) -> str:
     """`judge.protocol` (JudgeSettings checks it; a job without a judge node: paper)."""
-    job = JobConfig.from_cfg(job)
     return job.settings(JudgeSettings).protocol if job.has("judge") else "paper"
 
 
@@ -482,7 +481,6 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
 def official_judges(job: JobConfig) -> dict[str, dict[str, official.OfficialText]]:
     """The official judge texts of prompts.sources.* (protocol paper): "locomo" (mem0's, else
     LightMem's) and "longmemeval" (by question type), each only when configured."""
-    job = JobConfig.from_cfg(job)
     out: dict[str, dict[str, official.OfficialText]] = {}
     locomo = official.locomo_judge(
         official.source_spec(job, "lightmem"), official.source_spec(job, "mem0")
@@ -497,7 +495,6 @@ def official_judges(job: JobConfig) -> dict[str, dict[str, official.OfficialText
 
 def judge_texts_fingerprint(job: JobConfig) -> str | None:
     """The commit and hash of every official judge text the stage uses (protocol paper)."""
-    job = JobConfig.from_cfg(job)
     if judge_protocol(job) != "paper":
         return None
     texts = official_judges(job)
@@ -507,7 +504,6 @@ def judge_texts_fingerprint(job: JobConfig) -> str | None:
 def judge_identity(job: JobConfig) -> dict[str, Any]:
     """Judge names, their models and sampling, without connection settings. Fingerprint
     material: read as plain data (JobConfig.select), so values hash as they always did."""
-    job = JobConfig.from_cfg(job)
     j = dict(job.select("judge") or {})
     panel = j.get("panel") or [{"name": j.get("name"), "llm": j.get("llm")}]
     return {

@@ -316,7 +316,6 @@ def write_run_plots(
     `job` selects the published rows drawn beside ours and gives the stage order; without it
     the rows report/report.json lists are drawn (or `published`), stages in run order.
     """
-    job = None if job is None else JobConfig.from_cfg(job)
     run = RunDir(run_dir)
     if not run.manifest_path.is_file() and not run.tables_dir.is_dir():
         raise InputError(run.root, "not a run directory (no manifest.json and no tables/)")

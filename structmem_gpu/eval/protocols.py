@@ -160,8 +160,8 @@ def _cat5_for_judge(item: J.JudgeItem) -> J.JudgeItem:
 def score_protocols(cfg: Any, run_dir: Path, judge: str | None = None
                     ) -> tuple[pl.DataFrame, list[Scored], dict[str, Any]]:
     """(the scored questions, one Scored per protocol, context for the report). `cfg`: the
-    run's configuration as the entry point read it (jobs/report.py), handed unread to the
-    backends that open the judge (stage.py); everything here reads it typed."""
+    run's configuration as the entry point read it (jobs/report.py) or its JobConfig; the
+    backends that open the judge (stage.py) read the JobConfig."""
     job = JobConfig.from_cfg(cfg)
     run = RunDir(run_dir)
     answers = run.read_table("answers", needed_by="protocols")
@@ -175,7 +175,7 @@ def score_protocols(cfg: Any, run_dir: Path, judge: str | None = None
     texts = official_texts(job, lme)
     protocols = protocols_for(lme, list(texts), inputs, has_cat5)
 
-    members = judge_members(cfg)
+    members = judge_members(job)
     if not members:
         raise StructMemError("protocols: the config has no judge")
     names = [n for n, _ in members]
@@ -187,8 +187,8 @@ def score_protocols(cfg: Any, run_dir: Path, judge: str | None = None
 
     items_by_input = {inp: J.judge_items(questions, answers, inp) for inp in inputs}
     out: list[Scored] = []
-    with Backends(cfg, run) as backends:
-        ctx = StageContext(cfg, run, J.STAGE, backends)
+    with Backends(job, run) as backends:
+        ctx = StageContext(job, run, J.STAGE, backends)
         backend = None
         for p in protocols:
             if p.kind == "lexical":

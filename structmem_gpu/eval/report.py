@@ -144,7 +144,6 @@ def judge_summary(
 
 def headline_judge(job: JobConfig, present: Sequence[str]) -> str | None:
     """The first configured judge (panel order) that has rows, else the first judge present."""
-    job = JobConfig.from_cfg(job)
     j = job.settings(JudgeSettings) if job.has("judge") else None
     configured = [m.name for m in j.panel] if j and j.panel else [j.name if j else ""]
     for name in configured:
@@ -257,7 +256,6 @@ def build_report(
     manifest: Mapping[str, Any],
     st: ReportSettings,
 ) -> dict[str, Any]:
-    job = JobConfig.from_cfg(job)
     names = {int(k): v for k, v in category_names(questions).items()}
     rows = scored_rows(questions, judgments)
     judges = list(dict.fromkeys(rows["judge_name"].to_list()))
@@ -315,7 +313,6 @@ def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]
     """{"answer": ..., "judge": ..., "judge_input": reply | answer, "texts": official: ... |
     ours, and "qa_store" where the offline update ran}: what each stage recorded in the
     manifest, else the config (a judge entry without judge_input judged the answer)."""
-    job = JobConfig.from_cfg(job)
     stages = manifest.get("stages") or {}
     out = {}
     for stage, default in (("answer", answer_protocol(job)), ("judge", judge_protocol(job))):

@@ -8,9 +8,8 @@ from structmem_gpu.config.job import JobConfig
 
 
 def selected_questions(job: JobConfig, questions: pl.DataFrame) -> pl.DataFrame:
-    """Questions of the configured categories, in their table order. (`job` may still be a
-    config JobConfig checks: the dry run passes its own until it holds a JobConfig.)"""
-    cats = JobConfig.from_cfg(job).root.benchmark.categories
+    """Questions of the configured categories, in their table order."""
+    cats = job.root.benchmark.categories
     if cats is None:
         return questions
     return questions.filter(pl.col("category").is_in([int(c) for c in cats]))

@@ -7,13 +7,14 @@ finish_reason `over_context` (counted per stage in the manifest notes and report
 failure. The context is `llm.n_ctx` (llama.cpp), `llm.max_model_len` (vLLM, external), or
 what an attached server reports (`/v1/models` max_model_len, llama.cpp `/props` n_ctx):
 
-    >>> limit = context_limit({"backend": "llamacpp", "n_ctx": 8192, ...})
+    >>> limit = context_limit(LLMSettings(backend="llamacpp", n_ctx=8192))
     ContextLimit(tokens=8192, source='llm.n_ctx')
 
 Prompt tokens are counted by `llm.tokenizer` when it is on this machine (with its chat
 template), else conservatively as characters / 3 + 8 per message (English text runs about 4
 characters per token, code and numbers fewer), so a prompt the guard lets through fits.
-The dry run (bench/dry_run.py) and the readers' context trimming count the same way.
+Every function here reads the typed llm settings (config/schema.py LLMSettings). The dry run
+(node/dry_run.py) and the readers' context trimming count the same way.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.llm.tokens import TextCounter, optional_counter
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message
 
@@ -46,13 +48,13 @@ def _safe_count(messages: Sequence[Message]) -> int:
     return -(-chars // SAFE_CHARS_PER_TOKEN) + _MESSAGE_OVERHEAD * len(messages)
 
 
-def guard_counter(c: Mapping[str, Any]) -> TextCounter:
-    """The prompt counter of llm config `c`: its tokenizer (`llm.tokenizer`, unset = the
-    model's) when local, else the safe estimate."""
-    tok = c.get("tokenizer") if c.get("tokenizer") is not None else c.get("model")
+def guard_counter(c: LLMSettings | None) -> TextCounter:
+    """The prompt counter of llm settings `c`: its tokenizer (`llm.tokenizer`, unset = the
+    model's) when local, else the safe estimate (also for no settings)."""
+    tok = None if c is None else c.tokenizer if c.tokenizer is not None else c.model
     counter = None
-    if tok not in (None, "chars"):
-        counter = optional_counter(str(tok), c.get("revision") if tok == c.get("model") else None)
+    if c is not None and tok not in (None, "chars"):
+        counter = optional_counter(str(tok), c.revision if tok == c.model else None)
     if counter is None:
         return TextCounter("chars/3 (safe)", lambda t: -(-len(t) // SAFE_CHARS_PER_TOKEN))
     return counter
@@ -64,12 +66,12 @@ def count_prompt(counter: TextCounter, messages: Sequence[Message]) -> int:
     return counter.messages(messages)
 
 
-def configured_limit(c: Mapping[str, Any]) -> ContextLimit:
+def configured_limit(c: LLMSettings) -> ContextLimit:
     """The context the config states: llama.cpp `n_ctx`, else `max_model_len` when set."""
-    if c.get("backend") == "llamacpp" and c.get("n_ctx"):
-        return ContextLimit(int(c["n_ctx"]), "llm.n_ctx")
-    if c.get("backend") != "llamacpp" and c.get("max_model_len"):
-        return ContextLimit(int(c["max_model_len"]), "llm.max_model_len")
+    if c.backend == "llamacpp" and c.n_ctx:
+        return ContextLimit(int(c.n_ctx), "llm.n_ctx")
+    if c.backend != "llamacpp" and c.max_model_len:
+        return ContextLimit(int(c.max_model_len), "llm.max_model_len")
     return ContextLimit(None, "unknown")
 
 
@@ -97,7 +99,7 @@ def reported_limit(base_url: str, api_key: str | None = None, timeout_s: float =
     return None
 
 
-def context_limit(c: Mapping[str, Any], base_url: str | None = None,
+def context_limit(c: LLMSettings, base_url: str | None = None,
                   api_key: str | None = None) -> ContextLimit:
     """The server's own report when attached to one (`base_url`), else the configured one."""
     if base_url:

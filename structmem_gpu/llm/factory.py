@@ -277,8 +277,8 @@ def config_guard(llm_cfg: Any) -> Any:
     )
 
     if llm_cfg is None:
-        return ContextGuard(ContextLimit(None, "unknown"), guard_counter({}))
-    c = resolve_config(llm_cfg)
+        return ContextGuard(ContextLimit(None, "unknown"), guard_counter(None))
+    c = llm_settings(llm_cfg)
     return ContextGuard(configured_limit(c), guard_counter(c))
 
 
@@ -291,9 +291,9 @@ def context_guard(cfg: Any, launched_url: str | None = None) -> Any:
         ContextGuard, configured_limit, context_limit, guard_counter,
     )
 
-    c = resolve_config(cfg)  # llm/context_guard.py reads the config as a mapping
+    c = llm_settings(cfg)
     limit = configured_limit(c)
-    url = c["base_url"] or (launched_url if limit.tokens is None else None)
+    url = c.base_url or (launched_url if limit.tokens is None else None)
     if url:
-        limit = context_limit(c, str(url), api_key_from_env(c["api_key_env"]))
+        limit = context_limit(c, str(url), api_key_from_env(c.api_key_env))
     return ContextGuard(limit, guard_counter(c))

@@ -302,7 +302,8 @@ def print_dry_run(cfg: Any) -> dict[str, Any]:
     print("\n".join(comparison_lines(cfg)) + "\n", flush=True)
     est = estimate(cfg)
     print(format_estimate(est))
-    memory = plan(cfg, job_stages(cfg))
+    job = JobConfig.from_cfg(cfg)
+    memory = plan(job, job_stages(job))
     print("\n" + memory.format(), flush=True)
     if memory.refusal:
         raise GpuPlanError(memory.refusal)

@@ -39,7 +39,7 @@ from typing import Any
 
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.node.model_refs import cached_snapshot
-from structmem_gpu.stage import ROLES, Stage, judge_key
+from structmem_gpu.stage import Stage, backend_keys, judge_key, judge_members
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def _gpu_total(on: Sequence[Resident], device_gb: float | None, headroom_gb: flo
 
 def device_memory(job: JobConfig) -> tuple[float | None, str]:
     """(GB per GPU, where it came from): gpu.memory_gb, else torch's first CUDA device."""
-    gpu = JobConfig.from_cfg(job).root.gpu
+    gpu = job.root.gpu
     stated = gpu.memory_gb if gpu is not None else None
     if stated is not None:
         return float(stated), "gpu.memory_gb"
@@ -224,33 +224,19 @@ def weights(node: Mapping[str, Any], *, runtime_bytes: int | None = None) -> Wei
 
 def judge_llms(job: JobConfig) -> list[tuple[str, dict[str, Any] | None, str]]:
     """(judge name, its llm node or None = the answer model, the node path whose knobs size
-    it) for every configured judge, in the order Backends opens them (stage.judge_members).
-    The llm nodes are the plain mappings the factory and `weights` read."""
-    judge = job.select("judge")
-    if judge is None:
-        return []
-    panel = judge.get("panel")
-    if not panel:
-        return [(str(judge["name"]), judge.get("llm"), "judge.llm")]
+    it) for every configured judge: stage.judge_members (what Backends opens, in its order)
+    with the node path added. The llm nodes are the plain mappings the factory and `weights`
+    read."""
+    members = judge_members(job)
+    judge = job.select("judge") or {}
+    if not judge.get("panel"):
+        return [(name, llm, "judge.llm") for name, llm in members]
     out = []
-    for i, member in enumerate(panel):
-        llm = member.get("llm")
+    for i, (name, llm) in enumerate(members):
         # A member that interpolates a judge.*_llm node (judge.qwen_llm: ${judge.qwen_llm})
         # is sized by that node's knobs: the resolved config holds an equal copy of it.
         shared = [k for k, v in judge.items() if k.endswith("_llm") and llm is not None and v == llm]
-        out.append((str(member["name"]), llm, f"judge.{shared[0]}" if shared else f"judge.panel.{i}.llm"))
-    return out
-
-
-def backend_keys(job: JobConfig, uses: Sequence[str] | None) -> set[str]:
-    """The Backends keys ("llm", "judge-<name>", "encoder") roles `uses` open (None = every
-    role), as stage.backend_keys names them."""
-    out: set[str] = set()
-    for role in ROLES if uses is None else uses:
-        if role == "judges":
-            out |= {judge_key(name, llm) for name, llm, _ in judge_llms(job)}
-        else:
-            out.add(role)
+        out.append((name, llm, f"judge.{shared[0]}" if shared else f"judge.panel.{i}.llm"))
     return out
 
 
@@ -385,9 +371,7 @@ def _ceil2(x: float) -> str:
 
 
 def plan(job: JobConfig, stages: Sequence[Stage]) -> GpuPlan:
-    """The plan for the job's `stages` (in order), following the pipeline's release schedule.
-    `job`: a JobConfig, or a config it is checked from."""
-    job = JobConfig.from_cfg(job)
+    """The plan for the job's `stages` (in order), following the pipeline's release schedule."""
     device_gb, source = device_memory(job)
     gpu = job.root.gpu
     headroom = 2.0 if gpu is None else float(gpu.headroom_gb)  # GpuSettings' default: 2.0
@@ -441,7 +425,6 @@ def job_stages(job: JobConfig) -> list[Stage]:
     """The job's Stage objects in order (stages=[...] or the method's list)."""
     from structmem_gpu.methods.registry import stage_registry
 
-    job = JobConfig.from_cfg(job)
     names = list(job.root.stages) if job.root.stages else list(job.root.method.stages)
     registry = stage_registry(job)
     return [registry[n] for n in names if n in registry]

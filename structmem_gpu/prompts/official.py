@@ -87,7 +87,6 @@ class OfficialText:
 
 def source_spec(job: JobConfig, name: str) -> str | None:
     """The configured `prompts.sources.<name>` (LightMem: or its alias prompts.reference_dir)."""
-    job = JobConfig.from_cfg(job)
     prompts = job.root.prompts
     sources = prompts.sources if prompts is not None else None
     value = getattr(sources, name) if sources is not None else None
@@ -274,7 +273,6 @@ def manifest(job: JobConfig) -> dict[str, Any] | None:
     """The run header's `official_texts`: per configured source its spec, resolved commit and
     the file/variable/hash of each text it supplies (an absent text is named with the reason;
     the stage that needs it stops with that ConfigError). None when no source is set."""
-    job = JobConfig.from_cfg(job)
     out: dict[str, Any] = {}
     for name in SOURCE_NAMES:
         spec = source_spec(job, name)
@@ -296,7 +294,6 @@ def texts_protocol(job: JobConfig) -> str:
     """The report's `protocols.texts`: which official checkouts (at which commit) the run's
     texts came from, e.g. "official: lightmem@8fc9a91, mem0@b3ede5b; ours: longmemeval", or
     "ours" when every prompts.sources.* is null (our own wording)."""
-    job = JobConfig.from_cfg(job)
     official, ours = [], []
     for name in SOURCE_NAMES:
         spec = source_spec(job, name)
@@ -318,7 +315,6 @@ def fingerprint(texts: Mapping[str, OfficialText | None]) -> str | None:
 
 def judge_texts(job: JobConfig) -> dict[str, OfficialText | None]:
     """The official judge texts this config names (LoCoMo judge; LongMemEval by type)."""
-    job = JobConfig.from_cfg(job)
     out: dict[str, OfficialText | None] = {
         "judge_locomo": locomo_judge(source_spec(job, "lightmem"), source_spec(job, "mem0"))
     }

@@ -37,8 +37,7 @@ from structmem_gpu.stage import Backends, Stage, StageContext, backend_keys
 
 # Every function here takes the job's configuration as a JobConfig (config/job.py) or as the
 # entry point's config, which it checks into one (JobConfig.from_cfg returns a JobConfig as it
-# is). run_stages hands the entry point's config unread to the stage contract's backends and
-# contexts (stage.py), which open the servers from it.
+# is). The stage contract's backends and contexts (stage.py) receive the JobConfig.
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +176,8 @@ def run_stages(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> 
     """Run the configured stages in order. A server or the encoder stays open only while a
     remaining stage uses it (Stage.uses): after each stage the backends no later stage uses
     are released, and before a stage the GPU plan's evictions (gpu_plan.py); the plan refuses
-    a job that cannot fit before any stage runs. `cfg`: the entry point's config (what the
-    backends open servers from, stage.py), read here as a JobConfig."""
+    a job that cannot fit before any stage runs. `cfg`: the entry point's config or its
+    JobConfig."""
     job = JobConfig.from_cfg(cfg)
     names = job_stage_names(job)
     unknown = [n for n in names if n not in registry]
@@ -198,7 +197,7 @@ def run_stages(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> 
         raise GpuPlanError(memory.refusal)
     log.info("%s", memory.format())
     # What each stage and every later one opens: a backend leaves once no later stage uses it.
-    uses = [backend_keys(cfg, s.uses) for s in stages]
+    uses = [backend_keys(job, s.uses) for s in stages]
     run = RunDir(run_dir)
     outcomes = []
     # One job per run directory (a requeued task racing its predecessor, a command launched
@@ -206,25 +205,25 @@ def run_stages(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> 
     with hold_run_dir(run.root):
         header = run_header(job, stages, run)
         _refuse_after_incomplete(run, names)
-        with Backends(cfg, run) as backends:
+        with Backends(job, run) as backends:
             for i, (name, stage) in enumerate(zip(names, stages)):
                 preempt.check(name)
                 backends.release(memory.evict_before(name))
                 backends.stage_name, backends.stage_uses = name, stage.uses
-                outcomes.append(_run_one(stage, job, cfg, run, backends, header))
+                outcomes.append(_run_one(stage, job, run, backends, header))
                 backends.stage_uses = None
                 backends.release(backends.open_keys() - set().union(*uses[i + 1:]))
     return outcomes
 
 
-def _run_one(stage: Stage, job: JobConfig, cfg: Any, run: RunDir, backends: Backends,
+def _run_one(stage: Stage, job: JobConfig, run: RunDir, backends: Backends,
              header: Mapping[str, Any]) -> StageOutcome:
     fp = fingerprint(stage, job, run)
     if finished(job, run, stage.name, fp):
         log.info("stage %-12s skipped (finished, same fingerprint %s)", stage.name, fp)
         return StageOutcome(stage.name, True, 0.0)
     log.info("stage %-12s running", stage.name)
-    ctx = StageContext(cfg=cfg, run=run, stage=stage, backends=backends)
+    ctx = StageContext(job=job, run=run, stage=stage, backends=backends)
     started = now_iso()
     t0 = time.perf_counter()
     tables = dict(stage.run(ctx))

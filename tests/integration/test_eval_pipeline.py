@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.eval.selection import selected_questions
 from tests.contract import REPORT_GROUP_KEYS
@@ -39,7 +40,7 @@ def test_one_answer_and_one_judgment_per_question(
 ) -> None:
     run = RunDir(structmem_sample_run)
     cfg = compose_cfg([*ci_overrides, "benchmark=sample", "method=structmem"])
-    questions = selected_questions(cfg, run.read_table("questions"))
+    questions = selected_questions(JobConfig.from_cfg(cfg), run.read_table("questions"))
     assert set(questions["category"].to_list()) <= {1, 2, 3, 4} and questions.height > 0
     answers, judg = run.read_table("answers"), run.read_table("judgments")
     assert sorted(answers["question_id"]) == sorted(questions["question_id"])

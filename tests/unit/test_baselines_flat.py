@@ -8,6 +8,7 @@ import polars as pl
 from omegaconf import OmegaConf
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
@@ -79,7 +80,7 @@ def test_flat_reader_shows_dated_entries_and_no_syntheses(run: RunDir) -> None:
     tables = {n: run.read_table(n) for n in ("retrievals", "entries")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
     build = context_builder(cfg.answer.prompt)
-    paper = build(AnswerInputs(cfg, questions, tables))  # default protocol
+    paper = build(AnswerInputs(JobConfig.from_cfg(cfg), questions, tables))  # default protocol
     assert set(paper) == set(questions["question_id"])
     for p in paper.values():
         text = p.messages[-1].content
@@ -88,7 +89,7 @@ def test_flat_reader_shows_dated_entries_and_no_syntheses(run: RunDir) -> None:
         assert "Event summaries:" not in text  # flat memory has no syntheses
         assert text.rstrip().splitlines()[-1].startswith("Question: ")
     OmegaConf.update(cfg, "answer.protocol", "reasoned")
-    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
+    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(JobConfig.from_cfg(cfg), questions, tables))
     assert set(prompts) == set(questions["question_id"])
     for p in prompts.values():
         user = p.messages[-1].content

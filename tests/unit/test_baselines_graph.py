@@ -18,6 +18,7 @@ import polars as pl
 from omegaconf import OmegaConf
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.embed.encoder import Encoder
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
@@ -396,14 +397,14 @@ def test_graph_reader_shows_entries_and_relations(run: RunDir) -> None:
     questions = run.read_table("questions").filter(pl.col("category") < 5)
     with_rel = set(tables["retrievals"].filter(pl.col("circuit") == "relations")["question_id"])
     build = context_builder(cfg.answer.prompt)
-    paper = build(AnswerInputs(cfg, questions, tables))  # default protocol
+    paper = build(AnswerInputs(JobConfig.from_cfg(cfg), questions, tables))  # default protocol
     for qid, p in paper.items():
         text = p.messages[-1].content
         assert p.prompt_version == "answer_paper/1" and "Memories of " in text
         assert ("Relations between entities:\n- [" in text) == (qid in with_rel)
         assert "source -> relation -> target" in text  # the relation rule joins the reader
     OmegaConf.update(cfg, "answer.protocol", "reasoned")
-    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
+    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(JobConfig.from_cfg(cfg), questions, tables))
     for qid, p in prompts.items():
         user = p.messages[-1].content
         assert user.startswith("Memories of ") and p.prompt_version == "answer_graph/1"

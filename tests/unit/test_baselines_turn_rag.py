@@ -7,6 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
@@ -74,7 +75,7 @@ def test_reader_lists_turns_in_conversation_order(run: RunDir) -> None:
     cfg = cfg_for("method=turn_rag")
     tables = {n: run.read_table(n) for n in ("retrievals", "turns")}
     questions = run.read_table("questions").filter(pl.col("category") < 5)
-    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
+    prompts = context_builder(cfg.answer.prompt)(AnswerInputs(JobConfig.from_cfg(cfg), questions, tables))
     for p in prompts.values():
         lines = p.messages[-1].content.splitlines()
         assert (

@@ -22,7 +22,7 @@ def test_counts_match_the_stage_builders_on_the_sample() -> None:
     est = estimate(cfg)
     turns, questions = load_benchmark("sample", None, None, None)
     rows = _rows(est)
-    windows = plan_windows(turns, int(cfg.extract.turns_per_request), 0)
+    windows = plan_windows(turns, int(cfg.select('extract.turns_per_request')), 0)
     assert rows["extract"]["requests"] == 2 * len(windows)
     assert rows["consolidate"]["requests"] == count_windows(
         turns.rename({"session_time": "event_time"}), 3600
@@ -38,7 +38,7 @@ def test_counts_match_the_stage_builders_on_the_sample() -> None:
     assert all(r["prompt_tokens"] > 0 for r in est["stages"] if r["requests"])
     # Replies are capped by max_tokens.
     assert rows["extract"]["completion_tokens"] <= rows["extract"]["requests"] * int(
-        cfg.extract.max_tokens
+        cfg.select("extract.max_tokens")
     )
 
 

@@ -146,6 +146,7 @@ def test_instructions_reach_the_encoder_per_use(tmp_path: Path) -> None:
 
     from structmem_gpu.embed.encoder import instruction
     from structmem_gpu.stage import Backends, StageContext
+    from tests.fixtures.pipeline import job_with
 
     cfg = {"instructions": {"query": "Instruct: find memories\nQuery: ", "fact": "Q2F: ", "passage": None}}
     assert instruction(cfg, "query") == "Instruct: find memories\nQuery: "
@@ -166,7 +167,7 @@ def test_instructions_reach_the_encoder_per_use(tmp_path: Path) -> None:
             return enc
 
     ctx = StageContext.__new__(StageContext)
-    ctx.cfg = OmegaConf.create({"embedder": cfg})
+    ctx.job = job_with({"embedder": cfg})
     ctx.backends = _B()
     ctx.encoder_wall_s = 0.0
     q = ctx.encode(["When did Ana move?"], use="query")

@@ -82,10 +82,12 @@ def missing_official(cfg: DictConfig) -> str | None:
     """The first official checkout the config names that this machine lacks (None: all here).
     CI sets STRUCTMEM_OFFICIAL_DIR (paths.official_dir) to the shared mirrors, so none is
     skipped there; a machine without them skips those commands with this line."""
+    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
 
+    job = JobConfig.from_cfg(cfg)
     for name in SOURCE_NAMES:
-        spec = source_spec(cfg, name)
+        spec = source_spec(job, name)
         if spec is not None and not Path(spec.rpartition("@")[0] or spec).exists():
             return f"prompts.sources.{name}={spec}"
     return None

@@ -33,6 +33,7 @@ import polars as pl
 import pytest
 from hydra import compose, initialize_config_dir
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.eval.judge import build_request, judge_items, official_judges
 from structmem_gpu.llm.scripted import ScriptedLLM
@@ -263,7 +264,7 @@ def test_longmemeval_export_scored_by_evaluate_qa(
     # what our judge stage sent for each question (the official template, filled by us) -> its reply
     run = RunDir(run_dir)
     items = judge_items(run.read_table("questions"), run.read_table("answers"), "reply")
-    texts = official_judges(cfg)
+    texts = official_judges(JobConfig.from_cfg(cfg))
     labels = dict(run.read_table("judgments").select("question_id", "label").iter_rows())
     replies = {}
     for it in items:

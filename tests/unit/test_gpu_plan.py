@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.node import gpu_plan
 from structmem_gpu.node.gpu_plan import job_stages, plan
 from structmem_gpu.stage import Stage
@@ -24,8 +25,8 @@ def empty_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def job_plan(*overrides: str) -> gpu_plan.GpuPlan:
-    cfg = compose_cfg(list(overrides))
-    return plan(cfg, job_stages(cfg))
+    job = JobConfig.from_cfg(compose_cfg(list(overrides)))
+    return plan(job, job_stages(job))
 
 
 def residents(p: gpu_plan.GpuPlan, stage: str) -> list[str]:
@@ -95,7 +96,7 @@ def test_seem_qwen3_8b_beside_nv_embed_v2_on_141_gb() -> None:
 def test_a_backend_carried_across_a_stage_is_released_when_it_does_not_fit() -> None:
     """The encoder is used before and after a judge stage; beside the 32B judge's share it
     does not fit 80 GB, so the plan releases it first (the pipeline reopens it later)."""
-    cfg = compose_cfg(["judge=qwen2_5_32b", "embedder=nv_embed_v2", "gpu.memory_gb=80"])
+    cfg = JobConfig.from_cfg(compose_cfg(["judge=qwen2_5_32b", "embedder=nv_embed_v2", "gpu.memory_gb=80"]))
     noop = lambda ctx: {}  # noqa: E731
     stages = [Stage("a", noop, uses=("encoder",)), Stage("b", noop, uses=("judges",)),
               Stage("c", noop, uses=("encoder",))]
@@ -103,8 +104,8 @@ def test_a_backend_carried_across_a_stage_is_released_when_it_does_not_fit() -> 
     assert p.refusal is None
     assert p.evict_before("b") == {"encoder"} and residents(p, "b") == ["judge-qwen2_5_32b"]
     assert residents(p, "c") == ["encoder"]  # the judge server left after b
-    roomy = plan(compose_cfg(["judge=qwen2_5_32b", "embedder=nv_embed_v2", "gpu.memory_gb=141",
-                              "judge.llm.gpu_memory_utilization=0.8"]), stages)
+    roomy = plan(JobConfig.from_cfg(compose_cfg(["judge=qwen2_5_32b", "embedder=nv_embed_v2", "gpu.memory_gb=141",
+                                                 "judge.llm.gpu_memory_utilization=0.8"])), stages)
     assert roomy.evict_before("b") == set()
     assert residents(roomy, "b") == ["encoder", "judge-qwen2_5_32b"]
 

@@ -189,13 +189,6 @@ def test_cycles_finds_a_circle_and_nothing_else() -> None:
 # and eval/published.py reads a finished run's saved config. Everything else receives a
 # JobConfig or the typed settings it needs.
 OMEGACONF_HOMES = ("structmem_gpu.config", "structmem_gpu", "structmem_gpu.eval.published")
-# Modules other helpers of issue 31 are converting at the same time (stage contract and
-# backends: helper A; dry run and benchmark harness: helper C). Each entry must still use
-# OmegaConf (the test below fails once it does not): delete it when its conversion lands.
-OMEGACONF_PENDING: frozenset[str] = frozenset({
-    "structmem_gpu.stage",
-    "structmem_gpu.bench.harness",
-})
 
 
 def omegaconf_uses(path: Path) -> list[str]:
@@ -222,18 +215,13 @@ def test_only_the_configuration_package_reads_omegaconf() -> None:
     found = [
         f"{m}:{use}"
         for m, p in MODULES.items()
-        if not omegaconf_allowed(m) and m not in OMEGACONF_PENDING
+        if not omegaconf_allowed(m)
         for use in omegaconf_uses(p)
     ]
     assert not found, (
         "OmegaConf outside structmem_gpu/config/ (take a JobConfig or typed settings, "
         "config/job.py):\n" + "\n".join(found)
     )
-
-
-def test_pending_omegaconf_modules_still_use_it() -> None:
-    done = sorted(m for m in OMEGACONF_PENDING if m not in MODULES or not omegaconf_uses(MODULES[m]))
-    assert not done, f"{done} no longer use OmegaConf: delete them from OMEGACONF_PENDING"
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.node.dry_run import ContextCheck, estimate, format_estimate
 from structmem_gpu.data import display_text, load_benchmark, sample_path
@@ -31,6 +32,7 @@ from structmem_gpu.llm.context_guard import (
     context_limit,
     guard_counter,
 )
+from structmem_gpu.llm.factory import llm_settings
 from structmem_gpu.llm.scripted import ScriptedLLM
 from structmem_gpu.llm.tokens import CHARS_COUNTER, text_counter
 from structmem_gpu.llm.types import LLMRequest, Message, Sampling
@@ -271,7 +273,7 @@ def test_guard_refuses_over_context_requests_and_sends_the_rest(tmp_path: Path, 
     from structmem_gpu.llm.dedup import DedupBackend
 
     inner = ScriptedLLM()
-    guard = ContextGuard(ContextLimit(1000, "llm.n_ctx"), guard_counter({"tokenizer": "chars"}))
+    guard = ContextGuard(ContextLimit(1000, "llm.n_ctx"), guard_counter(llm_settings({"tokenizer": "chars"})))
     llm = CachedBackend(inner, ResponseCache(tmp_path), guard) if cached else DedupBackend(inner, guard)
     reqs = [_req("a", 300), _req("b", 3000), _req("c", 2600, 100), _req("b2", 3000)]
     seen: list[int] = []
@@ -289,15 +291,15 @@ def test_guard_refuses_over_context_requests_and_sends_the_rest(tmp_path: Path, 
 
 
 def test_guard_counts_with_a_local_tokenizer() -> None:
-    counter = guard_counter({"tokenizer": str(MINILM)})
+    counter = guard_counter(llm_settings({"tokenizer": str(MINILM)}))
     assert counter.name == str(MINILM)
-    assert guard_counter({"tokenizer": "nobody/no-such-model-xyz"}).name == "chars/3 (safe)"
+    assert guard_counter(llm_settings({"tokenizer": "nobody/no-such-model-xyz"})).name == "chars/3 (safe)"
 
 
 def test_limits_come_from_the_profile_or_the_server() -> None:
-    assert configured_limit({"backend": "llamacpp", "n_ctx": 8192}) == ContextLimit(8192, "llm.n_ctx")
-    assert configured_limit({"backend": "vllm_server", "n_ctx": 8192, "max_model_len": 4096}).tokens == 4096
-    assert configured_limit({"backend": "external", "n_ctx": 8192, "max_model_len": None}).tokens is None
+    assert configured_limit(llm_settings({"backend": "llamacpp", "n_ctx": 8192})) == ContextLimit(8192, "llm.n_ctx")
+    assert configured_limit(llm_settings({"backend": "vllm_server", "n_ctx": 8192, "max_model_len": 4096})).tokens == 4096
+    assert configured_limit(llm_settings({"backend": "external", "n_ctx": 8192, "max_model_len": None})).tokens is None
 
     class Models(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
@@ -313,7 +315,7 @@ def test_limits_come_from_the_profile_or_the_server() -> None:
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{srv.server_port}/v1"
-        got = context_limit({"backend": "external", "max_model_len": None}, url)
+        got = context_limit(llm_settings({"backend": "external", "max_model_len": None}), url)
         assert got.tokens == 32768 and "reports" in got.source
     finally:
         srv.shutdown()
@@ -356,7 +358,7 @@ def _reader_inputs(n_entries: int, n_synth: int, text_chars: int, **llm: Any) ->
     syntheses = pl.DataFrame({"synth_id": sids, "window_start": [when] * n_synth,
                               "window_end": [when] * n_synth,
                               "text": [f"synth{i} " + "y" * 2000 for i in range(n_synth)]})
-    return AnswerInputs(cfg, q, {"retrievals": retrievals, "entries": entries, "syntheses": syntheses})
+    return AnswerInputs(JobConfig.from_cfg(cfg), q, {"retrievals": retrievals, "entries": entries, "syntheses": syntheses})
 
 
 def test_structmem_reader_drops_its_lowest_ranked_entries_and_syntheses_to_fit() -> None:
@@ -413,7 +415,7 @@ def test_full_context_history_shrinks_to_fit() -> None:
     # the scripted model states no context: nothing is trimmed
     before = build_prompts(AnswerInputs(job_with({"answer": answer}, ["llm=scripted"]), questions, {"turns": turns}))
     assert not all(guard.fits(p.messages, 48) for p in before.values())
-    after = build_prompts(AnswerInputs(cfg, questions, {"turns": turns}))
+    after = build_prompts(AnswerInputs(JobConfig.from_cfg(cfg), questions, {"turns": turns}))
     assert all(guard.fits(p.messages, 48) for p in after.values())
     # the newest session stays first: the history lost its oldest part
     q = next(iter(after))

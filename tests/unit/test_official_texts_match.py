@@ -34,6 +34,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.eval.answer import AnswerInputs
 from structmem_gpu.eval.judge import JudgeItem, build_request, official_judges, read_label
@@ -285,7 +286,7 @@ def _reader_inputs(cfg: Any) -> tuple[AnswerInputs, pl.DataFrame, pl.DataFrame, 
             "speaker_name": sp, "time_stamp": when.isoformat(timespec="milliseconds"),
             "weekday": f"{when:%a}", "memory": tx}})
     ref_summaries = [{"payload": {"summary": summaries[1]}}, {"payload": {"summary": summaries[0]}}]
-    inputs = AnswerInputs(cfg, questions, {"retrievals": ret, "entries": entries, "syntheses": synth})
+    inputs = AnswerInputs(JobConfig.from_cfg(cfg), questions, {"retrievals": ret, "entries": entries, "syntheses": synth})
     return inputs, ret, entries, payloads, ref_summaries
 
 

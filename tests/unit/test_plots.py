@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.analysis import sweep_plots
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval import plots
@@ -311,7 +312,7 @@ def test_published_values_drawn_when_config_matches(
     scripted_sample_run: Path, tmp_path: Path
 ) -> None:
     cfg = compose_cfg([*SCRIPTED, "benchmark.name=locomo"])  # StructMem defaults: seed_k 15
-    written = plots.write_run_plots(scripted_sample_run, cfg, out_dir=tmp_path)
+    written = plots.write_run_plots(scripted_sample_run, JobConfig.from_cfg(cfg), out_dir=tmp_path)
     assert sorted(p.name for p in written) == sorted(RUN_FIGURES)
     pubs = plots._distinct_published(
         [

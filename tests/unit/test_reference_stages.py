@@ -18,6 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.hashing import stable_hash
 from tests.fixtures.pipeline import compose_cfg, run_pipeline
 
@@ -79,7 +80,7 @@ def test_reference_stages_on_the_sample(tiny_lingua_model: str, tmp_path: Path) 
     # the report names them
     from structmem_gpu.eval.report import run_protocols
 
-    protocols = run_protocols(compose_cfg(overrides), manifest)
+    protocols = run_protocols(JobConfig.from_cfg(compose_cfg(overrides)), manifest)
     assert "rate 0.6" in protocols["compression"] and f"in {batches.height} extraction batches" in protocols["segmentation"]
     # a rerun skips the new stages
     before = {k: manifest["stages"][k]["fingerprint"] for k in ("compress", "segment")}

@@ -86,6 +86,89 @@ def test_ppr_rejects_a_reset_without_mass() -> None:
         personalized_pagerank(g, np.array([0.0, -1.0]), 0.5)
 
 
+def _random_graph(n: int = 3000, m: int = 12000) -> tuple[object, np.ndarray]:
+    """A graph large enough that PRPACK's OpenMP loops split their work across threads."""
+    rng = np.random.default_rng(0)
+    ids = [f"n{i}" for i in range(n)]
+    edges = [(ids[a], ids[b], float(w)) for (a, b), w in zip(rng.integers(0, n, size=(m, 2)), rng.random(m))]
+    reset = np.zeros(n)
+    reset[rng.integers(0, n, 20)] = rng.random(20)
+    return igraph_graph(ids, edges), reset
+
+
+class _Recording:
+    """An igraph graph that records the OpenMP thread limit in force while PPR runs."""
+
+    def __init__(self, graph: object) -> None:
+        self.graph, self.threads = graph, []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.graph, name)
+
+    def personalized_pagerank(self, **kw: object) -> list[float]:
+        from threadpoolctl import threadpool_info
+
+        self.threads += [i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp"]
+        return self.graph.personalized_pagerank(**kw)
+
+
+def test_ppr_runs_on_one_openmp_thread() -> None:
+    """Several OpenMP threads add PRPACK's sums in a scheduling-dependent order (scores moved
+    ~1e-14 between two runs of one job); one thread is one order. The limit is lifted after."""
+    from threadpoolctl import threadpool_info
+
+    graph, reset = _random_graph(200, 600)
+    rec = _Recording(graph)
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp"]
+    personalized_pagerank(rec, reset, 0.5)
+    assert rec.threads and set(rec.threads) == {1}
+    assert before == [i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp"]
+
+
+_PPR_DIGEST = """
+import hashlib, sys, threading
+sys.path.insert(0, sys.argv[1])
+from tests.unit.test_seem_graph import _random_graph
+from structmem_gpu.methods.seem.graph import personalized_pagerank
+graph, reset = _random_graph()
+stop = []
+def busy():  # a loaded machine: the schedule that made multi-threaded sums differ
+    while not stop:
+        pass
+t = threading.Thread(target=busy)
+t.start()
+h = hashlib.sha256()
+for _ in range(15):
+    h.update(personalized_pagerank(graph, reset, 0.5).tobytes())
+stop.append(1)
+t.join()
+print(h.hexdigest())
+"""
+
+
+def test_ppr_scores_are_bit_identical_across_processes() -> None:
+    """Two processes with different PYTHONHASHSEED, 15 PPRs each beside a busy thread: the
+    same bytes every time (before one OpenMP thread, 15 of 40 repeats differed under load)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    digests = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        env.pop("OMP_NUM_THREADS", None)
+        out = subprocess.run([sys.executable, "-c", _PPR_DIGEST, root], env=env, cwd=root,
+                             capture_output=True, text=True, check=True)
+        digests.add(out.stdout.strip())
+    one = set()
+    graph, reset = _random_graph()
+    for _ in range(15):
+        one.add(personalized_pagerank(graph, reset, 0.5).tobytes())
+    assert len(digests) == 1 and len(one) == 1
+
+
 # ---- quadruples --------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.eval.answer import AnswerInputs, context_builder
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.methods.seem import context as seem_context
@@ -94,7 +95,7 @@ def ablation_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[p
         ret = base.read_table("retrievals")
         questions = base.read_table("questions").filter(pl.col("category").is_in([1, 2, 3, 4]))
         tables = {"retrievals": ret, "turns": base.read_table("turns")}
-        prompts = context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, tables))
+        prompts = context_builder(cfg.answer.prompt)(AnswerInputs(JobConfig.from_cfg(cfg), questions, tables))
         out[name] = (ret, {q: p.messages[-1].content for q, p in prompts.items()})
     return out
 
@@ -180,7 +181,7 @@ def test_builder_refuses_retrievals_of_another_method(tmp_path: Path, sample_pat
     ret = pl.DataFrame({"question_id": ["x"], "circuit": ["entries"], "item_id": ["e"], "rank": [0]})
     with pytest.raises(MissingTableError, match="SEEM's retrieve stage"):
         cfg = seem_cfg()
-        context_builder(cfg.answer.prompt)(AnswerInputs(cfg, questions, {"retrievals": ret}))
+        context_builder(cfg.answer.prompt)(AnswerInputs(JobConfig.from_cfg(cfg), questions, {"retrievals": ret}))
 
 
 def test_context_truncation_drops_rpe_passages_first_never_frames() -> None:

@@ -13,6 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.embed.encoder import Encoder
@@ -46,7 +47,7 @@ class FakeBackends:
 
 
 def run_stage(run: RunDir, cfg: DictConfig, backends: FakeBackends, stage: Stage) -> StageContext:
-    ctx = StageContext(cfg=cfg, run=run, stage=stage, backends=backends)  # type: ignore[arg-type]
+    ctx = StageContext(job=JobConfig.from_cfg(cfg), run=run, stage=stage, backends=backends)  # type: ignore[arg-type]
     out = stage.run(ctx)
     assert set(out) == set(stage.writes)
     for name, df in out.items():

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.core.errors import ConfigError
@@ -33,6 +34,12 @@ from structmem_gpu.prompts import pinned
 from structmem_gpu.methods.structmem.prompts import update as P_update
 from structmem_gpu.prompts import sources as S
 from tests.unit.test_structmem_stages import FakeBackends, cfg_for, run_stage
+
+
+def job_for(*overrides: str) -> JobConfig:
+    """cfg_for's config as the JobConfig stage code reads."""
+    return JobConfig.from_cfg(cfg_for(*overrides))
+
 
 T0 = datetime(2023, 5, 8, 13, 56)
 
@@ -150,17 +157,17 @@ def _updates() -> pl.DataFrame:
 
 def test_post_view_drops_deleted_and_shows_new_texts_pre_changes_nothing() -> None:
     entries, _ = _memory(n=6, convs=1)
-    post = cfg_for("update.read=post")
+    post = job_for("update.read=post")
     view = update_view.qa_entries(post, entries, _updates())
     assert "e001" not in set(view["entry_id"]) and view.height == entries.height - 1
     got = dict(zip(view["entry_id"], view["text"], strict=True))
     assert got["e002"] == "new two" and got["e004"] == entries["text"][4]  # no text: old kept
     assert view.drop("text").equals(entries.filter(pl.col("entry_id") != "e001").drop("text"))
-    pre = cfg_for("update.read=pre")
+    pre = job_for("update.read=pre")
     assert update_view.qa_entries(pre, entries, _updates()).equals(entries)
     assert update_view.view_fingerprint(pre) is None and update_view.keeps_syntheses(pre)
     assert not update_view.keeps_syntheses(post)
-    assert update_view.keeps_syntheses(cfg_for("update.read=post", "update.post_syntheses=true"))
+    assert update_view.keeps_syntheses(job_for("update.read=post", "update.post_syntheses=true"))
     with pytest.raises(ConfigError, match="no entry_updates table"):
         update_view.qa_entries(post, entries, None)
 
@@ -311,7 +318,7 @@ def test_update_equals_lightmem_offline_update(tmp_path: Path, lightmem_spec: st
     got = sorted((r.messages[-1].content.split("\n", 1)[0].removeprefix("Target memory:"),
                   [m.as_dict() for m in r.messages]) for r in reqs)
     assert got == want  # the same candidates, each with the same system and user message
-    view = update_view.qa_entries(cfg_for("update.read=post"), entries, ours)
+    view = update_view.qa_entries(job_for("update.read=post"), entries, ours)
     assert dict(zip(view["entry_id"], view["text"], strict=True)) == final
 
 
@@ -349,9 +356,9 @@ def test_replication_profile_reads_the_official_texts_with_no_sources_argument(
     assert version.startswith("official-update/")
     from structmem_gpu.prompts.official import texts_protocol
 
-    assert texts_protocol(cfg) == ("official: lightmem@8fc9a91, mem0@b3ede5b, "
+    assert texts_protocol(JobConfig.from_cfg(cfg)) == ("official: lightmem@8fc9a91, mem0@b3ede5b, "
                                    "longmemeval@9e0b455")
     ours = cfg_for("experiment=structmem_locomo_reference_code", "prompts.sources.lightmem=null",
                    "prompts.sources.mem0=null", "prompts.sources.longmemeval=null")
     assert update.system_prompt(update.UpdateSettings.from_cfg(ours)) == (
-        P_update.SYSTEM, P_update.VERSION) and texts_protocol(ours) == "ours"
+        P_update.SYSTEM, P_update.VERSION) and texts_protocol(JobConfig.from_cfg(ours)) == "ours"

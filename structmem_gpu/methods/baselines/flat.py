@@ -45,7 +45,6 @@ OFFICIAL_READER = "ANSWER_PROMPT"  # LightMem's reader without event summaries
 
 def build_prompts_fingerprint(job: JobConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
-    job = JobConfig.from_cfg(job)
     return with_update_view(job, official_reader_fingerprint(job, OFFICIAL_READER))
 
 

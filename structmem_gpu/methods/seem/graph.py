@@ -21,6 +21,7 @@ synonymy_per_conv) for comparison with the paper's Table 9.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -69,15 +70,32 @@ def igraph_graph(node_ids: Sequence[str], edges: Sequence[tuple[str, str, float]
     return g
 
 
+@functools.cache
+def _openmp() -> Any:
+    """The OpenMP runtimes loaded in this process (igraph's among them; found once, after the
+    first graph was built, so igraph's library is loaded)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="openmp")
+
+
 def personalized_pagerank(graph: Any, reset: np.ndarray, damping: float) -> np.ndarray:
-    """igraph PPR with prpack; `damping` is the probability of continuing the walk."""
+    """igraph PPR with prpack; `damping` is the probability of continuing the walk.
+
+    PRPACK's solver runs its sweeps as OpenMP loops: with several threads, the order in which
+    they add up their parts depends on how the threads are scheduled, so two runs of the same
+    job (a loaded machine most of all) differ around 1e-14 and the retrieval scores, prompts
+    and fingerprints after them are not reproducible. One OpenMP thread is one order every
+    time (the scores move by that same 1e-14 at most; rankings never did differ). The limit
+    holds for this call only: the encoder's threads are untouched."""
     r = np.nan_to_num(np.asarray(reset, dtype=np.float64), nan=0.0)
     r[r < 0] = 0.0
     if r.sum() <= 0:
         raise ValueError("personalized_pagerank: the reset vector has no positive mass")
-    scores = graph.personalized_pagerank(vertices=range(graph.vcount()), directed=False, damping=damping,
-                                         weights="weight" if graph.ecount() else None, reset=r.tolist(),
-                                         implementation="prpack")
+    with _openmp().limit(limits=1):
+        scores = graph.personalized_pagerank(vertices=range(graph.vcount()), directed=False, damping=damping,
+                                             weights="weight" if graph.ecount() else None, reset=r.tolist(),
+                                             implementation="prpack")
     return np.asarray(scores, dtype=np.float64)
 
 

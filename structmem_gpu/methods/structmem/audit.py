@@ -170,7 +170,6 @@ class AuditSettings(Settings):
 
 def write_audit_report(run: RunDir, job: JobConfig, **frames: pl.DataFrame) -> dict[str, Any]:
     """report/audit.json + report/audit.md, with this stage's fresh frame in place of its table."""
-    job = JobConfig.from_cfg(job)
     s = job.settings(AuditSettings)
     summary = audit_summary(
         run.root, resamples=s.bootstrap_resamples, seed=s.bootstrap_seed, **frames
@@ -183,7 +182,6 @@ def write_audit_report(run: RunDir, job: JobConfig, **frames: pl.DataFrame) -> d
 
 def judge_panel_identity(job: JobConfig) -> dict[str, Any]:
     """Fingerprint material: the judge panel (names, models, no connection settings)."""
-    job = JobConfig.from_cfg(job)
     from structmem_gpu.eval.judge import judge_identity
 
     ident = judge_identity(job)

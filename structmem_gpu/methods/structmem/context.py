@@ -42,7 +42,6 @@ LOCOMO_BENCHMARKS = ("locomo", "sample")  # the official reader's benchmark form
 
 def build_prompts_fingerprint(job: JobConfig) -> str | None:
     """eval/answer.py: the official reader text's commit and hash when it is used."""
-    job = JobConfig.from_cfg(job)
     return with_update_view(job, official_reader_fingerprint(job, OFFICIAL_READER))
 
 
@@ -61,13 +60,11 @@ def reader_entries(inputs: AnswerInputs, prompt: str) -> pl.DataFrame:
 def official_reader(job: JobConfig) -> bool:
     """Whether the reader uses LightMem's official text: a LightMem source, protocol paper and
     a LoCoMo-format benchmark (the text is LightMem's LoCoMo reader; LongMemEval keeps ours)."""
-    job = JobConfig.from_cfg(job)
     return (source_spec(job, "lightmem") is not None and answer_protocol(job) == "paper"
             and job.root.benchmark.name in LOCOMO_BENCHMARKS)
 
 
 def official_reader_fingerprint(job: JobConfig, reader: str) -> str | None:
-    job = JobConfig.from_cfg(job)
     spec = source_spec(job, "lightmem")
     if spec is None or not official_reader(job):
         return None

@@ -28,7 +28,6 @@ __all__ = ["READS", "deleted_ids", "keeps_syntheses", "qa_entries", "reads_post"
 def reads_post(job: JobConfig) -> bool:
     """update.read=post (UpdateSettings checks it). A job whose `update` node lacks `read`
     (methods without the update stage; debug=ci's budget-only node) reads the pre store."""
-    job = JobConfig.from_cfg(job)
     if not job.has("update.read"):
         return False
     return job.settings(UpdateSettings).read == "post"
@@ -36,7 +35,6 @@ def reads_post(job: JobConfig) -> bool:
 
 def keeps_syntheses(job: JobConfig) -> bool:
     """Whether QA may retrieve syntheses (always for pre; post: update.post_syntheses)."""
-    job = JobConfig.from_cfg(job)
     if not reads_post(job):
         return True
     return job.settings(UpdateSettings).post_syntheses
