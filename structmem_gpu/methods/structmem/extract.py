@@ -742,4 +742,5 @@ STAGE = Stage(
     extra_fingerprint=reference_fingerprint,
     uses=("llm",),
     estimate=estimate_extract,
+    loads=("window_tokenizer",),  # packs its windows by extract.window_tokenizer
 )
