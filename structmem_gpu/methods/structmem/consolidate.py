@@ -329,10 +329,11 @@ SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
 
 def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
     """The turns standing in for the entries of one perspective: per extraction window (the
-    extract stage's own plan) its first extract.max_items turns, as a reply holds at most
-    that many items. Every session keeps a turn, so the synthesis windows stay the same."""
+    extract stage's own plan) its first `extract.expected_items` turns, as many as a reply
+    is expected to hold (the extract hook's stand-in entries). Every session keeps a turn,
+    so the synthesis windows stay the same."""
     from structmem_gpu.core.errors import ConfigError
-    from structmem_gpu.methods.structmem.extract import plan_from_settings
+    from structmem_gpu.methods.structmem.extract import expected_items, plan_from_settings
 
     if x.max_items is None or x.input != "turns":
         return inp.turns
@@ -340,7 +341,7 @@ def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
         windows, _ = plan_from_settings(inp.turns, x, inp.job.select("llm"))
     except ConfigError:  # the window tokenizer is not here (the extract row says so)
         return inp.turns
-    kept = {t.event_id for w in windows for t in w.turns[: x.max_items]}
+    kept = {t.event_id for w in windows for t in w.turns[: expected_items(len(w.turns), x.max_items)]}
     return inp.turns.filter(pl.col("event_id").is_in(list(kept)))
 
 
