@@ -111,3 +111,15 @@ def test_seem_stand_in_frames_are_expected_frames_not_schema_maxima() -> None:
     b = stand_in_frames(turns, large.settings(FrameSettings))
     assert a.height == turns.height and a["rendering"].to_list() == b["rendering"].to_list()
     assert all(r.count("Event ") == 1 for r in a["rendering"].to_list())
+
+
+def test_stand_in_entries_hold_the_share_of_max_items_a_reply_holds() -> None:
+    """Without extract.max_items one entry per turn (no cap to take a share of); with it the
+    measured share of the cap, at least one entry per window."""
+    from structmem_gpu.methods.structmem.extract import REPLY_FILL, expected_items
+
+    assert expected_items(7, None) == 7
+    assert expected_items(8, 3) == round(3 * REPLY_FILL) == 2
+    assert expected_items(2, 10) == round(2 * REPLY_FILL)
+    assert expected_items(1, 1) == 1
+    assert 0 < REPLY_FILL < 1
