@@ -87,6 +87,13 @@ class Stage:
         undeclared `uses` may)."""
         return self.uses is None or bool({"llm", "judges"} & set(self.uses))
 
+    @property
+    def per_question(self) -> bool:
+        """Whether the stage's work is per question of the benchmark (it reads the questions
+        table: answer, judge, the retrieve stages) rather than per turn (a memory's build):
+        bench/cost.py scales the one by questions, the other by turns."""
+        return "questions" in self.reads
+
     def describe(self, inputs: "EstimateInputs") -> "StageEstimate":
         """The stage's dry-run row: its estimate hook, else 0 requests for a stage without
         an LLM role, else "not estimated"."""
@@ -158,8 +165,10 @@ class EstimateInputs:
 
 
 # compression_model = LLMLingua-2 (compress.model), loaded and dropped by the stage;
-# faiss = a FAISS index searched in the stage (GPU scratch with index.use_gpu).
-LOADS = ("compression_model", "faiss")
+# faiss = a FAISS index searched in the stage (GPU scratch with index.use_gpu);
+# window_tokenizer = extract.window_tokenizer's tokenizer files (no weights, no GPU), which
+# the stage packs its windows by: the preflight (node/model_refs.py) checks it is local.
+LOADS = ("compression_model", "faiss", "window_tokenizer")
 
 # llm = the answer/build model; judges = every judge of `judge` (panel members included; one
 # with `llm: null` is the answer model's backend); encoder = the sentence encoder.

@@ -9,10 +9,13 @@ the original computation (request_log.py), so a cached rerun reports the same co
 
 Extrapolation to the full benchmark (LoCoMo: 10 conversations, 5,882 turns, 1,540 questions
 in categories 1-4) scales build stages by turns (their requests are per window of turns and
-per session) and QA stages by questions answered (one request each):
+per session) and per-question stages by questions answered:
 
     full = run_value * 5882 / run_turns            # extract, consolidate, frames, ...
-    full = run_value * 1540 / run_answer_calls     # answer, judge
+    full = run_value * 1540 / run_answer_calls     # answer, judge, SEEM's retrieve
+
+Which stage is which is the stage's own declaration (`Stage.per_question`: it reads the
+questions table), looked up in the method of the config the run saved.
 
 next to the paper's Table 1 build cost (1.501 M input, 0.436 M output tokens, 1,056 calls).
 The reference code counts one call per extraction *batch* while it sends two requests
@@ -33,7 +36,36 @@ import polars as pl
 
 from structmem_gpu.core.artifacts import RunDir
 
-QA_STAGES = frozenset({"answer", "judge"})
+
+
+def shared_question_stages() -> frozenset[str]:
+    """The per-question stages every method shares (the evaluation's answer and judge), by
+    their declarations: the basis when a run directory holds no saved config."""
+    from structmem_gpu.eval.answer import STAGE as ANSWER
+    from structmem_gpu.eval.judge import STAGE as JUDGE
+
+    return frozenset(s.name for s in (ANSWER, JUDGE) if s.per_question)
+
+
+def question_stages(run_dir: Path) -> frozenset[str]:
+    """Stages of the run's method whose requests are per question (Stage.per_question), from
+    the config the run saved (.hydra/config.yaml: method.implementations); without one, or
+    with a stage that no longer imports, the shared answer and judge stages answer for it."""
+    from structmem_gpu.config.run_changes import previous_config
+    from structmem_gpu.core.errors import ConfigError
+    from structmem_gpu.methods.registry import implementations
+
+    saved = previous_config(run_dir) or {}
+    refs = (saved.get("method") or {}).get("implementations") or {}
+    out = set(shared_question_stages())
+    stages = implementations(refs, f"{run_dir}/.hydra/config.yaml")
+    for name in stages:
+        try:
+            if stages[name].per_question:
+                out.add(name)
+        except ConfigError:  # a stage moved or renamed since the run: its row scales by turns
+            continue
+    return frozenset(out)
 
 
 @dataclass(frozen=True)
@@ -97,11 +129,14 @@ def extrapolate(
     run_turns: int,
     run_questions: int,
     target: Target = LOCOMO,
+    per_question: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """Scale each stage's calls and tokens to `target` (build stages by turns, QA by questions)."""
+    """Scale each stage's calls and tokens to `target` (build stages by turns, the stages of
+    `per_question` by questions; None = the shared answer and judge stages)."""
+    qa_stages = shared_question_stages() if per_question is None else per_question
     rows = []
     for r in stage_rows:
-        qa = r["stage"] in QA_STAGES
+        qa = r["stage"] in qa_stages
         base = run_questions if qa else run_turns
         factor = (target.questions if qa else target.turns) / base if base > 0 else None
         row: dict[str, Any] = {
@@ -190,6 +225,7 @@ def cost_report(run_dir: Path, target: Target = LOCOMO) -> dict[str, Any]:
             run_turns=counts["turns"],
             run_questions=counts["questions_answered"] or _calls(per_stage, "answer"),
             target=target,
+            per_question=question_stages(run_dir),
         ),
         "paper_table1": dict(PAPER_TABLE1),
         "notes": notes,

@@ -343,7 +343,7 @@ STRUCTMEM_READER = "structmem_gpu.methods.structmem.context:build_prompts"
 def reader_prompts(inp: EstimateInputs, s: AnswerSettings) -> list[Any] | None:
     """The reader's own prompts (`answer.prompt`) on the loaded turns and the stand-in tables
     earlier hooks left (EstimateInputs.stand_ins: entries, syntheses, retrievals); None when
-    it needs a table no hook stands in for (SEEM's memory, the graph's relations)."""
+    it needs a table no hook stands in for (a job that lists answer without its retrieve)."""
     builder = context_builder(s.prompt)
     try:
         prompts = builder(AnswerInputs(inp.job, inp.selected, {"turns": inp.turns, **inp.stand_ins}))
@@ -354,10 +354,11 @@ def reader_prompts(inp: EstimateInputs, s: AnswerSettings) -> list[Any] | None:
 
 def estimate_answer(inp: EstimateInputs) -> StageEstimate:
     """Exact count: one request per selected question. Prompts: the reader's own (exact for
-    full_context, which reads only the turns; on stand-in memories for structmem, flat and
-    turn_rag), else the StructMem reader's template
-    (answer.protocol's) filled with stand-ins of the configured sizes (entries_k entries cut
-    to extract.max_item_chars, syntheses_k syntheses)."""
+    full_context, which reads only the turns; on the stand-in memories the earlier stages'
+    hooks leave for structmem, flat, turn_rag, SEEM and graph memory), else, for a reader
+    whose tables no hook stands in for, the StructMem reader's template (answer.protocol's)
+    filled with stand-ins of the configured sizes (entries_k entries cut to
+    extract.max_item_chars, syntheses_k syntheses)."""
     from datetime import datetime
 
     from structmem_gpu.eval.prompts import answer_structmem as P

@@ -523,6 +523,12 @@ JUDGE_PAPER_COMPLETION = 8  # {"label": "CORRECT"} (judge.protocol=paper)
 ANSWER_REPLY_TOKENS = 200  # the paper reader's reply the judge reads (judge.input=reply)
 
 
+def judge_count(inp: EstimateInputs) -> int:
+    """Judges of the panel (one without a panel): each gets every judged request."""
+    s = inp.job.settings(JudgeSettings)
+    return len(s.panel) if s.panel else 1
+
+
 def estimate_judge(inp: EstimateInputs) -> StageEstimate:
     """An upper bound, exact unless an answer comes back empty (judged WRONG by rule, no
     request): one request per selected question but category 5 (scored by rule) per judge of
@@ -532,7 +538,7 @@ def estimate_judge(inp: EstimateInputs) -> StageEstimate:
     s = inp.job.settings(JudgeSettings)
     a = inp.job.settings(AnswerSettings)
     qs = inp.selected.filter(pl.col("category") != LOCOMO_ADVERSARIAL)
-    judges = len(s.panel) if s.panel else 1
+    judges = judge_count(inp)
     paper = s.protocol == "paper"
     build = judge_locomo_paper.build_messages if paper else judge_locomo.build_messages
     # judge.input=reply after the paper reader: the judge reads the reader's whole reply.

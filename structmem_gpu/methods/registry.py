@@ -53,6 +53,13 @@ class _LazyStages(Mapping[str, Stage]):
         return len(self._refs)
 
 
+def implementations(refs: Mapping[str, Any], where: str) -> Mapping[str, Stage]:
+    """Stage name -> Stage for a `method.implementations` mapping as plain data (a null drops
+    the stage), imported lazily; `where` names the file in errors. For readers of a finished
+    run's saved config (bench/cost.py); a job's own stages come from `stage_registry`."""
+    return _LazyStages({str(k): str(v) for k, v in refs.items() if v is not None}, where)
+
+
 def stage_registry(job: JobConfig | Mapping[str, Any]) -> Mapping[str, Stage]:
     """Stage name -> Stage for the job's method (`method.implementations`), imported lazily:
     the one place a job's config becomes its stages. Every stage the method maps is there,
@@ -67,7 +74,7 @@ def stage_registry(job: JobConfig | Mapping[str, Any]) -> Mapping[str, Stage]:
     if not refs:
         raise ConfigError(f"{where}: method.implementations is missing (stage name -> module:ATTR)")
     # A null removes a stage the method inherits (flat: StructMem's stages, no consolidate).
-    registry = _LazyStages({str(k): str(v) for k, v in refs.items() if v is not None}, where)
+    registry = implementations(refs, where)
     missing = [s for s in job.root.method.stages if s not in registry]
     if missing:
         raise ConfigError(

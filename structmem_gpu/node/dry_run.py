@@ -180,8 +180,9 @@ def replace_name(row: StageEstimate, name: str) -> StageEstimate:
     return row if row.stage == name else replace(row, stage=name)
 
 
-def estimate(cfg: Any) -> dict[str, Any]:
-    """Requests and tokens per stage of the configured method (no server, nothing written)."""
+def described(cfg: Any) -> tuple[EstimateInputs, list[StageEstimate]]:
+    """Every stage of the job described (Stage.describe, in run order, each hook leaving its
+    stand-ins for the hooks after it), with the inputs they read and wrote."""
     from structmem_gpu.core.errors import ConfigError
     from structmem_gpu.methods.registry import stage_registry
 
@@ -201,7 +202,20 @@ def estimate(cfg: Any) -> dict[str, Any]:
     judge_check = check if judge_llm is None else ContextCheck(judge_llm)
     selected = selected_questions(job, questions)
     inputs = EstimateInputs(job, turns, questions, selected, counter, check, judge_check)
-    rows = stage_rows(inputs, names, registry)
+    return inputs, stage_rows(inputs, names, registry)
+
+
+def estimate_inputs(cfg: Any) -> EstimateInputs:
+    """The inputs after every stage described itself: the stand-in tables included."""
+    return described(cfg)[0]
+
+
+def estimate(cfg: Any) -> dict[str, Any]:
+    """Requests and tokens per stage of the configured method (no server, nothing written)."""
+    inputs, rows = described(cfg)
+    job, turns, questions, selected = inputs.job, inputs.turns, inputs.questions, inputs.selected
+    counter, check = inputs.counter, inputs.check
+    assert isinstance(check, ContextCheck)
     known = [r for r in rows if r.requests is not None]
     method, benchmark = str(job.select("method.name")), str(job.root.benchmark.name)
     return {

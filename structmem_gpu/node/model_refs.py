@@ -151,11 +151,17 @@ def _encoder_model(job: JobConfig) -> ModelRef:
     return ModelRef("encoder", "embedder.model", str(name), weights_gb=emb.weights_gb)
 
 
-def window_tokenizer(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | None:
-    """`extract.window_tokenizer` when the job runs extract and packs by a tokenizer (a value
-    other than `chars`); None when the job has no extract node or the knob is null."""
+def _loading(stages: Sequence[Any], what: str) -> bool:
+    """Whether a stage of the job declares that it loads `what` (Stage.loads)."""
+    return any(what in getattr(s, "loads", ()) for s in stages)
+
+
+def window_tokenizer(job: JobConfig, stages: Sequence[Any]) -> ModelRef | None:
+    """`extract.window_tokenizer` when a stage of the job packs windows by it (Stage.loads:
+    extract, audit_extraction) and it names a tokenizer (a value other than `chars`); None
+    when the job has no extract node or the knob is null."""
     job = JobConfig.from_cfg(job)
-    if "extract" not in stage_names or not job.has("extract"):
+    if not _loading(stages, "window_tokenizer") or not job.has("extract"):
         return None
     from structmem_gpu.methods.structmem.extract import ExtractSettings
 
@@ -168,10 +174,11 @@ def window_tokenizer(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | N
                     revision=llm.revision if same_as_llm else None, tokenizer_only=True)
 
 
-def compression_model(job: JobConfig, stage_names: Sequence[str]) -> ModelRef | None:
-    """`compress.model` (LLMLingua-2, shared by the segment stage) when the job runs either."""
+def compression_model(job: JobConfig, stages: Sequence[Any]) -> ModelRef | None:
+    """`compress.model` (LLMLingua-2) when a stage of the job loads it (Stage.loads: compress,
+    and segment, which shares it)."""
     job = JobConfig.from_cfg(job)
-    if not {"compress", "segment"} & set(stage_names) or not job.has("compress"):
+    if not _loading(stages, "compression_model") or not job.has("compress"):
         return None
     from structmem_gpu.methods.structmem.compress import CompressSettings
 
@@ -185,10 +192,10 @@ def named_models(job: JobConfig, stages: Sequence[Any]) -> list[ModelRef]:
     refs = [ref for llm in named_llms(job, stages) if (ref := _llm_model(llm)) is not None]
     if "encoder" in job_roles(stages):
         refs.append(_encoder_model(job))
-    tok = window_tokenizer(job, [str(getattr(s, "name", s)) for s in stages])
+    tok = window_tokenizer(job, stages)
     if tok is not None:
         refs.append(tok)
-    comp = compression_model(job, [str(getattr(s, "name", s)) for s in stages])
+    comp = compression_model(job, stages)
     if comp is not None:
         refs.append(comp)
     seen: dict[tuple[str, str | None], ModelRef] = {}

@@ -18,6 +18,7 @@ from structmem_gpu.bench.cost import (
     conversation_table,
     cost_report,
     extrapolate,
+    question_stages,
     stage_table,
 )
 
@@ -134,3 +135,25 @@ def test_cost_report_reads_a_run_directory(tmp_path: Path) -> None:
 def test_cost_report_needs_requests(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         cost_report(tmp_path)
+
+
+def test_per_question_stages_come_from_the_run_method_declarations(tmp_path: Path) -> None:
+    """SEEM's retrieve sends one query (and filter) request per question: it scales by
+    questions, as its declaration says (it reads the questions table), not by turns."""
+    assert question_stages(tmp_path) == frozenset({"answer", "judge"})  # no saved config
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(
+        "method:\n  implementations:\n"
+        "    frames: structmem_gpu.methods.seem.frames:STAGE\n"
+        "    retrieve: structmem_gpu.methods.seem.retrieve:STAGE\n"
+        "    answer: structmem_gpu.eval.answer:STAGE\n"
+        "    consolidate: null\n"
+        "    gone: structmem_gpu.methods.nowhere:STAGE\n"
+    )
+    assert question_stages(tmp_path) == frozenset({"answer", "judge", "retrieve"})
+    rows = [{"stage": s, "calls": 10, "prompt_tokens": 100, "completion_tokens": 10}
+            for s in ("frames", "retrieve")]
+    ex = extrapolate(rows, run_turns=100, run_questions=10, target=Target("t", 1, 1000, 100),
+                     per_question=question_stages(tmp_path))
+    basis = {r["stage"]: (r["basis"], r["calls"]) for r in ex["per_stage"]}
+    assert basis == {"frames": ("turns", 100), "retrieve": ("questions", 100)}

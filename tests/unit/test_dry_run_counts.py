@@ -30,6 +30,9 @@ SWITCHES = {
     # the offline update after extraction, every category judged
     "structmem-update": ["method=structmem", "stages=[load,extract,embed,update,retrieve,answer,judge]",
                          "benchmark.categories=[1,2,3,4,5]"],
+    # the fidelity audits (run only when listed); max_items makes the entry count a bound
+    "structmem-audits": ["method=structmem", "extract.max_items=3",
+                         "stages=[load,extract,embed,consolidate,audit_extraction,audit_consolidation]"],
 }
 CASES = {**{m: [f"method={m}"] for m in METHODS}, **SWITCHES}
 
@@ -71,3 +74,52 @@ def test_the_sample_seem_estimate_covers_every_llm_stage() -> None:
     assert rows["fusion"]["bound"] and rows["fusion"]["requests"] == 67 - 2  # all but each conversation's first
     assert rows["retrieve"]["bound"] and rows["retrieve"]["requests"] == 2 * 18  # query + filter per question
     assert sum(r["requests"] for r in rows.values()) >= 249
+
+
+def test_seem_and_graph_readers_render_their_own_prompts_on_stand_ins() -> None:
+    """SEEM's and graph memory's answer rows come from their own readers (answer.prompt) on
+    the stand-in memories their stages' hooks leave, not from the StructMem template."""
+    from structmem_gpu.eval.answer import AnswerSettings, reader_prompts
+    from structmem_gpu.node.dry_run import estimate_inputs
+
+    for method, marker in (("seem", "Summary: "), ("graph_memory", "Relations between entities:")):
+        cfg = compose_cfg([*BASE, f"method={method}"])
+        est = estimate(cfg)
+        answer = next(r for r in est["stages"] if r["stage"] == "answer")
+        assert "reader's own prompts" in answer["basis"] and "StructMem template" not in answer["basis"]
+        inp = estimate_inputs(cfg)  # every hook run in order: stand-ins left for the reader
+        prompts = reader_prompts(inp, inp.job.settings(AnswerSettings))
+        assert prompts is not None and len(prompts) == inp.selected.height
+        assert all(marker in m[-1].content for m in prompts), method
+    ret = inp.stand_ins["retrievals"]
+    assert set(ret["circuit"]) == {"entries", "relations"}
+
+
+def test_seem_stand_in_frames_are_expected_frames_not_schema_maxima() -> None:
+    """A stand-in frame restates its passage (summary up to summary_chars) with short roles;
+    raising the schema limits (max_chars, max_events) does not lengthen it."""
+    from structmem_gpu.methods.seem.fusion import stand_in_frames
+    from structmem_gpu.methods.seem.settings import FrameSettings
+    from structmem_gpu.config.job import JobConfig
+    from structmem_gpu.node.dry_run import load_turns_questions
+
+    small = JobConfig.from_cfg(compose_cfg([*BASE, "method=seem"]))
+    large = JobConfig.from_cfg(compose_cfg([*BASE, "method=seem", "seem.frames.max_chars=500",
+                                            "seem.frames.max_events=20"]))
+    turns, _ = load_turns_questions(small)
+    a = stand_in_frames(turns, small.settings(FrameSettings))
+    b = stand_in_frames(turns, large.settings(FrameSettings))
+    assert a.height == turns.height and a["rendering"].to_list() == b["rendering"].to_list()
+    assert all(r.count("Event ") == 1 for r in a["rendering"].to_list())
+
+
+def test_stand_in_entries_hold_the_share_of_max_items_a_reply_holds() -> None:
+    """Without extract.max_items one entry per turn (no cap to take a share of); with it the
+    measured share of the cap, at least one entry per window."""
+    from structmem_gpu.methods.structmem.extract import REPLY_FILL, expected_items
+
+    assert expected_items(7, None) == 7
+    assert expected_items(8, 3) == round(3 * REPLY_FILL) == 2
+    assert expected_items(2, 10) == round(2 * REPLY_FILL)
+    assert expected_items(1, 1) == 1
+    assert 0 < REPLY_FILL < 1

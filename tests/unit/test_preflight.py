@@ -123,8 +123,8 @@ def test_local_models_pass(tmp_path: Path) -> None:
 
 
 class _Uses:
-    def __init__(self, name: str, uses: tuple[str, ...] | None) -> None:
-        self.name, self.uses = name, uses
+    def __init__(self, name: str, uses: tuple[str, ...] | None, loads: tuple[str, ...] = ()) -> None:
+        self.name, self.uses, self.loads = name, uses, loads
 
 
 def test_named_models_follow_roles_judges_and_the_scripted_profile() -> None:
@@ -146,15 +146,32 @@ def test_named_models_follow_roles_judges_and_the_scripted_profile() -> None:
 
 def test_window_tokenizer_is_named_only_when_extract_packs_by_a_tokenizer() -> None:
     cfg = compose_job("llm=vllm_qwen2_5_7b", "extract.window_tokenizer=Qwen/Qwen2.5-7B-Instruct")
-    ref = model_refs.window_tokenizer(cfg, ["load", "extract"])
+    registry = stage_registry(cfg)
+    # the stages that pack windows say so themselves (Stage.loads), the audit replanning them too
+    packers = [n for n in registry if "window_tokenizer" in registry[n].loads]
+    assert sorted(packers) == ["audit_extraction", "extract"]
+    ref = model_refs.window_tokenizer(cfg, [registry["load"], registry["extract"]])
     assert ref is not None and ref.tokenizer_only and ref.key == "extract.window_tokenizer"
-    assert model_refs.window_tokenizer(cfg, ["answer"]) is None
+    assert model_refs.window_tokenizer(cfg, [registry["answer"]]) is None
     # the same repo as the answer model: one full download, which has the tokenizer files
-    both = model_refs.named_models(cfg, [_Uses("extract", ("llm",))])
+    both = model_refs.named_models(cfg, [_Uses("extract", ("llm",), ("window_tokenizer",))])
     assert [(r.name, r.tokenizer_only) for r in both] == [("Qwen/Qwen2.5-7B-Instruct", False)]
+    alone = model_refs.named_models(cfg, [_Uses("audit", (), ("window_tokenizer",))])
+    assert [(r.name, r.tokenizer_only) for r in alone] == [("Qwen/Qwen2.5-7B-Instruct", True)]
     chars = compose_job("extract.window_tokenizer=chars")
-    assert model_refs.window_tokenizer(chars, ["extract"]) is None
-    assert model_refs.window_tokenizer(compose_job(), ["extract"]) is None  # CPU profile: chars
+    assert model_refs.window_tokenizer(chars, [registry["extract"]]) is None
+    assert model_refs.window_tokenizer(compose_job(), [registry["extract"]]) is None  # CPU profile: chars
+
+
+def test_compression_model_is_named_by_the_stages_that_load_it() -> None:
+    cfg = compose_job()
+    registry = stage_registry(cfg)
+    loaders = [n for n in ("compress", "segment", "extract") if n in registry
+               and "compression_model" in registry[n].loads]
+    assert loaders == ["compress", "segment"]
+    ref = model_refs.compression_model(cfg, [registry["segment"]])
+    assert ref is not None and ref.key == "compress.model"
+    assert model_refs.compression_model(cfg, [registry["extract"]]) is None
 
 
 # ---- the local Hugging Face cache ----------------------------------------------------------

@@ -27,7 +27,6 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,7 +42,7 @@ from structmem_gpu.methods.structmem.retrieve import search_rows
 from structmem_gpu.methods.baselines.prompts import answer_graph as P
 from structmem_gpu.eval.prompts.answer_structmem import MemoryLine
 from structmem_gpu.config.settings import COUNT, RATE, Settings, knob, sub
-from structmem_gpu.stage import EMBEDDER_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import EMBEDDER_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +284,37 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     return out
 
 
+def estimate_retrieve_graph(inp: EstimateInputs) -> StageEstimate:
+    """No LLM. Leaves stand-in retrievals for the graph reader: per selected question the
+    first entries_k of extract's stand-in entries of its conversation (as StructMem's
+    retrieve) and relations_k of the graph hook's stand-in relations, spread over the
+    conversation (which relations touch the question's entities needs the encoder; how many
+    the prompt holds is at most relations_k)."""
+    s = inp.job.settings(GraphRetrieveSettings)
+    entries, rels = inp.stand_ins.get("entries"), inp.stand_ins.get("graph_relations")
+    ent_ids = ({str(c): part["entry_id"].to_list() for (c,), part in entries.group_by("conv_id", maintain_order=True)}
+               if entries is not None else {})
+    rel_rows = ({str(c): part.to_dicts() for (c,), part in rels.group_by("conv_id", maintain_order=True)}
+                if rels is not None else {})
+    rows: list[dict[str, Any]] = []
+    for qid, conv in inp.selected.select("question_id", "conv_id").iter_rows():
+        rows.extend({"question_id": qid, "conv_id": conv, "circuit": "entries", "rank": r,
+                     "item_id": item, "score": 0.0}
+                    for r, item in enumerate(ent_ids.get(str(conv), [])[: s.retrieve.entries_k]))
+        mine = rel_rows.get(str(conv), [])
+        k = s.retrieve.relations_k
+        picked = mine if len(mine) <= k else [mine[i * len(mine) // k] for i in range(k)]
+        rows.extend({"question_id": qid, "conv_id": conv, "circuit": CIRCUIT, "rank": r,
+                     "item_id": x["relation_id"], "score": 0.0, "relation_text": x["text"],
+                     "relation_first": x["first_time"], "relation_last": x["last_time"],
+                     "event_ids": x["event_ids"]}
+                    for r, x in enumerate(picked))
+    for r in rows:
+        for col in ("relation_text", "relation_first", "relation_last", "event_ids"):
+            r.setdefault(col, None)
+    inp.stand_ins["retrievals"] = schemas.frame(rows, RETRIEVALS)
+    return StageEstimate("retrieve", 0, 0, 0, "no LLM", 0)
+
 
 STAGE = Stage(
     name="retrieve",
@@ -294,5 +324,6 @@ STAGE = Stage(
     settings=GraphRetrieveSettings,
     depends=("benchmark.categories", *EMBEDDER_IDENTITY),
     uses=("encoder",),
+    estimate=estimate_retrieve_graph,
     loads=("faiss",),
 )

@@ -125,6 +125,9 @@ def estimate_frames(inp: EstimateInputs) -> StageEstimate:
         over += inp.over(req.messages, s.max_tokens)
         reply = sum(min(len(p.display), s.summary_chars) // CHARS_PER_TOKEN + FRAME_EVENT_TOKENS for p in g)
         completion += min(s.max_tokens, reply)
+    from structmem_gpu.methods.seem.fusion import stand_in_frames  # fusion imports this module
+
+    inp.stand_ins["frames_extracted"] = stand_in_frames(inp.turns, s)
     return StageEstimate(STAGE_NAME, len(groups), prompt, completion,
                          f"{sum(map(len, groups))} passages in groups of <= {s.passages_per_request} (exact prompts)",
                          over if inp.checked else None, build=True)

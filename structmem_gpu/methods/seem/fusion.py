@@ -48,7 +48,7 @@ from structmem_gpu.methods.seem.fusion_requests import (
     window_request,
 )
 from structmem_gpu.methods.seem.model import Event, FrameContent, events_from_rows, render_frame
-from structmem_gpu.methods.seem.passages import by_conversation, passage_list, passages_from_turns
+from structmem_gpu.methods.seem.passages import Passage, by_conversation, passage_list, passages_from_turns
 from structmem_gpu.methods.seem.schemas import FRAME_OF, FRAMES
 from structmem_gpu.methods.seem.settings import FrameSettings, FusionSettings
 from structmem_gpu.methods.seem.store import ConversationStore
@@ -316,14 +316,36 @@ def filled(text: str, chars: int) -> str:
     return ((text + " ") * (chars // (len(text) + 1) + 1))[:chars]
 
 
-def stand_in_frame(text: str, f: FrameSettings) -> FrameContent:
-    """A frame as the frames estimate expects a reply (FRAME_EVENT_TOKENS): the summary at
-    summary_chars and one event (two participants, one action, every role at max_chars),
-    written with the passage's words; the schema's limits (up to max_events events) would
-    make a bound that a 1-3 sentence frame never comes near."""
-    one = filled(text, f.max_chars)
-    event = Event(tuple([one] * min(2, f.max_participants)), (one,), one, one, one, one)
-    return FrameContent(filled(text, f.summary_chars), (event,)[: f.max_events])
+# A frame role is a short phrase: 8 to 33 characters, 18 on average, in the frames SmolLM2
+# wrote on the sample (debug=ci, 2026-12-02, every role of 67 frames); the schema's
+# max_chars only caps it (200 in the default profile, which no role comes near).
+ROLE_CHARS = 18
+
+
+def stand_in_frame(p: Passage, f: FrameSettings) -> FrameContent:
+    """A frame as a reply is expected to hold it: the summary restating the passage (its text
+    up to summary_chars, as the frames estimate's completion assumes) and one event whose
+    participant is the speaker and whose action and roles are short phrases (ROLE_CHARS, at
+    most max_chars) written with the passage's words. The schema's limits (max_events events
+    with every role at max_chars) would make a bound a 1-3 sentence frame never comes near:
+    twice SmolLM2's frames on the sample."""
+    text = p.display
+    role = filled(text, min(ROLE_CHARS, f.max_chars))
+    event = Event((p.speaker[: f.max_chars],)[: f.max_participants], (role,), role, role, role, role)
+    return FrameContent(filled(text, min(len(text.strip()) or 1, f.summary_chars)),
+                        (event,)[: f.max_events])
+
+
+def stand_in_frames(turns: pl.DataFrame, f: FrameSettings) -> pl.DataFrame:
+    """One stand-in frame per passage (`stand_in_frame`), unmerged: frame_id (= pid),
+    conv_id, rendering, provenance, time_start. What the frames hook leaves as
+    frames_extracted and the fusion hook as frames (its estimate merges nothing)."""
+    rows = [{"frame_id": p.pid, "conv_id": p.conv_id, "provenance": [p.pid], "time_start": p.session_time,
+             "rendering": render_frame(c.summary, c.events)}
+            for p in passage_list(passages_from_turns(turns)) for c in [stand_in_frame(p, f)]]
+    return pl.DataFrame(rows, schema={"frame_id": pl.String, "conv_id": pl.String,
+                                      "provenance": pl.List(pl.String), "time_start": pl.Datetime("us"),
+                                      "rendering": pl.String})
 
 
 def estimate_fusion(inp: EstimateInputs) -> StageEstimate:
@@ -338,7 +360,7 @@ def estimate_fusion(inp: EstimateInputs) -> StageEstimate:
     passages = passage_list(passages_from_turns(inp.turns))
     prompt = n = over = 0
     for conv_id, ps in by_conversation(passages).items():
-        initial = [stand_in_frame(p.display, f) for p in ps]
+        initial = [stand_in_frame(p, f) for p in ps]
         st = ConversationStore.create(conv_id, ps, initial, np.zeros((len(ps), 1), dtype=np.float32))
         requests: list[LLMRequest] = []
         if s.window == 1:
@@ -360,6 +382,7 @@ def estimate_fusion(inp: EstimateInputs) -> StageEstimate:
             prompt += inp.counter.messages(req.messages)
             over += inp.over(req.messages, s.max_tokens)
         n += len(requests)
+    inp.stand_ins["frames"] = stand_in_frames(inp.turns, f)  # no merges, as counted above
     return StageEstimate(
         "fusion", n, prompt, n * min(s.max_tokens, FUSION_COMPLETION),
         f"upper bound: every judgeable frame sent (window {s.window}"

@@ -161,6 +161,24 @@ def run_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:
 QUADRUPLE_TOKENS = 30  # one quadruple in JSON (subject, relation, object, time)
 
 
+def stand_in_facts(turns: pl.DataFrame, s: GraphSettings) -> pl.DataFrame:
+    """Facts as the reader and the fact filter show them (`fact_line`), one per passage:
+    the speaker as subject, relation and object short phrases of the passage's words
+    (fusion.ROLE_CHARS, at most max_chars: a quadruple slot is a phrase like a frame role),
+    the session day as time. One per passage is enough: retrieve shows at most facts_k of
+    a conversation's facts, and their length is what its prompts hold."""
+    from structmem_gpu.methods.seem.fusion import ROLE_CHARS, filled
+    from structmem_gpu.methods.seem.quadruples import fact_line
+
+    rows = []
+    for p in passage_list(passages_from_turns(turns)):
+        phrase = filled(p.display, min(ROLE_CHARS, s.max_chars))
+        day = p.session_time.strftime("%Y-%m-%d") if p.session_time is not None else None
+        rows.append({"conv_id": p.conv_id, "pid": p.pid,
+                     "line": fact_line(p.speaker[: s.max_chars], phrase, phrase, day)})
+    return pl.DataFrame(rows, schema={"conv_id": pl.String, "pid": pl.String, "line": pl.String})
+
+
 def estimate_graph(inp: EstimateInputs) -> StageEstimate:
     """Exact: the stage's own passage groups and quadruple request builder on the loaded
     turns. Completion: max_quadruples quadruples per passage, capped at max_tokens."""
@@ -172,6 +190,7 @@ def estimate_graph(inp: EstimateInputs) -> StageEstimate:
         prompt += inp.counter.messages(req.messages)
         over += inp.over(req.messages, s.max_tokens)
         completion += min(s.max_tokens, len(g) * s.max_quadruples * QUADRUPLE_TOKENS)
+    inp.stand_ins["facts"] = stand_in_facts(inp.turns, s)
     return StageEstimate("graph", len(groups), prompt, completion,
                          f"{sum(map(len, groups))} passages in groups of <= {s.passages_per_request} (exact prompts)",
                          over if inp.checked else None, build=True)

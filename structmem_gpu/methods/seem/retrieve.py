@@ -250,21 +250,85 @@ QUERY_QUADRUPLE_TOKENS = 30  # one query quadruple in JSON
 FILTER_COMPLETION = 12  # {"relevant": [1, 3]}
 
 
+def spread(items: Sequence[Any], k: int) -> list[Any]:
+    """k items evenly spread over the sequence (all when it has no more): a stand-in for a
+    ranking that needs the encoder, with the sequence's mean length rather than its
+    opening's."""
+    n = len(items)
+    return list(items) if n <= k else [items[i * n // k] for i in range(k)]
+
+
+def stand_in_retrievals(inp: EstimateInputs, rs: RetrieveSettings) -> pl.DataFrame:
+    """SEEM_RETRIEVALS rows as `question_rows` writes them, on the stand-ins the frames,
+    fusion and graph hooks left (EstimateInputs.stand_ins: frames, facts; built here when a
+    job lists retrieve alone): per selected question p_ret_k of its conversation's passages
+    (`spread`), E_ret = their frames and the RPE passages by the stage's own `rpe` (the
+    unmerged stand-in frames add none: fusion's estimate merges nothing), and the most facts
+    the context holds (filter_max after the filter, else facts_k), so that the answer
+    estimate renders SEEM's own reader on them."""
+    from structmem_gpu.methods.seem.fusion import stand_in_frames
+    from structmem_gpu.methods.seem.graph import stand_in_facts
+    from structmem_gpu.methods.seem.passages import by_conversation, passage_list, passages_from_turns
+    from structmem_gpu.methods.seem.settings import FrameSettings, GraphSettings
+
+    frames = inp.stand_ins.get("frames")
+    if frames is None:
+        frames = stand_in_frames(inp.turns, inp.job.settings(FrameSettings))
+    facts = inp.stand_ins.get("facts")
+    if facts is None:
+        facts = stand_in_facts(inp.turns, inp.job.settings(GraphSettings))
+    passages = by_conversation(passage_list(passages_from_turns(inp.turns)))
+    frame_rows = {r["frame_id"]: r for r in frames.iter_rows(named=True)}
+    frame_of = {p: r["frame_id"] for r in frame_rows.values() for p in r["provenance"]}
+    provenance = {f: r["provenance"] for f, r in frame_rows.items()}
+    lines = {str(c): part["line"].to_list() for (c,), part in facts.group_by("conv_id", maintain_order=True)}
+    kept_k = min(rs.filter_max, rs.facts_k) if rs.fact_filter else rs.facts_k
+    rows: list[dict[str, Any]] = []
+    for qid, conv in inp.selected.select("question_id", "conv_id").iter_rows():
+        ps = passages.get(str(conv), [])
+        if not ps:
+            continue
+        base = {"question_id": qid, "conv_id": conv}
+        by_pid = {p.pid: p for p in ps}
+        p_ret = [p.pid for p in spread(ps, rs.p_ret_k)]
+        budget = rs.budget if rs.ablation.expands else len(p_ret)
+        e_ret, added = rpe(p_ret, frame_of, provenance, {}, budget, {p.pid: p.position for p in ps})
+        for r, line in enumerate(lines.get(str(conv), [])[:kept_k]):
+            rows.append({**base, "circuit": "facts", "rank": r, "item_id": f"fact:{r}", "score": 0.0,
+                         "source": "filter" if rs.fact_filter else "top_k", "in_context": rs.ablation.fact_context,
+                         "context_order": r, "text": line, "time": None, "event_ids": []})
+        chrono = sorted(range(len(e_ret)), key=lambda i: (frame_rows[e_ret[i]]["time_start"] or datetime.min, i))
+        for r, f in enumerate(e_ret):
+            fr = frame_rows[f]
+            rows.append({**base, "circuit": "frames", "rank": r, "item_id": f, "score": 0.0, "source": "eef",
+                         "in_context": rs.ablation.eef, "context_order": chrono.index(r),
+                         "text": fr["rendering"], "time": fr["time_start"], "event_ids": fr["provenance"]})
+        final = [*p_ret, *added]
+        pos = sorted(range(len(final)), key=lambda i: by_pid[final[i]].position)
+        for r, pid in enumerate(final):
+            p = by_pid[pid]
+            rows.append({**base, "circuit": "turns", "rank": r, "item_id": pid, "score": 0.0,
+                         "source": "rpe" if r >= len(p_ret) else "ppr", "in_context": True,
+                         "context_order": pos.index(r), "text": f"{p.speaker}: {p.display}",
+                         "time": p.session_time, "event_ids": [pid]})
+    return core_schemas.frame(rows, SEEM_RETRIEVALS)
+
+
 def estimate_retrieve(inp: EstimateInputs) -> StageEstimate:
     """An UPPER BOUND: one query-quadruple request per selected question (exact) and, with
     fact_filter, one filter request per question whose fact search returns candidates (the
     facts come from `graph`'s replies: at most every question). Filter prompts list facts_k
-    stand-in facts at the quadruple schema's limits (seem.graph.max_chars per slot)."""
-    from structmem_gpu.methods.seem.fusion import filled
+    of the graph hook's stand-in facts. Leaves stand-in retrievals for SEEM's reader
+    (`stand_in_retrievals`)."""
+    from structmem_gpu.methods.seem.graph import stand_in_facts
     from structmem_gpu.methods.seem.settings import GraphSettings
 
     rs = inp.job.settings(RetrieveSettings)
-    slot = inp.job.settings(GraphSettings).max_chars
-    questions = _questions(inp.selected)
-    # a fact line at the quadruple schema's limit: four slots of max_chars, the turn's words
-    texts = {c: [" | ".join([filled(t or "", slot)] * 4) for t in part["text"].to_list()]
-             for (c,), part in inp.turns.group_by("conv_id", maintain_order=True)}
-    questions = [q for q in questions if q.conv_id in texts]
+    facts = inp.stand_ins.get("facts")
+    if facts is None:
+        facts = stand_in_facts(inp.turns, inp.job.settings(GraphSettings))
+    texts = {str(c): part["line"].to_list() for (c,), part in facts.group_by("conv_id", maintain_order=True)}
+    questions = [q for q in _questions(inp.selected) if q.conv_id in texts]
     reqs = [query_request(q, rs) for q in questions]
     completion = len(reqs) * min(rs.query_max_tokens, rs.query_max_quadruples * QUERY_QUADRUPLE_TOKENS)
     if rs.fact_filter and rs.facts_k:
@@ -273,6 +337,7 @@ def estimate_retrieve(inp: EstimateInputs) -> StageEstimate:
         completion += len(filters) * min(rs.filter_max_tokens, FILTER_COMPLETION)
     prompt = sum(inp.counter.messages(r.messages) for r in reqs)
     over = sum(inp.over(r.messages, r.sampling.max_tokens) for r in reqs)
+    inp.stand_ins["retrievals"] = stand_in_retrievals(inp, rs)
     return StageEstimate(
         STAGE_NAME, len(reqs), prompt, completion,
         f"upper bound: {len(questions)} query requests"

@@ -43,6 +43,7 @@ from structmem_gpu.methods.structmem.audit import (
     write_audit_report,
 )
 from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.eval.judge import judge_count
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.audit_api import (
@@ -54,7 +55,14 @@ from structmem_gpu.methods.structmem.audit_api import (
 from structmem_gpu.methods.structmem.prompts import audit_consolidation as prompt
 from structmem_gpu.methods.structmem.prompts import synthesis
 from structmem_gpu.config.settings import sub
-from structmem_gpu.stage import EMBEDDER_IDENTITY, LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import (
+    EMBEDDER_IDENTITY,
+    LLM_IDENTITY,
+    EstimateInputs,
+    Stage,
+    StageContext,
+    StageEstimate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +278,52 @@ def run_audit_consolidation(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {CONSOLIDATION_TABLE: df}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+# A link list of a few short phrases with their verdicts, in JSON (capped by max_tokens).
+AUDIT_LINKS_COMPLETION = 80
+
+
+def estimate_audit_consolidation(inp: EstimateInputs) -> StageEstimate:
+    """An UPPER BOUND: the consolidate stage's windows (`consolidate.stand_in_windows`, the
+    stage's count when every session yields an entry); per window one summary-A request (the
+    window's synthesis request with seed_k = 0) and one link request per judge. A window
+    whose synthesis failed or had no related entries sends none (judged by rule), which only
+    replies decide. Prompts: the real messages on the stand-in entries, with summaries A and
+    B at the synthesis' expected length (consolidate's stand-in)."""
+    from structmem_gpu.methods.structmem.consolidate import (
+        SYNTHESIS_COMPLETION,
+        stand_in_synthesis,
+        stand_in_windows,
+    )
+
+    s = inp.job.settings(ConsolidationAuditSettings)
+    cs = s.consolidate
+    judges = judge_count(inp)
+
+    def lines(records: Sequence[Any]) -> list[str]:  # as _lines renders entries rows
+        return [f"- [{r.time:%Y-%m-%d %H:%M}] {r.speaker} ({r.kind}): {r.text}" for r in records]
+
+    tokens = over = n = 0
+    for index, (conv_id, buffer, context) in enumerate(stand_in_windows(inp, cs)):
+        a_msgs = synthesis.build_messages(cs.prompt_variant, buffer, [])
+        text = stand_in_synthesis(conv_id, index, buffer, cs)["text"]
+        j_msgs = prompt.build_messages(lines(buffer), lines(context), text, text)
+        prompt_a, prompt_j = inp.counter.messages(a_msgs), inp.counter.messages(j_msgs)
+        tokens += prompt_a + judges * prompt_j
+        over += inp.over(a_msgs, cs.max_tokens)
+        over += judges * inp.over(j_msgs, s.consolidation_max_tokens, judge=True)
+        n += 1
+    completion = n * (min(cs.max_tokens, SYNTHESIS_COMPLETION)
+                      + judges * min(s.consolidation_max_tokens, AUDIT_LINKS_COMPLETION))
+    return StageEstimate(
+        STAGE_NAME, n * (1 + judges), tokens, completion,
+        f"upper bound: {n} windows x (1 summary A + {judges} judge(s)); none for a failed "
+        "synthesis or one without related entries",
+        over if inp.checked else None, bound=True,
+    )
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_audit_consolidation,
@@ -279,4 +333,5 @@ STAGE = Stage(
     depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     extra_fingerprint=judge_panel_identity,
     uses=("llm", "judges"),
+    estimate=estimate_audit_consolidation,
 )

@@ -37,7 +37,7 @@ from structmem_gpu.methods.structmem.audit import (
     judge_panel_identity,
     write_audit_report,
 )
-from structmem_gpu.eval.judge import parse_label
+from structmem_gpu.eval.judge import judge_count, parse_label
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.llm.structured import strip_fences
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
@@ -48,7 +48,7 @@ from structmem_gpu.methods.structmem.audit_api import (
 )
 from structmem_gpu.methods.structmem.prompts import audit_extraction as prompt
 from structmem_gpu.config.settings import sub
-from structmem_gpu.stage import LLM_IDENTITY, Stage, StageContext
+from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,55 @@ def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {EXTRACTION_TABLE: df}
 
 
+# ---- dry run (Stage.estimate) ------------------------------------------------------------
+
+AUDIT_LABEL_COMPLETION = 40  # {"label": ..., "reason": one short sentence}
+
+
+def estimate_audit_extraction(inp: EstimateInputs) -> StageEstimate:
+    """Per judge one request per audited entry, on the extract stage's own windows. How many
+    entries there are is extract's replies: with extract.max_items an UPPER BOUND (every
+    window and perspective at max_items entries), capped by audit.extraction.sample_size;
+    without it the expected count, one entry per turn and perspective (a reply may hold
+    more: no bound). Prompts: the real messages, each window's turns as the entries' sources
+    (an entry restating its turn, cut to max_item_chars)."""
+    from structmem_gpu.core.errors import ConfigError
+
+    s = inp.job.settings(ExtractionAuditSettings)
+    x = s.extract
+    try:
+        windows, _ = plan_from_settings(inp.turns, x, inp.job.select("llm"))
+    except ConfigError as err:  # the window tokenizer is not here: extract's row says so
+        return StageEstimate(STAGE_NAME, None, None, None, f"not estimated: {err}")
+    judges = judge_count(inp)
+    items: list[AuditItem] = []
+    for kind in x.perspectives:
+        for w in windows:
+            for i, t in enumerate(w.turns):
+                entry = {"entry_id": f"{kind}:{t.event_id}:{t.part}", "kind": kind,
+                         "text": t.text[: x.max_item_chars], "conv_id": w.conv_id}
+                items.append(AuditItem(entry, w, len(w.context) + i + 1))
+    bounded = x.max_items is not None
+    # the most entries the replies can hold (every window at max_items), else one per turn
+    most = (len(windows) * len(x.perspectives) * x.max_items) if bounded else len(items)
+    n = most if s.extraction_sample_size is None else min(most, s.extraction_sample_size)
+    # the stand-in items' mean prompt, per audited entry (the sample is drawn over all entries)
+    reqs = [build_request(it, "judge", s) for it in items]
+    mean = sum(inp.counter.messages(r.messages) for r in reqs) / max(len(reqs), 1)
+    over_share = (sum(inp.over(r.messages, s.extraction_max_tokens, judge=True) for r in reqs)
+                  / max(len(reqs), 1))
+    return StageEstimate(
+        STAGE_NAME, n * judges, round(mean * n * judges), n * judges * min(
+            s.extraction_max_tokens, AUDIT_LABEL_COMPLETION),
+        (f"upper bound: {len(windows)} windows x {len(x.perspectives)} perspectives x "
+         f"extract.max_items entries" if bounded else "expected: one entry per turn and "
+         "perspective (no extract.max_items: no bound)")
+        + (f", sampled to {s.extraction_sample_size}" if s.extraction_sample_size is not None else "")
+        + f", x {judges} judge(s)",
+        round(over_share * n * judges) if inp.checked else None, bound=bounded,
+    )
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_audit_extraction,
@@ -205,4 +254,6 @@ STAGE = Stage(
     depends=LLM_IDENTITY,
     extra_fingerprint=judge_panel_identity,
     uses=("judges",),
+    estimate=estimate_audit_extraction,
+    loads=("window_tokenizer",),  # replans extract's windows by extract.window_tokenizer
 )

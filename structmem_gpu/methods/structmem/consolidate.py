@@ -348,10 +348,11 @@ SYNTHESIS_COMPLETION = 450  # tokens of a 200-350-word narrative
 
 def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
     """The turns standing in for the entries of one perspective: per extraction window (the
-    extract stage's own plan) its first extract.max_items turns, as a reply holds at most
-    that many items. Every session keeps a turn, so the synthesis windows stay the same."""
+    extract stage's own plan) its first `extract.expected_items` turns, as many as a reply
+    is expected to hold (the extract hook's stand-in entries). Every session keeps a turn,
+    so the synthesis windows stay the same."""
     from structmem_gpu.core.errors import ConfigError
-    from structmem_gpu.methods.structmem.extract import plan_from_settings
+    from structmem_gpu.methods.structmem.extract import expected_items, plan_from_settings
 
     if x.max_items is None or x.input != "turns":
         return inp.turns
@@ -359,7 +360,7 @@ def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
         windows, _ = plan_from_settings(inp.turns, x, inp.job.select("llm"))
     except ConfigError:  # the window tokenizer is not here (the extract row says so)
         return inp.turns
-    kept = {t.event_id for w in windows for t in w.turns[: x.max_items]}
+    kept = {t.event_id for w in windows for t in w.turns[: expected_items(len(w.turns), x.max_items)]}
     return inp.turns.filter(pl.col("event_id").is_in(list(kept)))
 
 
@@ -376,22 +377,18 @@ def stand_in_synthesis(conv_id: str, index: int, buffer: Sequence[Any], s: Conso
             "request_id": "", "prompt_version": "", "parse_ok": True}
 
 
-def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
-    """The stage's greedy windows over the turns' times (entries inherit their turn's time),
-    so the count is the stage's whenever every session yields an entry, else an upper bound;
-    prompts of the real synthesis messages with turns standing in for the entries (one per
-    perspective for each turn an extraction reply can hold, `entry_stand_ins`) and seed_k seed
-    events; completion min(max_tokens, 450)."""
+def stand_in_windows(inp: EstimateInputs, s: ConsolidateSettings) -> list[tuple[str, list[Any], list[Any]]]:
+    """(conv_id, buffer records, seed-context records) of every window the stage plans: its
+    greedy windows over the turns' times, with turns standing in for the entries (one per
+    perspective for each turn an extraction reply can hold, `entry_stand_ins`) and the last
+    seed_k of the seed pool as context (the ranking needs the encoder; the size is the
+    prompt's). Shared with the consolidation audit's estimate."""
     from structmem_gpu.methods.structmem.extract import ExtractSettings
 
-    s = inp.job.settings(ConsolidateSettings)
-    if not s.enabled:
-        return StageEstimate(STAGE_NAME, 0, 0, 0, "consolidate.enabled=false", 0, build=True)
     x = inp.job.settings(ExtractSettings)
     kinds = list(x.perspectives)
     frame = entry_stand_ins(inp, x).rename({"session_time": "event_time"})
-    prompt = n = over = 0
-    synths: list[dict[str, Any]] = []
+    out: list[tuple[str, list[Any], list[Any]]] = []
     for rows, wins in windows_by_conversation(frame, s.window_seconds).values():
         recs = [
             synthesis.Record(r["event_time"], r["speaker"], k, (r["text"] or "")[: x.max_item_chars])
@@ -405,12 +402,26 @@ def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
                     else recs[: w.start * per] + recs[w.end * per :])
             if not s.seed_exclude_buffer:
                 pool = pool + buffer
-            context = pool[-s.seed_k * per :] if s.seed_k else []
-            msgs = synthesis.build_messages(s.prompt_variant, buffer, context)
-            prompt += inp.counter.messages(msgs)
-            over += inp.over(msgs, s.max_tokens)
-            n += 1
-            synths.append(stand_in_synthesis(str(rows["conv_id"][0]), len(synths), buffer, s))
+            out.append((str(rows["conv_id"][0]), buffer, pool[-s.seed_k * per :] if s.seed_k else []))
+    return out
+
+
+def estimate_consolidate(inp: EstimateInputs) -> StageEstimate:
+    """The stage's greedy windows over the turns' times (entries inherit their turn's time),
+    so the count is the stage's whenever every session yields an entry, else an upper bound;
+    prompts of the real synthesis messages on `stand_in_windows`; completion
+    min(max_tokens, 450)."""
+    s = inp.job.settings(ConsolidateSettings)
+    if not s.enabled:
+        return StageEstimate(STAGE_NAME, 0, 0, 0, "consolidate.enabled=false", 0, build=True)
+    prompt = n = over = 0
+    synths: list[dict[str, Any]] = []
+    for conv_id, buffer, context in stand_in_windows(inp, s):
+        msgs = synthesis.build_messages(s.prompt_variant, buffer, context)
+        prompt += inp.counter.messages(msgs)
+        over += inp.over(msgs, s.max_tokens)
+        n += 1
+        synths.append(stand_in_synthesis(conv_id, len(synths), buffer, s))
     inp.stand_ins["syntheses"] = schemas.frame(synths, schemas.SYNTHESES)
     return StageEstimate(
         STAGE_NAME, n, prompt, n * min(s.max_tokens, SYNTHESIS_COMPLETION),

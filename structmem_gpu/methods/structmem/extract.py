@@ -696,17 +696,33 @@ def approximate_batches(turns: pl.DataFrame, budget: int, count: Callable[[str],
     return out
 
 
+# Share of the items a reply may hold (extract.max_items) that it does hold: SmolLM2-135M on
+# the sample (debug=ci: max_items 3, windows of 7-8 turns, 2026-12-02) returned 37 entries
+# in 18 replies that could hold 54. The stand-in entries keep that share of each window's
+# turns, so the readers and consolidation see as many entries as a run writes (all of
+# max_items per reply made structmem's reader prompts 8% and flat's 29% longer than sent).
+REPLY_FILL = 37 / 54
+
+
+def expected_items(turns: int, max_items: int | None) -> int:
+    """Entries one reply is expected to hold: one per turn without a cap (the schema has no
+    maxItems), else REPLY_FILL of what the cap allows, at least one."""
+    if max_items is None:
+        return turns
+    return max(1, round(min(turns, max_items) * REPLY_FILL))
+
+
 def stand_in_entries(windows: Sequence[ExtractionWindow], s: ExtractSettings) -> pl.DataFrame:
-    """ENTRIES rows as the stage could write them: per window and perspective, one entry for
-    each of its first max_items turns, the turn's text cut to max_item_chars (for the dry
-    run's later hooks: the readers' prompts)."""
+    """ENTRIES rows as the stage is expected to write them: per window and perspective, one
+    entry for each of its first `expected_items` turns, the turn's text cut to
+    max_item_chars (for the dry run's later hooks: the readers' prompts)."""
     rows = [
         {"entry_id": f"{kind}:{t.event_id}:{t.part}", "conv_id": w.conv_id, "event_id": t.event_id,
          "dia_id": t.dia_id, "session_index": t.session_index, "turn_index": t.turn_index,
          "event_time": t.session_time, "speaker": t.speaker, "kind": kind,
          "text": t.text[: s.max_item_chars], "request_id": "", "prompt_version": "", "model": ""}
         for kind in s.perspectives for w in windows
-        for t in (w.turns if s.max_items is None else w.turns[: s.max_items])
+        for t in w.turns[: expected_items(len(w.turns), s.max_items)]
     ]
     return schemas.frame(rows, schemas.ENTRIES)
 
@@ -776,4 +792,5 @@ STAGE = Stage(
     extra_fingerprint=reference_fingerprint,
     uses=("llm",),
     estimate=estimate_extract,
+    loads=("window_tokenizer",),  # packs its windows by extract.window_tokenizer
 )
