@@ -52,7 +52,7 @@ class Stage:
     # Its typed settings (a Settings dataclass; None = the stage has no knobs of its own).
     settings: "type[Settings] | None" = None
     # Dotted keys outside its settings' node that it depends on (fingerprinted, validated by
-    # the models that own them: config_schema.JobSettings).
+    # the models that own them: config.schema.JobSettings).
     depends: tuple[str, ...] = ()
     version: str = "1"  # bump when the stage's code changes its output for the same inputs
     optional_reads: tuple[str, ...] = ()  # read when present (fingerprinted when present)

@@ -23,10 +23,10 @@ def _unhashed(model: type) -> tuple[str, ...]:
 # Shards of one job compute parts of one result: one config hash, but their own directories.
 SHARD_KEYS = ("shard_index", "num_shards")
 # Top-level nodes that say where and how a job runs (README "Running jobs"): the typed fields
-# marked hashed=False in config_schema.JobSettings, and Hydra's own node.
+# marked hashed=False in config.schema.JobSettings, and Hydra's own node.
 LAUNCH_TOP_KEYS = (*SKIPPED_TOP_KEYS, *(k for k in _unhashed(JobSettings) if k not in SHARD_KEYS))
 # Serving knobs of an llm config (the job's, a judge's, a panel member's): same replies
-# (the hashed=False fields of config_schema.LLMSettings).
+# (the hashed=False fields of config.schema.LLMSettings).
 SERVING_KEYS = _unhashed(LLMSettings)
 # The same for the encoder: its GPU memory plan size (embedder.weights_gb).
 ENCODER_PLAN_KEYS = _unhashed(EmbedderSettings)

@@ -14,7 +14,7 @@ non-empty.
 
 `answer.protocol` picks the reader of the memory methods (structmem, flat, graph):
 
-- `paper` (default): the StructMem reference reader (prompts/answer_paper.py): step-by-step
+- `paper` (default): the StructMem reference reader (eval/prompts/answer_paper.py): step-by-step
   reasoning ending in `Answer: <short answer>`; the short answer is the prediction and the
   reasoning goes to the `reasoning` column; entries by speaker (first two groups, rank order;
   `answer.entry_layout: rank` = one ranked list), dates with weekday, syntheses as plain
@@ -33,7 +33,7 @@ but does not change them. One answers row, e.g.
 Every selected question gets a row; a failed request gets `parse_ok=False`, prediction "".
 The `reply` column keeps the reader's whole reply: `judge.input: reply` (the default) judges it,
 as the reference pipelines do; `answer` judges the prediction. With an official reader text
-(`prompts.sources.lightmem`, prompts/answer_official.py) the prediction is the whole reply.
+(`prompts.sources.lightmem`, eval/prompts/answer_official.py) the prediction is the whole reply.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ ANSWER_COLUMNS: schemas.Schema = {
 class AnswerPrompt:
     messages: tuple[Message, ...]
     prompt_version: str
-    # True: the reply is reasoning + a final "Answer:" line (prompts/answer_paper.py).
+    # True: the reply is reasoning + a final "Answer:" line (eval/prompts/answer_paper.py).
     reasoned_reply: bool = False
     # True: the reply as a whole is the prediction, as the reference uses it (an official
-    # reader text without a final-line instruction, prompts/answer_official.py).
+    # reader text without a final-line instruction, eval/prompts/answer_official.py).
     raw_reply: bool = False
 
 

@@ -13,10 +13,10 @@ Re-judging never re-answers: the stage reads answers.parquet only. For each judg
 
 `judge.protocol` picks the prompts and the label rule (docs/evaluation.md "Judge protocols"):
 
-- `paper` (default): LoCoMo prompts/judge_locomo_paper.py (one user message, label JSON, 1 iff
-  exactly `CORRECT`); LongMemEval prompts/judge_longmemeval_paper.py (one user message, bare
+- `paper` (default): LoCoMo eval/prompts/judge_locomo_paper.py (one user message, label JSON, 1 iff
+  exactly `CORRECT`); LongMemEval eval/prompts/judge_longmemeval_paper.py (one user message, bare
   yes/no, max_tokens 10, `'yes' in reply.lower()`);
-- `reasoned`: prompts/judge_locomo.py / judge_longmemeval.py (system + user message, a
+- `reasoned`: eval/prompts/judge_locomo.py / judge_longmemeval.py (system + user message, a
   reasoning-then-label schema, any case of the label).
 
 Under `paper`, official texts replace our wording when configured (README "Official texts",

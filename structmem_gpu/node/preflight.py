@@ -359,7 +359,7 @@ def check_official(job: Job) -> list[Finding]:
 
 
 # The checks, in order; one line adds one. The GPU memory plan is not among them: the dry run
-# prints it and exits 2 on a refusal (bench/dry_run.print_dry_run), and run_stages, which
+# prints it and exits 2 on a refusal (node/dry_run.print_dry_run), and run_stages, which
 # evicts backends by it, refuses the job before any stage (structmem_gpu/node/gpu_plan.py).
 CHECKS: list[Callable[[Job], list[Finding]]] = [check_engines, check_models, check_gpu, check_disk,
                                                 check_official, check_inputs]

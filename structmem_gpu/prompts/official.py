@@ -42,7 +42,7 @@ BUILD_NAMES = {
     "relation": "LoCoMo_Event_Binding_relational",
     "synthesis": "LoCoMo_Cross_Event_Consolidation",
 }
-# The offline update's system prompt (LightMemory.offline_update_all_entries; prompts/update.py
+# The offline update's system prompt (LightMemory.offline_update_all_entries; methods/structmem/prompts/update.py
 # fills the user message). Kept out of BUILD_NAMES: the extract/consolidate fingerprints hash
 # exactly those three texts.
 UPDATE_NAME = "UPDATE_PROMPT"

@@ -8,7 +8,7 @@ by conf/method/flat.yaml (`extract.perspectives: [fact]`, `consolidate.enabled: 
 flat's extraction requests are byte-identical to StructMem's factual requests and the
 response cache serves them to both. This module only adds the reader: the top
 `retrieve.entries_k` entries, dated and grouped by speaker exactly as StructMem renders them,
-without syntheses (`answer.prompt: flat`, prompts/answer_flat.py). Rendered user message:
+without syntheses (`answer.prompt: flat`, methods/baselines/prompts/answer_flat.py). Rendered user message:
 
     Memories of Tomas:
     - [16 March 2024] Tomas adopted a beagle puppy named Biscuit.

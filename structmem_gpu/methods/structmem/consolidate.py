@@ -242,7 +242,7 @@ def plan_conversation(
             conv_id=view.conv_id,
             messages=messages,
             prompt_version=version,
-            schema=None,  # free text: see prompts/synthesis.py
+            schema=None,  # free text: see methods/structmem/prompts/synthesis.py
             sampling=Sampling(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens),
         )
         out.append(

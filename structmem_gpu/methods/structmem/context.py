@@ -3,7 +3,7 @@
 
 Protocol `paper` (default): retrieved entries by speaker (answer.entry_layout /
 answer.speaker_groups, rank order) plus the retrieved syntheses as plain lines
-(prompts/answer_paper.py); `reasoned`: chronological entries under dates and dated syntheses
+(eval/prompts/answer_paper.py); `reasoned`: chronological entries under dates and dated syntheses
 (eval/prompts/answer_structmem.py). `paper_prompts` and `entry_lines` are shared with the flat and
 graph-memory readers, which show StructMem's entries too. A `paper` prompt over the answer
 model's context drops its lowest-ranked entries and syntheses first until it fits
@@ -11,7 +11,7 @@ model's context drops its lowest-ranked entries and syntheses first until it fit
 
 With a LightMem source (`prompts.sources.lightmem`, README "Official texts") the `paper` reader
 of a LoCoMo-format benchmark is LightMem's own text instead: `ANSWER_PROMPT_StructMem` here,
-`ANSWER_PROMPT` for flat (prompts/answer_official.py); the graph reader keeps ours.
+`ANSWER_PROMPT` for flat (eval/prompts/answer_official.py); the graph reader keeps ours.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def official_prompts(
     reader: str,
     summaries: dict[str, list[str]] | None,
 ) -> dict[str, AnswerPrompt]:
-    """Reader `paper` with the official LightMem reader text `reader` (prompts/answer_official.py):
+    """Reader `paper` with the official LightMem reader text `reader` (eval/prompts/answer_official.py):
     its two speaker slots replace answer.entry_layout / speaker_groups, and the reply as a whole
     is the prediction (the template has no final-line instruction)."""
     from structmem_gpu.eval.prompts import answer_official as O

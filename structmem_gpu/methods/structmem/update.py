@@ -11,7 +11,7 @@ Per conversation (the reference keeps one vector store per conversation), exactl
    first `queue_keep` (10), best first;
 2. candidates: an entry that appears with score >= `score_threshold` (0.9) in the queue of some
    other entry; its sources are those entries (each once, in table order);
-3. one request per candidate (prompts/update.py: the LightMem UPDATE_PROMPT from the checkout,
+3. one request per candidate (methods/structmem/prompts/update.py: the LightMem UPDATE_PROMPT from the checkout,
    or our wording): the target's text and its sources' texts; every candidate of every
    conversation goes out in ONE batch, as in the reference every request reads the texts as
    they were before any update (its threads read one snapshot);
