@@ -48,8 +48,8 @@ class FrameSettings(Settings):
     max_actions_schema: int = knob(SIZE, 10, description=(
         "Schema maxItems of actions per event (before splitting)."))
     max_actions: int = knob(SIZE, 5, description=(
-        'Events with more actions are split into several (skill cap; docs/methods.md "SEEM: '
-        'frames").'))
+        'Events with more actions are split into several (skill cap; '
+        'docs/methods.md "SEEM: frames").'))
     max_chars: int = knob(SIZE, 200, description="Schema maxLength of every role string.")
     summary_chars: int = knob(SIZE, 600, description="Schema maxLength of the 1-3 sentence summary.")
     fallback_chars: int = knob(SIZE, 200, description=(

@@ -7,7 +7,9 @@ depend on these names only and not on the build stages' internals.
 - extraction: `ExtractionWindow`, `ExtractSettings` and `plan_from_settings` (the exact
   windows the extract stage sends for a config, token-packed or fixed), `plan_windows`;
 - consolidation: `ConsolidateSettings`, `WindowPlan`, `conversation_views` and
-  `plan_conversation` (the windows, buffers and seed events the consolidate stage uses).
+  `plan_conversation` (the windows, buffers and seed events the consolidate stage uses);
+  for the dry run, `stand_in_windows`, `stand_in_synthesis` and `SYNTHESIS_COMPLETION`
+  (consolidate's own estimate of its windows and of a synthesis' length).
 
 A change in the build stages that keeps these names and meanings needs no audit change.
 """
@@ -15,10 +17,13 @@ A change in the build stages that keeps these names and meanings needs no audit 
 from __future__ import annotations
 
 from structmem_gpu.methods.structmem.consolidate import (
+    SYNTHESIS_COMPLETION,
     ConsolidateSettings,
     WindowPlan,
     conversation_views,
     plan_conversation,
+    stand_in_synthesis,
+    stand_in_windows,
 )
 from structmem_gpu.methods.structmem.extract import (
     ExtractionWindow,
@@ -28,6 +33,7 @@ from structmem_gpu.methods.structmem.extract import (
 )
 
 __all__ = [
+    "SYNTHESIS_COMPLETION",
     "ConsolidateSettings",
     "ExtractSettings",
     "ExtractionWindow",
@@ -36,4 +42,6 @@ __all__ = [
     "plan_conversation",
     "plan_from_settings",
     "plan_windows",
+    "stand_in_synthesis",
+    "stand_in_windows",
 ]

@@ -291,7 +291,7 @@ def estimate_audit_consolidation(inp: EstimateInputs) -> StageEstimate:
     whose synthesis failed or had no related entries sends none (judged by rule), which only
     replies decide. Prompts: the real messages on the stand-in entries, with summaries A and
     B at the synthesis' expected length (consolidate's stand-in)."""
-    from structmem_gpu.methods.structmem.consolidate import (
+    from structmem_gpu.methods.structmem.audit_api import (
         SYNTHESIS_COMPLETION,
         stand_in_synthesis,
         stand_in_windows,
