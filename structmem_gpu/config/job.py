@@ -40,6 +40,11 @@ class JobConfig:
             return cfg
         return cls(to_plain(cfg))
 
+    @property
+    def stage_names(self) -> list[str]:
+        """The stages this job runs, in order: `stages` when given, else the method's list."""
+        return list(self.root.stages or self.root.method.stages or ())
+
     def settings(self, cls: type[S]) -> S:
         """The typed settings of `cls.node` for this job (checked once, then cached)."""
         if cls not in self._settings:

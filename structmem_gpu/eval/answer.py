@@ -83,8 +83,8 @@ class AnswerPrompt:
 
 
 def answer_protocol(job: JobConfig) -> str:
-    """`answer.protocol` (AnswerSettings checks it; a job without an answer node: paper)."""
-    return job.settings(AnswerSettings).protocol if job.has("answer") else "paper"
+    """`answer.protocol` (a job without an answer node: the model's default, paper)."""
+    return job.settings(AnswerSettings).protocol
 
 
 def wants_abstention(questions: pl.DataFrame) -> bool:

@@ -189,8 +189,8 @@ class JudgeSettings(Settings):
 
 
 def judge_protocol(job: JobConfig) -> str:
-    """`judge.protocol` (JudgeSettings checks it; a job without a judge node: paper)."""
-    return job.settings(JudgeSettings).protocol if job.has("judge") else "paper"
+    """`judge.protocol` (a job without a judge node: the model's default, paper)."""
+    return job.settings(JudgeSettings).protocol
 
 
 def parse_label(data: Any, text: str, positive: str, negative: str) -> bool | None:

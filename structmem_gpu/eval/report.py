@@ -319,7 +319,7 @@ def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]
         notes = (stages.get(stage) or {}).get("notes") or {}
         out[stage] = str(notes.get("protocol") or default)
     judge_notes = (stages.get("judge") or {}).get("notes")
-    configured = job.settings(JudgeSettings).input if job.has("judge") else "reply"
+    configured = job.settings(JudgeSettings).input  # no judge node: the model's default, reply
     out["judge_input"] = str(judge_notes.get("judge_input") or "answer") if judge_notes \
         else configured
     from structmem_gpu.prompts.official import texts_protocol

@@ -35,6 +35,7 @@ from typing import Any
 import polars as pl
 
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import Message
 from structmem_gpu.stage import EstimateInputs, StageEstimate
 
@@ -159,14 +160,6 @@ def load_turns_questions(job: JobConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
     return apply_shard(turns, questions, int(job.root.shard_index), int(job.root.num_shards))
 
 
-def selected_questions(job: JobConfig, questions: pl.DataFrame) -> pl.DataFrame:
-    """Questions of the configured categories (eval/selection.py's rule), in table order."""
-    cats = job.root.benchmark.categories
-    if cats is None:
-        return questions
-    return questions.filter(pl.col("category").is_in([int(c) for c in cats]))
-
-
 def stage_rows(inputs: EstimateInputs, names: Sequence[str], registry: Any) -> list[StageEstimate]:
     """Each named stage's description of itself (Stage.describe)."""
     return [replace_name(registry[n].describe(inputs), n) for n in names]
@@ -187,12 +180,12 @@ def described(cfg: Any) -> tuple[EstimateInputs, list[StageEstimate]]:
     from structmem_gpu.methods.registry import stage_registry
 
     job = JobConfig.from_cfg(cfg)
-    names = [str(n) for n in (job.select("stages") or job.select("method.stages") or [])]
+    names = job.stage_names
     registry = stage_registry(job.plain)  # the method's stages, as the run would resolve them
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ConfigError(
-            f"method '{job.select('method.name')}' has no stage(s) {unknown}; it has {sorted(registry)}"
+            f"method '{job.root.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
         )
     turns, questions = load_turns_questions(job)
     llm_cfg = job.select("llm")
@@ -217,7 +210,7 @@ def estimate(cfg: Any) -> dict[str, Any]:
     counter, check = inputs.counter, inputs.check
     assert isinstance(check, ContextCheck)
     known = [r for r in rows if r.requests is not None]
-    method, benchmark = str(job.select("method.name")), str(job.root.benchmark.name)
+    method, benchmark = str(job.root.method.name), str(job.root.benchmark.name)
     return {
         "method": method,
         "benchmark": benchmark,

@@ -425,6 +425,5 @@ def job_stages(job: JobConfig) -> list[Stage]:
     """The job's Stage objects in order (stages=[...] or the method's list)."""
     from structmem_gpu.methods.registry import stage_registry
 
-    names = list(job.root.stages) if job.root.stages else list(job.root.method.stages)
     registry = stage_registry(job)
-    return [registry[n] for n in names if n in registry]
+    return [registry[n] for n in job.stage_names if n in registry]

@@ -145,8 +145,7 @@ def finished(cfg: Any, run: RunDir, name: str, fp: str) -> bool:
 
 def job_stage_names(cfg: Any) -> list[str]:
     """The stages this job runs, in order: `stages` when given, else the method's list."""
-    root = JobConfig.from_cfg(cfg).root
-    return list(root.stages) if root.stages else list(root.method.stages)
+    return JobConfig.from_cfg(cfg).stage_names
 
 
 def stages_to_run(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> list[str]:
