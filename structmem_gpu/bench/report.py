@@ -323,9 +323,17 @@ def _paced(part: Mapping[str, Any]) -> list[str]:
            md_table(rows, ["build", "size", "time_scale", "requests", "wall_s", "busy_fraction",
                            "wave_limited_share", "saturated_share", "engine_model_s",
                            "idle_real_s", "predicted_gpu_s"])]
+    phases = [{"build": r["build"], "size": r["size"], "phase": name, **ph}
+              for r in rows for name, ph in (r.get("phases") or {}).items()]
+    if phases:
+        out += ["\nper phase (build = the memory build; evaluation = retrieve, answer, judge):\n",
+                md_table(phases, ["build", "size", "phase", "wall_s", "busy_fraction",
+                                  "wave_limited_share", "engine_model_s", "idle_real_s",
+                                  "predicted_gpu_s"])]
     for r in rows:
         out += [f"\n{r['build']} / {r['size']} per stage:\n",
                 md_table(r["stages"], ["stage", "wall_s", "requests", "cpu_ms_per_request",
+                                       "client_cpu_ms_per_request",
                                        "busy_fraction", "wave_limited_share"])]
     out += [f"\n{r['build']} / {r['size']}: error {r['error']}\n"
             for r in part.get("rows", []) if "error" in r]

@@ -39,7 +39,7 @@ from structmem_gpu.core.hashing import canonical_json
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.llm.dedup import KEY_VERSION, cache_key, send_distinct
 from structmem_gpu.llm.structured import OnResult, check_reply
-from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
+from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult, schema_json
 
 logger = logging.getLogger(__name__)
 
@@ -206,8 +206,8 @@ class ResponseCache:
             res.model,
             req.prompt_version,
             res.messages_hash,
-            canonical_json([m.as_dict() for m in req.messages]),
-            None if req.schema is None else canonical_json(req.schema),
+            req.messages_json,
+            None if req.schema is None else schema_json(req.schema),
             canonical_json(asdict(req.sampling)),
             res.text,
             res.prompt_tokens,

@@ -248,9 +248,11 @@ class HTTPBackend:
                 if on_result is not None:
                     on_result(i, res)
                 bar.update(1)
-                bar.set_postfix(
-                    out_tok_s=f"{out_tokens / max(time.monotonic() - t0, 1e-9):.1f}", refresh=False
-                )
+                if self.progress:  # formatting it for a disabled bar cost ~5 us a request
+                    bar.set_postfix(
+                        out_tok_s=f"{out_tokens / max(time.monotonic() - t0, 1e-9):.1f}",
+                        refresh=False,
+                    )
 
         try:
             async with self._client() as client:

@@ -13,15 +13,17 @@ a failed original's failure is shared, so the copy is recorded as failed too, ne
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.core.hashing import canonical_json
 from structmem_gpu.llm.structured import OnResult
-from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
+from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult, Sampling, schema_json
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +33,27 @@ KEY_VERSION = "llm-response/1"  # bump when cache_key changes; the cache file re
 
 def cache_key(model_id: str, req: LLMRequest, params: Mapping[str, Any] | None = None) -> str:
     """Content key of one request for one model (request_id and stage deliberately excluded:
-    the same prompt in two stages is the same computation)."""
-    return stable_hash(
-        KEY_VERSION,
-        model_id,
-        dict(params or {}),
-        asdict(req.sampling),
-        req.prompt_version,
-        None if req.schema is None else dict(req.schema),
-        [m.as_dict() for m in req.messages],
-        length=40,
+    the same prompt in two stages is the same computation).
+
+    = stable_hash(KEY_VERSION, model_id, dict(params or {}), asdict(req.sampling),
+    req.prompt_version, None if req.schema is None else dict(req.schema),
+    [m.as_dict() for m in req.messages], length=40), built from the request's memoised
+    canonical pieces (tests/unit/test_llm_hashing.py holds the two equal)."""
+    parts = (
+        canonical_json([KEY_VERSION, model_id, dict(params or {})])[:-1],  # no closing "]"
+        _sampling_json(req.sampling),
+        canonical_json(req.prompt_version),
+        "null" if req.schema is None else schema_json(req.schema),
+        req.messages_json,
     )
+    return hashlib.sha256(f"{','.join(parts)}]".encode("utf-8")).hexdigest()[:40]
+
+
+@functools.lru_cache(maxsize=256)
+def _sampling_json(sampling: Sampling) -> str:
+    # Sampling is frozen and hashable, and a batch shares one or two: asdict's deep copy per
+    # request cost a tenth of the key.
+    return canonical_json(asdict(sampling))
 
 
 def send_distinct(

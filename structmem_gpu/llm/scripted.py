@@ -16,6 +16,7 @@ A responder may return malformed text to exercise failure paths; it may also rai
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -41,14 +42,22 @@ def _h(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big")
 
 
+@functools.lru_cache(maxsize=4096)
+def _word_count(text: str) -> int:
+    # Memoised: a batch's system prompt is the same text in every request.
+    return len(text.split())
+
+
 def _user_text(req: LLMRequest) -> str:
     users = [m.content for m in req.messages if m.role == "user"]
     return users[-1] if users else (req.messages[-1].content if req.messages else "")
 
 
-def _snippet(source: str, seed: int, min_len: int, max_len: int | None) -> str:
-    """A window of words from `source` chosen by `seed`, padded/clipped to the length bounds."""
-    words = source.split() or ["empty"]
+def _snippet(source: str, seed: int, min_len: int, max_len: int | None,
+             words: list[str] | None = None) -> str:
+    """A window of words from `source` chosen by `seed`, padded/clipped to the length bounds
+    (`words`: source.split(), when the caller has it already)."""
+    words = (source.split() if words is None else words) or ["empty"]
     n = min(len(words), 12)
     start = seed % max(1, len(words) - n + 1)
     base = " ".join(words[start : start + n])
@@ -73,9 +82,23 @@ class SchemaFaker:
         self.source = source
         self.root = root or {}
         self.salt = salt  # None: the unsalted choices; an int: other choices per value
+        self._words: list[str] | None = None
+        # _h(source, path[, salt]) hashes repr((source, path[, salt])): the source's part of
+        # that text is hashed once here and the state copied per value (the same digests;
+        # hashing the whole prompt again for every value dominated long-prompt replies).
+        self._prefix = hashlib.sha256(f"({source!r}, ".encode())
 
     def _hash(self, path: str) -> int:
-        return _h(self.source, path) if self.salt is None else _h(self.source, path, self.salt)
+        h = self._prefix.copy()
+        tail = f"{path!r})" if self.salt is None else f"{path!r}, {self.salt!r})"
+        h.update(tail.encode())
+        return int.from_bytes(h.digest()[:8], "big")
+
+    @property
+    def words(self) -> list[str]:
+        if self._words is None:
+            self._words = self.source.split()
+        return self._words
 
     def make(self, schema: Mapping[str, Any], path: str = "$") -> Any:
         if schema.get("$defs") or schema.get("definitions"):
@@ -126,6 +149,7 @@ class SchemaFaker:
             self._hash(path),
             int(schema.get("minLength", 0)),
             schema.get("maxLength"),
+            self.words,
         )
 
     def _integer(self, schema: Mapping[str, Any], path: str) -> int:
@@ -191,7 +215,7 @@ class ScriptedLLM:
         except ScriptedFailure as e:
             return RawReply("", "error", error=f"scripted failure: {e}", transport=e.transport)
         # Whitespace "tokens": crude, but monotone in length, which is all reports need.
-        p_tok = sum(len(m.content.split()) for m in req.messages)
+        p_tok = sum(_word_count(m.content) for m in req.messages)
         # Always "stop": fabricated replies are never cut, whatever max_tokens says.
         return RawReply(text, "stop", p_tok, len(text.split()), None, 0.0, 1)
 

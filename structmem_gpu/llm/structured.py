@@ -35,12 +35,29 @@ FLAVORS: tuple[str, ...] = ("vllm", "llamacpp")
 _MAX_ERROR_CHARS = 300  # a jsonschema message can quote a huge instance; keep repairs short
 
 
+_FORMATS: dict[tuple[int, str, str], tuple[Mapping[str, Any], dict[str, Any]]] = {}
+
+
 def response_format(schema: Mapping[str, Any], flavor: str, name: str = "reply") -> dict[str, Any]:
     """The `response_format` request field that constrains decoding to `schema`.
 
     vLLM gets `vllm_schema(schema)` (integer bounds instead of the enum that spells them out);
     llama.cpp gets the schema as is. Validation always uses the request's own schema.
+    Memoised per schema object (a batch shares a few): the result is only serialised, never
+    changed.
     """
+    key = (id(schema), flavor, name)
+    hit = _FORMATS.get(key)
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    out = _response_format(schema, flavor, name)
+    if len(_FORMATS) >= 512:
+        _FORMATS.clear()
+    _FORMATS[key] = (schema, out)  # holds the object: its id is not reused while cached
+    return out
+
+
+def _response_format(schema: Mapping[str, Any], flavor: str, name: str) -> dict[str, Any]:
     if flavor == "vllm":
         return {
             "type": "json_schema",
@@ -110,8 +127,16 @@ class Check:
 _VALIDATORS: dict[str, Any] = {}
 
 
+_BY_ID: dict[int, tuple[Mapping[str, Any], Any]] = {}
+
+
 def _validator(schema: Mapping[str, Any]) -> Any:
-    """A compiled jsonschema validator, memoised per schema (batches share a few schemas)."""
+    """A compiled jsonschema validator, memoised per schema (batches share a few schemas):
+    first by identity (hashing the schema for every reply cost more than validating it),
+    then by content."""
+    hit = _BY_ID.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
     key = stable_hash(schema)
     v = _VALIDATORS.get(key)
     if v is None:
@@ -121,6 +146,9 @@ def _validator(schema: Mapping[str, Any]) -> Any:
         cls.check_schema(schema)
         v = cls(schema)
         _VALIDATORS[key] = v
+    if len(_BY_ID) >= 512:  # schemas built per request: keep the memo bounded
+        _BY_ID.clear()
+    _BY_ID[id(schema)] = (schema, v)  # holds the object: its id is not reused while cached
     return v
 
 

@@ -16,11 +16,13 @@ Example request (extraction window):
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.core.hashing import canonical_json, stable_hash
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,34 @@ class LLMRequest:
     schema: Mapping[str, Any] | None = None  # JSON schema the reply must satisfy; None = free text
     conv_id: str | None = None
 
+    # Per-request hashing runs several times per request (cache key, messages hash, cache
+    # row): the canonical JSON of the messages is built once. `stable_hash(x)` is the sha256
+    # of "[" + canonical_json(x) + "]", so the digests below are exactly stable_hash's.
+    @functools.cached_property
+    def messages_json(self) -> str:
+        """canonical_json of the messages as dicts."""
+        return canonical_json([m.as_dict() for m in self.messages])
+
     def messages_hash(self) -> str:
-        return stable_hash([m.as_dict() for m in self.messages], length=32)
+        """= stable_hash([m.as_dict() for m in self.messages], length=32)."""
+        return hashlib.sha256(f"[{self.messages_json}]".encode("utf-8")).hexdigest()[:32]
+
+
+_SCHEMA_JSON: dict[int, tuple[Mapping[str, Any], str]] = {}
+
+
+def schema_json(schema: Mapping[str, Any]) -> str:
+    """canonical_json(dict(schema)), memoised by identity: a batch shares a few schema
+    objects, and a schema is hashed with every request of it. The memo holds the object, so
+    its id cannot be reused while it is cached; it is bounded (schemas built per request)."""
+    hit = _SCHEMA_JSON.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    text = canonical_json(dict(schema))
+    if len(_SCHEMA_JSON) >= 512:
+        _SCHEMA_JSON.clear()
+    _SCHEMA_JSON[id(schema)] = (schema, text)
+    return text
 
 
 @dataclass(frozen=True)

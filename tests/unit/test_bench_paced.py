@@ -69,7 +69,8 @@ def test_busy_fraction_counts_what_the_run_could_send() -> None:
     assert out["saturated_share"] == 0.1
 
 
-def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object) -> None:
+@pytest.mark.parametrize("size", ["tiny", "tiny_longmemeval"])
+def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object, size: str) -> None:
     """The paced mock answers the real HTTP client with scripted replies, the build parses
     them, and the report has its fields (values are not asserted: a benchmark, not a timing)."""
     from pathlib import Path
@@ -78,12 +79,20 @@ def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object) -> None:
     from structmem_gpu.bench.paced import run_paced
 
     conf = Path(__file__).resolve().parents[2] / "conf"
-    out = run_paced(BenchSettings(conf_dir=conf, out_dir=Path(str(tmp_path))), sizes=("tiny",),
-                    methods=("structmem",), time_scale=50)
+    out = run_paced(BenchSettings(conf_dir=conf, out_dir=Path(str(tmp_path))), sizes=(size,),
+                    methods=("structmem",), time_scale=50, warm_up=False)
     [row] = out["rows"]
     assert "error" not in row, row
+    assert row["format"] == ("longmemeval" if size.endswith("longmemeval") else "locomo")
     assert row["requests"] > 0 and 0.0 <= row["busy_fraction"] <= 1.0
     assert row["engine_model_s"] > 0 and row["predicted_gpu_s"] >= row["engine_model_s"]
     extract = next(s for s in row["stages"] if s["stage"] == "extract")
     assert extract["requests"] > 0 and extract["cpu_ms_per_request"] > 0
     assert "simulation" in out and "not a GPU measurement" in out["simulation"]
+    # the run's phases: the build, then the evaluation (retrieve, answer, judge)
+    build, evaluation = row["phases"]["build"], row["phases"]["evaluation"]
+    assert build["stages"][-1] == "consolidate" and evaluation["stages"] == ["retrieve", "answer", "judge"]
+    for ph in (build, evaluation):
+        assert ph["engine_model_s"] > 0 and ph["predicted_gpu_s"] >= ph["engine_model_s"]
+    assert build["engine_model_s"] + evaluation["engine_model_s"] <= row["engine_model_s"] + 1e-6
+    assert {s["stage"] for s in row["stages"]} >= {"answer", "judge"}

@@ -15,6 +15,7 @@ Two deliberate changes (issue 31):
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,16 +60,37 @@ def _backend_identity(cfg: Any) -> tuple[str, dict[str, Any]]:
     return model_id(c), _http_backend(c, "http://h/v1").cache_params
 
 
+# The environment the fixture was computed in: `benchmark.path` defaults to
+# $STRUCTMEM_LOCOMO_PATH and is part of the config hash, so a CI clone elsewhere (another
+# ../shared) would otherwise hash differently. None = unset.
+FIXTURE_ENV = {
+    "STRUCTMEM_LOCOMO_PATH": "/work/shared/data/locomo10.json",
+    "STRUCTMEM_OFFICIAL_DIR": "/work/shared/official",
+    "STRUCTMEM_ROOT": None, "STRUCTMEM_CACHE_DIR": None, "STRUCTMEM_VLLM_PYTHON": None,
+}
+
+
 def compute() -> dict[str, Any]:
     # A hub model's weights version reads this machine's HF cache: keep it out of the comparison.
     import structmem_gpu.core.hf_cache as hf_cache
 
     saved = hf_cache.resolved_snapshot
+    saved_env = {k: os.environ.get(k) for k in FIXTURE_ENV}
     hf_cache.resolved_snapshot = lambda repo, revision: None  # type: ignore[assignment]
+    _set_env(FIXTURE_ENV)
     try:
         return _compute()
     finally:
         hf_cache.resolved_snapshot = saved  # type: ignore[assignment]
+        _set_env(saved_env)
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _compute() -> dict[str, Any]:

@@ -24,11 +24,12 @@ rejected_items (unknown turn number), empty_items, duplicate_items, entries, ent
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -404,6 +405,21 @@ def render_batch(turns: Sequence[TurnView]) -> str:
     return "\n\n".join(parts)
 
 
+# One schema object per window size, shared by every request of that size: the client, the
+# validator and the cache key memoise per schema object (llm/types.schema_json), and a fresh
+# dict per window defeated all three. Shared, so never mutated.
+@functools.lru_cache(maxsize=1024)
+def _shared_schema(n_turns: int, max_items: int | None, max_item_chars: int) -> dict[str, Any]:
+    return extraction_schema(n_turns, max_items=max_items, max_item_chars=max_item_chars)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_reference_schema(n_turns: int, kind: str, max_items: int | None) -> dict[str, Any]:
+    from structmem_gpu.methods.structmem.prompts import reference as R
+
+    return R.reply_schema(n_turns, kind, max_items)
+
+
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
     if s.reference_dir is not None:
         return reference_request(window, kind, s)
@@ -413,9 +429,7 @@ def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LL
         [(t.speaker, t.text) for t in window.context],
         [(t.speaker, t.text) for t in window.turns],
     )
-    schema = extraction_schema(
-        len(window.turns), max_items=s.max_items, max_item_chars=s.max_item_chars
-    )
+    schema = _shared_schema(len(window.turns), s.max_items, s.max_item_chars)
     version = prompt.version(s.prompt_variant, s.worked_example)
     # Content-derived id: stable across reruns (resume, caches); the first event keeps two
     # identical windows of one conversation apart.
@@ -444,7 +458,7 @@ def reference_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -
     system = R.reference_prompt(s.reference_dir, kind)
     user = (R.render_reference_batch(window.turns, window.topics) if window.topics
             else R.render_reference_window(window.turns))
-    schema = R.reply_schema(len(window.turns), kind, s.max_items)
+    schema = _shared_reference_schema(len(window.turns), kind, s.max_items)
     ver = R.version(s.reference_dir, kind)
     rid = request_id("extract", window.conv_id, window.turns[0].event_id, kind, ver, user, schema)
     return LLMRequest(
@@ -515,7 +529,7 @@ def reply_items(data: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 
 
 def entries_frame(rows: Iterable[EntryRow]) -> pl.DataFrame:
-    return schemas.frame((asdict(r) for r in rows), schemas.ENTRIES)
+    return schemas.frame((schemas.shallow_dict(r) for r in rows), schemas.ENTRIES)
 
 
 def collect_entries(
