@@ -28,18 +28,17 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from structmem_gpu.core import segstore
-from structmem_gpu.core.hashing import canonical_json
 
 # cache_key lives with the in-batch dedup (same key); importers of cache.cache_key still work
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.llm.dedup import KEY_VERSION, cache_key, send_distinct
 from structmem_gpu.llm.structured import OnResult, check_reply
-from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult, schema_json
+from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult, sampling_json, schema_json
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +207,7 @@ class ResponseCache:
             res.messages_hash,
             req.messages_json,
             None if req.schema is None else schema_json(req.schema),
-            canonical_json(asdict(req.sampling)),
+            sampling_json(req.sampling),
             res.text,
             res.prompt_tokens,
             res.completion_tokens,

@@ -13,17 +13,21 @@ a failed original's failure is shared, so the copy is recorded as failed too, ne
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
-from structmem_gpu.core.hashing import canonical_json
+from structmem_gpu.core.hashing import canonical_json, hash_canonical_parts
 from structmem_gpu.llm.structured import OnResult
-from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult, Sampling, schema_json
+from structmem_gpu.llm.types import (
+    LLMBackend,
+    LLMRequest,
+    LLMResult,
+    sampling_json,
+    schema_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +43,15 @@ def cache_key(model_id: str, req: LLMRequest, params: Mapping[str, Any] | None =
     req.prompt_version, None if req.schema is None else dict(req.schema),
     [m.as_dict() for m in req.messages], length=40), built from the request's memoised
     canonical pieces (tests/unit/test_llm_hashing.py holds the two equal)."""
-    parts = (
-        canonical_json([KEY_VERSION, model_id, dict(params or {})])[:-1],  # no closing "]"
-        _sampling_json(req.sampling),
+    return hash_canonical_parts([
+        canonical_json(KEY_VERSION),
+        canonical_json(model_id),
+        canonical_json(dict(params or {})),
+        sampling_json(req.sampling),
         canonical_json(req.prompt_version),
         "null" if req.schema is None else schema_json(req.schema),
         req.messages_json,
-    )
-    return hashlib.sha256(f"{','.join(parts)}]".encode("utf-8")).hexdigest()[:40]
-
-
-@functools.lru_cache(maxsize=256)
-def _sampling_json(sampling: Sampling) -> str:
-    # Sampling is frozen and hashable, and a batch shares one or two: asdict's deep copy per
-    # request cost a tenth of the key.
-    return canonical_json(asdict(sampling))
+    ], length=40)
 
 
 def send_distinct(

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.core.hashing import IdentityMemo, stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ FLAVORS: tuple[str, ...] = ("vllm", "llamacpp")
 _MAX_ERROR_CHARS = 300  # a jsonschema message can quote a huge instance; keep repairs short
 
 
-_FORMATS: dict[tuple[int, str, str], tuple[Mapping[str, Any], dict[str, Any]]] = {}
+_FORMATS = IdentityMemo()
 
 
 def response_format(schema: Mapping[str, Any], flavor: str, name: str = "reply") -> dict[str, Any]:
@@ -46,15 +46,7 @@ def response_format(schema: Mapping[str, Any], flavor: str, name: str = "reply")
     Memoised per schema object (a batch shares a few): the result is only serialised, never
     changed.
     """
-    key = (id(schema), flavor, name)
-    hit = _FORMATS.get(key)
-    if hit is not None and hit[0] is schema:
-        return hit[1]
-    out = _response_format(schema, flavor, name)
-    if len(_FORMATS) >= 512:
-        _FORMATS.clear()
-    _FORMATS[key] = (schema, out)  # holds the object: its id is not reused while cached
-    return out
+    return _FORMATS.get(schema, lambda: _response_format(schema, flavor, name), flavor, name)
 
 
 def _response_format(schema: Mapping[str, Any], flavor: str, name: str) -> dict[str, Any]:
@@ -127,16 +119,17 @@ class Check:
 _VALIDATORS: dict[str, Any] = {}
 
 
-_BY_ID: dict[int, tuple[Mapping[str, Any], Any]] = {}
+_BY_ID = IdentityMemo()
 
 
 def _validator(schema: Mapping[str, Any]) -> Any:
     """A compiled jsonschema validator, memoised per schema (batches share a few schemas):
     first by identity (hashing the schema for every reply cost more than validating it),
     then by content."""
-    hit = _BY_ID.get(id(schema))
-    if hit is not None and hit[0] is schema:
-        return hit[1]
+    return _BY_ID.get(schema, lambda: _compiled(schema))
+
+
+def _compiled(schema: Mapping[str, Any]) -> Any:
     key = stable_hash(schema)
     v = _VALIDATORS.get(key)
     if v is None:
@@ -146,9 +139,6 @@ def _validator(schema: Mapping[str, Any]) -> Any:
         cls.check_schema(schema)
         v = cls(schema)
         _VALIDATORS[key] = v
-    if len(_BY_ID) >= 512:  # schemas built per request: keep the memo bounded
-        _BY_ID.clear()
-    _BY_ID[id(schema)] = (schema, v)  # holds the object: its id is not reused while cached
     return v
 
 

@@ -17,12 +17,16 @@ Example request (extraction window):
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from structmem_gpu.core.hashing import canonical_json, stable_hash
+from structmem_gpu.core.hashing import (
+    IdentityMemo,
+    canonical_json,
+    hash_canonical_parts,
+    stable_hash,
+)
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,8 @@ class LLMRequest:
     conv_id: str | None = None
 
     # Per-request hashing runs several times per request (cache key, messages hash, cache
-    # row): the canonical JSON of the messages is built once. `stable_hash(x)` is the sha256
-    # of "[" + canonical_json(x) + "]", so the digests below are exactly stable_hash's.
+    # row): the canonical JSON of the messages is built once and hashed with
+    # core.hashing.hash_canonical_parts, which gives exactly stable_hash's digests.
     @functools.cached_property
     def messages_json(self) -> str:
         """canonical_json of the messages as dicts."""
@@ -64,24 +68,23 @@ class LLMRequest:
 
     def messages_hash(self) -> str:
         """= stable_hash([m.as_dict() for m in self.messages], length=32)."""
-        return hashlib.sha256(f"[{self.messages_json}]".encode("utf-8")).hexdigest()[:32]
+        return hash_canonical_parts([self.messages_json], length=32)
 
 
-_SCHEMA_JSON: dict[int, tuple[Mapping[str, Any], str]] = {}
+_SCHEMA_JSON = IdentityMemo()
 
 
 def schema_json(schema: Mapping[str, Any]) -> str:
-    """canonical_json(dict(schema)), memoised by identity: a batch shares a few schema
-    objects, and a schema is hashed with every request of it. The memo holds the object, so
-    its id cannot be reused while it is cached; it is bounded (schemas built per request)."""
-    hit = _SCHEMA_JSON.get(id(schema))
-    if hit is not None and hit[0] is schema:
-        return hit[1]
-    text = canonical_json(dict(schema))
-    if len(_SCHEMA_JSON) >= 512:
-        _SCHEMA_JSON.clear()
-    _SCHEMA_JSON[id(schema)] = (schema, text)
-    return text
+    """canonical_json(dict(schema)), memoised per schema object (a schema is hashed with every
+    request of its batch)."""
+    return _SCHEMA_JSON.get(schema, lambda: canonical_json(dict(schema)))
+
+
+@functools.lru_cache(maxsize=256)
+def sampling_json(sampling: Sampling) -> str:
+    """canonical_json(asdict(sampling)); Sampling is frozen and hashable and a batch shares one
+    or two, so asdict's deep copy is not paid per request."""
+    return canonical_json(asdict(sampling))
 
 
 @dataclass(frozen=True)

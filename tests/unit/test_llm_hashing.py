@@ -68,3 +68,23 @@ def test_scripted_faker_hash_is_the_whole_text_hash(source: str, salt: int | Non
     for path in ("$", "$.entries[0].text", "$.a'b"):
         want = _h(source, path) if salt is None else _h(source, path, salt)
         assert faker._hash(path) == want
+
+
+@pytest.mark.parametrize("values", [[], ["a"], ["x", 1, None, {"b": [1.5, "ü"]}, [2, {"z": 0, "a": 1}]]])
+def test_hash_canonical_parts_is_stable_hash(values: list) -> None:
+    from structmem_gpu.core.hashing import hash_canonical_parts
+
+    parts = [canonical_json(v) for v in values]
+    assert hash_canonical_parts(parts, length=40) == stable_hash(*values, length=40)
+
+
+def test_identity_memo_derives_once_per_object_and_stays_bounded() -> None:
+    from structmem_gpu.core.hashing import IdentityMemo
+
+    memo, calls = IdentityMemo(maxsize=2), []
+    a, b = {"k": 1}, {"k": 1}
+    assert memo.get(a, lambda: calls.append("a") or "A") == "A"
+    assert memo.get(a, lambda: calls.append("a2") or "A2") == "A"  # same object: memoised
+    assert memo.get(b, lambda: calls.append("b") or "B") == "B"  # equal, other object
+    assert memo.get(a, lambda: "A3", "extra") == "A3"  # extra keys are part of the key
+    assert calls == ["a", "b"] and len(memo._entries) <= 2
