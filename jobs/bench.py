@@ -90,10 +90,13 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
     )
     ap.add_argument("--paced-sizes", default="locomo,longmemeval_s",
                     help="`paced`: synthetic sizes (locomo, longmemeval_s, longmemeval_s_tenth, "
-                         "longmemeval_s_locomo_format, tiny, tiny_longmemeval; bench/paced.py SIZES)")
+                         "longmemeval_s_short_sessions, longmemeval_s_locomo_format, tiny, "
+                         "tiny_longmemeval; bench/paced.py SIZES)")
     ap.add_argument("--paced-builds", default="structmem,seem", help="`paced`: builds to run")
     ap.add_argument("--paced-time-scale", type=float, default=10.0,
                     help="`paced`: the mock runs the GPU model this many times faster")
+    ap.add_argument("--paced-no-prefix-caching", action="store_true",
+                    help="`paced`: charge every prompt token (vLLM --no-enable-prefix-caching)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_intermixed_args(argv)  # parts, options and overrides in any order
     overrides = [i for i in args.items if "=" in i]
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         paced_sizes=tuple(args.paced_sizes.split(",")),
         paced_builds=tuple(args.paced_builds.split(",")),
         paced_time_scale=args.paced_time_scale,
+        paced_prefix_caching=not args.paced_no_prefix_caching,
     )  # type: ignore[arg-type]
     bench = run_suite(settings, opts)
     print((out / "bench.md").read_text())

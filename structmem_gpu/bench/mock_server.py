@@ -8,8 +8,8 @@
     # GPU-paced (the `paced` bench part): each POST gets the scripted LLM's reply for its
     # messages and schema (llm/scripted.fake_reply), delivered when a continuous-batching
     # engine (bench/paced_model.py: 6.5 ms + 0.06 ms per sequence per decode step, prefill at
-    # 30,000 tokens/s, max_num_seqs 256, all times / time_scale) has decoded it; on SIGTERM it
-    # writes the arrival/finish times and engine totals to --stats.
+    # 30,000 tokens/s less prefix-cache hits, max_num_seqs 256, all times / time_scale) has
+    # decoded it; on SIGTERM it writes the arrival/finish times and engine totals to --stats.
 
 It does as little as an HTTP/1.1 keep-alive server can (one asyncio protocol, no body parsing,
 one pre-encoded response), so that a benchmark against it measures the client, not the
@@ -130,10 +130,11 @@ async def serve(port: int, reply_text: str) -> None:
 # ---- the GPU-paced mode ----------------------------------------------------------------------
 
 
-def scripted_completion(body: dict) -> tuple[str, int, int]:
-    """(reply text, prompt tokens, completion tokens) for one chat request body: the scripted
-    LLM's reply for its messages and schema, token counts from characters."""
-    from structmem_gpu.bench.paced_model import TimingModel
+def scripted_completion(body: dict) -> tuple[str, int, int, tuple[int, ...]]:
+    """(reply text, prompt tokens, completion tokens, prompt block hashes) for one chat request
+    body: the scripted LLM's reply for its messages and schema, token counts from characters,
+    blocks over the role-tagged messages in order (what vLLM's prefix cache would share)."""
+    from structmem_gpu.bench.paced_model import TimingModel, prompt_blocks
     from structmem_gpu.llm.scripted import fake_reply
     from structmem_gpu.llm.types import LLMRequest, Message
 
@@ -143,7 +144,8 @@ def scripted_completion(body: dict) -> tuple[str, int, int]:
     text = fake_reply(LLMRequest(request_id="m", stage="paced", prompt_version="m",
                                  messages=msgs, schema=schema))
     tm = TimingModel()
-    return text, tm.tokens(sum(len(m.content) for m in msgs)), tm.tokens(len(text))
+    blocks = prompt_blocks([x for m in msgs for x in (m.role, m.content)])
+    return text, tm.tokens(sum(len(m.content) for m in msgs)), tm.tokens(len(text)), blocks
 
 
 class PacedServer:
@@ -168,8 +170,8 @@ class PacedServer:
         from structmem_gpu.bench.paced_model import Seq
 
         self.arrivals.append(time.monotonic())
-        text, p_tok, c_tok = scripted_completion(json.loads(body))
-        self.engine.submit(Seq((reply, text, p_tok, c_tok), p_tok, c_tok))
+        text, p_tok, c_tok, blocks = scripted_completion(json.loads(body))
+        self.engine.submit(Seq((reply, text, p_tok, c_tok), p_tok, c_tok, blocks=blocks))
         self.wake.set()
 
     async def run(self) -> None:
@@ -193,23 +195,25 @@ class PacedServer:
                 fut, text, p_tok, c_tok = s.ident
                 self.finishes.append(now)
                 if not fut.done():
-                    fut.set_result(http_response(_paced_payload(text, p_tok, c_tok)))
+                    fut.set_result(http_response(
+                        _paced_payload(text, p_tok, c_tok, s.cached_tokens)))
 
     def stats(self) -> dict:
         e = self.engine
         return {"model": dict(vars(self.model)), "model_time_s": e.model_time_s, "steps": e.steps,
                 "saturated_model_s": e.saturated_s, "decoded_tokens": e.decoded_tokens,
+                "prefill_tokens": e.prefill_tokens, "cached_tokens": e.cached_tokens,
                 "arrivals": self.arrivals, "finishes": self.finishes,
                 "step_ends": self.step_ends, "step_model_s": self.step_model_s}
 
 
-def _paced_payload(text: str, p_tok: int, c_tok: int) -> bytes:
+def _paced_payload(text: str, p_tok: int, c_tok: int, cached: int) -> bytes:
     return json.dumps({
         "id": "paced", "object": "chat.completion", "model": "mock",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "finish_reason": "stop"}],
         "usage": {"prompt_tokens": p_tok, "completion_tokens": c_tok,
-                  "total_tokens": p_tok + c_tok, "prompt_tokens_details": {"cached_tokens": 0}},
+                  "total_tokens": p_tok + c_tok, "prompt_tokens_details": {"cached_tokens": cached}},
     }).encode()
 
 
@@ -254,12 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paced", action="store_true", help="GPU-paced scripted replies")
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--no-prefix-caching", action="store_true",
+                    help="paced: charge every prompt token (vLLM --no-enable-prefix-caching)")
     ap.add_argument("--stats", type=Path, default=None, help="paced: stats file written on exit")
     args = ap.parse_args(argv)
     if args.paced:
         from structmem_gpu.bench.paced_model import TimingModel
 
-        model = TimingModel(max_num_seqs=args.max_num_seqs, time_scale=args.time_scale)
+        model = TimingModel(max_num_seqs=args.max_num_seqs, time_scale=args.time_scale,
+                            prefix_caching=not args.no_prefix_caching)
         asyncio.run(serve_paced(args.port, model, args.stats))
         return 0
     if args.reply is None:

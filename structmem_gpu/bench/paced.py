@@ -6,14 +6,15 @@
 A simulation, not a GPU measurement. The mock (bench/mock_server.py --paced) answers each
 request with the scripted LLM's reply, delivered when a continuous-batching timing model
 (bench/paced_model.py: decode step 6.5 ms + 0.06 ms per running sequence, prefill 30,000
-prompt tokens/s, max_num_seqs 256, every time divided by `time_scale`) has decoded it. The
+prompt tokens/s, vLLM's automatic prefix caching unless --paced-no-prefix-caching,
+max_num_seqs 256, every time divided by `time_scale`) has decoded it. The
 StructMem build (load, extract, embed, consolidate, then its evaluation: retrieve, answer,
 judge) and the SEEM build (load, frames, fusion, graph) run in this process on synthetic data
 sized like LoCoMo (bench/synthetic.py: 10 conversations x 27 sessions x 22 turns = 5,940
 turns; LoCoMo has 5,882 in 272 sessions) and like LongMemEval-S (bench/longmemeval_synthetic.py,
-LongMemEval's format: 500 questions x 50 haystack sessions of 10 turns drawn from a pool of
-20,000, assistant turns ~1 kB as in the real file; loaded in the compact layout, each distinct
-session extracted once), the LLM attached over HTTP (the real client, max_in_flight 512, no
+LongMemEval's format: 500 questions x 50 haystack sessions of 18 turns drawn from a pool of
+20,000, assistant turns ~1 kB as in the real file, ~119 k tokens of history a question against
+the real ~115 k; loaded in the compact layout, each distinct session extracted once), the LLM attached over HTTP (the real client, max_in_flight 512, no
 response cache), the hashing stand-in encoder. A tiny build per method runs first,
 unreported, so one-time imports do not count as per-request CPU. Per build:
 
@@ -25,7 +26,9 @@ unreported, so one-time imports do not count as per-request CPU. Per build:
   max_num_seqs requests to send (order-dependent waves, e.g. SEEM's fusion per conversation,
   and batch tails): inherent to the method, reported separately.
 - per stage: requests, framework CPU ms per request (this process's CPU time during the stage:
-  stage logic, HTTP client, parsing, validation), busy fraction, wave-limited share.
+  stage logic, HTTP client, parsing, validation; less the hashing stand-in encoder's own CPU,
+  reported as encoder_cpu_s: a GPU encoder does that work on the GPU), busy fraction,
+  wave-limited share.
 - predicted_gpu_s: the engine's own time on the model's scale (sum of its step times) plus the
   real seconds during which it held nothing (framework time that a GPU run also spends); the
   encoder's GPU time is not modelled.
@@ -53,7 +56,8 @@ from unittest import mock
 
 import numpy as np
 
-from structmem_gpu.bench.harness import BenchSettings, compose, hashing_encoder, run_pipeline
+from structmem_gpu.bench.harness import (BenchSettings, HashingModel, compose, hashing_encoder,
+                                         run_pipeline)
 from structmem_gpu.bench.paced_model import busy_shares, timelines
 from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
 from structmem_gpu.bench.synthetic import SyntheticSpec, write_locomo
@@ -67,13 +71,19 @@ SIZES: dict[str, SyntheticSpec | HaystackFileSpec] = {
                             questions_per_conversation=20),
     # LongMemEval's own format (bench/longmemeval_synthetic.py: ~1 kB assistant turns, as the
     # real file's), loaded like the real one: the compact turns layout, each distinct session
-    # extracted once. 500 questions x 50 sessions drawn from a pool of 20,000.
+    # extracted once. 500 questions x 50 sessions drawn from a pool of 20,000, 18 turns a
+    # session: ~119 k tokens (characters / 4) of history a question and ~256 MB, against
+    # ~115 k Llama-3 tokens and 278 MB for the real longmemeval_s.json.
     "longmemeval_s": HaystackFileSpec(questions=500, sessions=50, pool=20000,
-                                      turns_per_session=10),
+                                      turns_per_session=18),
     # a tenth of it (50 questions, pool 2,000: the same share of repeated sessions), for a
     # machine where the whole one does not fit the time
     "longmemeval_s_tenth": HaystackFileSpec(questions=50, sessions=50, pool=2000,
-                                            turns_per_session=10),
+                                            turns_per_session=18),
+    # The same with 10 turns a session (~66 k tokens a question, ~0.6 of the real history):
+    # the size docs/performance.md's earlier LongMemEval-format figures were measured on.
+    "longmemeval_s_short_sessions": HaystackFileSpec(questions=500, sessions=50, pool=20000,
+                                                     turns_per_session=10),
     # The earlier stand-in: LongMemEval-S's shape in LoCoMo's format (~20-word turns, about a
     # tenth of the real tokens; every occurrence of a shared session planned, copies merged by
     # the client's in-batch dedup), kept to compare with the figures measured on it.
@@ -136,12 +146,13 @@ def recording(calls: list[dict[str, Any]], stages: list[dict[str, Any]]) -> Iter
         return Recorder(real_http(*a, **k), calls)
 
     def run_one(stage: Any, *a: Any, **k: Any) -> Any:
-        t0, c0 = time.monotonic(), time.process_time()
+        t0, c0, e0 = time.monotonic(), time.process_time(), HashingModel.cpu_s
         try:
             return real_run_one(stage, *a, **k)
         finally:
             stages.append({"stage": stage.name, "t0": t0, "t1": time.monotonic(),
-                           "cpu_s": time.process_time() - c0})
+                           "cpu_s": time.process_time() - c0,
+                           "encoder_cpu_s": HashingModel.cpu_s - e0})
 
     with mock.patch.object(factory, "_http_backend", http), \
             mock.patch.object(pipeline, "_run_one", run_one):
@@ -185,9 +196,11 @@ def analyse(calls: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
         inside = [c for c in calls if s["t0"] <= c["t0"] < s["t1"]]
         n = sum(c["n"] for c in inside)
         client_s = sum(c.get("cpu_s", 0.0) for c in inside)
+        enc_s = s.get("encoder_cpu_s", 0.0)
+        own_s = s["cpu_s"] - enc_s  # the framework's: the stand-in encoder's CPU is GPU work
         row = {"stage": s["stage"], "wall_s": round(s["t1"] - s["t0"], 3), "requests": n,
-               "cpu_s": round(s["cpu_s"], 3),
-               "cpu_ms_per_request": round(1000 * s["cpu_s"] / n, 3) if n else None,
+               "cpu_s": round(own_s, 3), "encoder_cpu_s": round(enc_s, 3),
+               "cpu_ms_per_request": round(1000 * own_s / n, 3) if n else None,
                # of which inside the backend's generate: HTTP client, reply validation,
                # result callbacks; the rest is the stage's own planning and tables
                "client_cpu_ms_per_request": round(1000 * client_s / n, 3) if n else None}
@@ -202,6 +215,8 @@ def analyse(calls: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
         "idle_real_s": round(idle_real_s, 2),
         "predicted_gpu_s": round(server["model_time_s"] + idle_real_s, 1),
         "decoded_tokens": server["decoded_tokens"], "engine_steps": server["steps"],
+        # prompt tokens computed and those the prefix cache served
+        "prefill_tokens": server.get("prefill_tokens"), "cached_tokens": server.get("cached_tokens"),
         "phases": {k: v for k, v in split.items() if v is not None},
         "stages": per_stage,
     }
@@ -212,7 +227,7 @@ def analyse(calls: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
 
 @contextlib.contextmanager
 def paced_server(log_dir: Path, stats: Path, time_scale: float,
-                 max_num_seqs: int) -> Iterator[Any]:
+                 max_num_seqs: int, prefix_caching: bool = True) -> Iterator[Any]:
     from structmem_gpu.llm.server import launch_server
 
     root = str(Path(__file__).resolve().parents[2])
@@ -221,7 +236,7 @@ def paced_server(log_dir: Path, stats: Path, time_scale: float,
     def build(port: int) -> list[str]:
         return [sys.executable, "-m", "structmem_gpu.bench.mock_server", "--port", str(port),
                 "--paced", "--time-scale", str(time_scale), "--max-num-seqs", str(max_num_seqs),
-                "--stats", str(stats)]
+                "--stats", str(stats), *(() if prefix_caching else ("--no-prefix-caching",))]
 
     with launch_server(build, ready_path="/v1/models", log_dir=log_dir, name="paced",
                        startup_timeout_s=60, death_signal=signal.SIGKILL, env=env) as srv:
@@ -230,7 +245,7 @@ def paced_server(log_dir: Path, stats: Path, time_scale: float,
 
 def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: float,
               max_num_seqs: int = 256, max_in_flight: int = 512,
-              tag: str = "") -> dict[str, Any]:
+              prefix_caching: bool = True, tag: str = "") -> dict[str, Any]:
     spec = SIZES[size]
     data = settings.path("data", f"paced-{size}.json")
     lme = isinstance(spec, HaystackFileSpec)
@@ -239,12 +254,12 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
             write_longmemeval(spec, data)
         else:
             write_locomo(spec, data)
-    name = f"paced-{method}-{size}{tag}"
+    name = f"paced-{method}-{size}{'' if prefix_caching else '-no-prefix-caching'}{tag}"
     stats = settings.path("paced", f"{name}.server.json")
     calls: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
     with paced_server(settings.path("paced", "logs", name).parent, stats, time_scale,
-                      max_num_seqs) as srv:
+                      max_num_seqs, prefix_caching) as srv:
         # Not the profile's overrides: debug=ci caps replies, and reply lengths drive the model.
         cfg = compose(settings.conf_dir, [
             *(o for o in settings.user_overrides if not o.split("=", 1)[0].lstrip("+~")
@@ -267,6 +282,7 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
                   {"build": BUILDS[method], "evaluation": EVALUATION.get(method, ())})
     row = {"build": method, "size": size, "time_scale": time_scale,
            "max_num_seqs": max_num_seqs, "max_in_flight": max_in_flight,
+           "prefix_caching": prefix_caching,
            "format": "longmemeval" if lme else "locomo",
            "conversations": spec.questions if lme else spec.conversations,
            "sessions": spec.sessions, "turns_per_session": spec.turns_per_session,
@@ -278,7 +294,7 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
 
 def run_paced(settings: BenchSettings, *, sizes: Sequence[str] = tuple(SIZES),
               methods: Sequence[str] = tuple(BUILDS), time_scale: float = 10.0,
-              warm_up: bool = True) -> dict[str, Any]:
+              prefix_caching: bool = True, warm_up: bool = True) -> dict[str, Any]:
     rows = []
     if warm_up:
         # One tiny build per method first, not reported: the first build of a process pays
@@ -291,10 +307,12 @@ def run_paced(settings: BenchSettings, *, sizes: Sequence[str] = tuple(SIZES),
         for method in methods:
             log.info("paced: %s build, %s size", method, size)
             try:
-                rows.append(run_build(settings, size, method, time_scale=time_scale))
+                rows.append(run_build(settings, size, method, time_scale=time_scale,
+                                      prefix_caching=prefix_caching))
             except Exception as e:  # noqa: BLE001 - one failed build is reported, the rest run
                 log.exception("paced %s/%s failed", method, size)
                 rows.append({"build": method, "size": size, "error": f"{type(e).__name__}: {e}"})
     return {"simulation": "GPU-paced mock (bench/paced_model.py): decode step 6.5 ms + 0.06 ms "
-            "per running sequence, prefill 30,000 tokens/s, max_num_seqs 256; not a GPU "
-            "measurement", "rows": rows}
+            "per running sequence, prefill 30,000 tokens/s, prefix caching "
+            f"{'on (16-token blocks, 800 k tokens of KV cache)' if prefix_caching else 'off'}, "
+            "max_num_seqs 256; not a GPU measurement", "rows": rows}

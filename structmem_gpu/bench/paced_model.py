@@ -20,12 +20,20 @@ plays the model in real time (20 = a step of 21.9 ms at 256 sequences takes 1.1 
 LongMemEval-S-size build runs in minutes on a CPU; predictions are given on the model's scale.
 Token counts: the mock takes prompt tokens = characters / CHARS_PER_TOKEN of the messages and
 completion tokens = characters / CHARS_PER_TOKEN of the scripted reply (at least 1).
+
+Prefix caching, as vLLM's automatic prefix cache (on by default in vLLM's V1 engine; our vLLM
+profiles keep it on): a prompt is cut into blocks of BLOCK_TOKENS tokens (BLOCK_CHARS
+characters here), each block named by a hash chained over every block before it; at admission
+a sequence's leading blocks already in the cache are not prefilled (at least one token always
+is, as in vLLM), and its blocks enter the cache. The cache holds `kv_cache_tokens` tokens and
+drops the least recently used blocks (running sequences' blocks are not pinned: a
+simplification that can only drop hits). `prefix_caching=False` charges every prompt token.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +41,19 @@ from typing import Any
 import numpy as np
 
 CHARS_PER_TOKEN = 4.0  # English text and JSON, Llama/Qwen-class tokenizers: ~3.5-4.5
+BLOCK_TOKENS = 16  # vLLM's KV-cache block size (its default on CUDA)
+BLOCK_CHARS = int(BLOCK_TOKENS * CHARS_PER_TOKEN)
+
+
+def prompt_blocks(parts: Sequence[str]) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of a prompt made of `parts` (role tags and message
+    texts in order): block i's hash covers blocks 0..i, so equal hashes mean equal prefixes."""
+    text = "\x1f".join(parts)
+    h, out = 0, []
+    for i in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
+        h = hash((h, text[i:i + BLOCK_CHARS]))
+        out.append(h)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,11 @@ class TimingModel:
     prefill_tokens_per_s: float = 30000.0  # prompt tokens processed per second, charged per step
     max_num_seqs: int = 256  # sequences one step may hold (vLLM's --max-num-seqs)
     time_scale: float = 1.0  # real time = model time / time_scale (the mock's speed-up)
+    prefix_caching: bool = True  # vLLM's automatic prefix caching (its default)
+    # KV-cache capacity in tokens: an H200 at gpu_memory_utilization 0.9 (~127 GB) less an 8B
+    # model's 16 GB of BF16 weights leaves ~110 GB; Llama-3.1-8B's KV is 128 KiB per token
+    # (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes): ~840 k tokens
+    kv_cache_tokens: int = 800_000
 
     def step_s(self, running: int, prefill_tokens: int) -> float:
         """Model seconds of one step with `running` sequences decoding and `prefill_tokens`
@@ -61,6 +87,31 @@ class Seq:
     prompt_tokens: int
     completion_tokens: int
     done_tokens: int = 0
+    blocks: tuple[int, ...] = ()  # prompt_blocks() of its prompt; () = nothing to share
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
+
+
+@dataclass
+class PrefixCache:
+    """Block hashes in least-recently-used order, at most `capacity_blocks` of them."""
+
+    capacity_blocks: int
+    blocks: OrderedDict[int, None] = field(default_factory=OrderedDict)
+
+    def admit(self, blocks: Sequence[int]) -> int:
+        """Blocks of this prompt's leading run already cached; all its blocks become the most
+        recently used."""
+        hit = 0
+        for h in blocks:
+            if h not in self.blocks:
+                break
+            self.blocks.move_to_end(h)
+            hit += 1
+        for h in blocks[hit:]:
+            self.blocks[h] = None
+        while len(self.blocks) > self.capacity_blocks:
+            self.blocks.popitem(last=False)
+        return hit
 
 
 @dataclass
@@ -74,6 +125,13 @@ class Engine:
     steps: int = 0
     saturated_s: float = 0.0  # model time of steps that ran max_num_seqs sequences
     decoded_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens charged (computed)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    cache: PrefixCache | None = None
+
+    def __post_init__(self) -> None:
+        if self.model.prefix_caching and self.cache is None:
+            self.cache = PrefixCache(self.model.kv_cache_tokens // BLOCK_TOKENS)
 
     def submit(self, seq: Seq) -> None:
         self.waiting.append(seq)
@@ -86,8 +144,13 @@ class Engine:
         prefill = 0
         while self.waiting and len(self.running) < self.model.max_num_seqs:
             s = self.waiting.popleft()
-            prefill += s.prompt_tokens
+            if self.cache is not None and s.blocks:
+                hit = self.cache.admit(s.blocks) * BLOCK_TOKENS
+                s.cached_tokens = max(0, min(hit, s.prompt_tokens - 1))
+            prefill += s.prompt_tokens - s.cached_tokens
+            self.cached_tokens += s.cached_tokens
             self.running.append(s)
+        self.prefill_tokens += prefill
         dt = self.model.step_s(len(self.running), prefill)
         if len(self.running) >= self.model.max_num_seqs:
             self.saturated_s += dt

@@ -119,6 +119,7 @@ class SuiteOptions:
     paced_sizes: tuple[str, ...] = ("locomo", "longmemeval_s")
     paced_builds: tuple[str, ...] = ("structmem", "seem")
     paced_time_scale: float = 10.0
+    paced_prefix_caching: bool = True  # the mock models vLLM's automatic prefix caching
 
     def __post_init__(self) -> None:
         self.size = dict(SIZES["tiny" if self.tiny else self.profile])
@@ -249,7 +250,8 @@ class Suite:
 
         return paced.run_paced(self.settings, sizes=self.opts.paced_sizes,
                                methods=self.opts.paced_builds,
-                               time_scale=self.opts.paced_time_scale)
+                               time_scale=self.opts.paced_time_scale,
+                               prefix_caching=self.opts.paced_prefix_caching)
 
     def part_llm(self) -> dict[str, Any]:
         from structmem_gpu.bench import llm_bench

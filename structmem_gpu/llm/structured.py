@@ -120,6 +120,24 @@ _VALIDATORS: dict[str, Any] = {}
 
 
 _BY_ID = IdentityMemo()
+_ACCEPT_BY_ID = IdentityMemo()
+
+
+def _fast_accept(schema: Mapping[str, Any]) -> Any:
+    """llm/fast_accept.py's accept-only check of `schema` (None: jsonschema alone), memoised
+    per schema object like the validator."""
+    from structmem_gpu.llm.fast_accept import compile_accept
+
+    return _ACCEPT_BY_ID.get(schema, lambda: compile_accept(schema))
+
+
+def _valid(schema: Mapping[str, Any], data: Any) -> Any:
+    """jsonschema's first error for `data`, or None when it is valid; the fast accept-only
+    check answers most valid replies (a few us against jsonschema's ~55 us)."""
+    fast = _fast_accept(schema)
+    if fast is not None and fast(data):
+        return None
+    return next(iter(_validator(schema).iter_errors(data)), None)
 
 
 def _validator(schema: Mapping[str, Any]) -> Any:
@@ -199,7 +217,7 @@ def _salvage(text: str, schema: Mapping[str, Any]) -> Any | None:
             data = json.loads(cand, strict=False)
         except json.JSONDecodeError:
             continue
-        if next(iter(_validator(schema).iter_errors(data)), None) is None:
+        if _valid(schema, data) is None:
             return data
     return None
 
@@ -227,7 +245,7 @@ def check_reply(text: str, schema: Mapping[str, Any] | None, finish_reason: str)
                 return Check(True, data=kept, salvaged=True)
             return Check(False, error="the reply was cut off at the token limit (incomplete JSON)")
         return Check(False, error=f"the reply is not valid JSON ({e.msg} at char {e.pos})")
-    err = next(iter(_validator(schema).iter_errors(data)), None)
+    err = _valid(schema, data)
     if err is not None:
         path = "/".join(str(p) for p in err.absolute_path) or "(root)"
         return Check(

@@ -102,6 +102,27 @@ def test_free_text_body_has_no_response_format() -> None:
     assert "response_format" not in request_body(r, served_name="m", flavor="vllm")
 
 
+@pytest.mark.parametrize("flavor", ["vllm", "llamacpp"])
+def test_payload_is_the_body_as_json(flavor: str) -> None:
+    """What is POSTed (the messages spliced in from their memoised canonical JSON, the
+    response format's JSON memoised) decodes to request_body's value exactly."""
+    from dataclasses import replace
+
+    from structmem_gpu.llm.client import request_payload
+    from structmem_gpu.llm.types import Message
+
+    odd = Message("user", 'Grüße, "quoted" \\ back\nslash \u2028 and ✓')
+    cases = [*reqs(2), *reqs(1, schema=None), replace(reqs(1)[0], messages=(odd,))]
+    for r in cases:
+        for extra in (None, {"x": 1, "messages": ["not ours"], "temperature": 9.0},
+                      {"response_format": {"type": "json_object"}}):
+            for seed in (True, False):
+                kw = dict(served_name="m", flavor=flavor, extra_body=extra, request_seed=seed)
+                payload = request_payload(r, **kw)
+                assert isinstance(payload, bytes)
+                assert json.loads(payload) == request_body(r, **kw)
+
+
 def test_extra_body_never_overrides_request_fields() -> None:
     [r] = reqs(1)
     body = request_body(

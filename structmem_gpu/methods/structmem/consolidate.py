@@ -32,6 +32,7 @@ counters (embedded_new, cache_hits, embed_s, embeddings_per_s).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Sequence
@@ -290,6 +291,14 @@ def _mean(values: Sequence[int]) -> float:
     return round(float(np.mean(values)), 2) if values else 0.0
 
 
+@functools.cache
+def _blas() -> Any:
+    """The BLAS libraries loaded in this process (numpy's OpenBLAS among them)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas")
+
+
 def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s: ConsolidateSettings = ctx.settings
     empty = {
@@ -304,16 +313,22 @@ def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     views = conversation_views(entries, emb, s.window_seconds)
     before = encode_notes(ctx) if entries.height else None
     queries = query_vectors(ctx, views, s.query_mode)
-    plans = [
-        p
-        for v, q in tqdm(
-            list(zip(views, queries, strict=True)),
-            desc="consolidate: seeds",
-            unit="conv",
-            disable=len(views) < 50,
-        )
-        for p in plan_conversation(v, q, s)
-    ]
+    # One BLAS thread while planning: the seed scores are one small product per conversation
+    # (its windows x its entries), and after each one OpenBLAS's idle worker spins on the
+    # other core: on 24,845 LongMemEval-S-size windows, 11.6 s of CPU with two threads against
+    # 6.7 s with one, for the same wall time (docs/performance.md, "GPU-paced builds"). The
+    # limit holds for the loop only; the encoder's threads are untouched.
+    with _blas().limit(limits=1):
+        plans = [
+            p
+            for v, q in tqdm(
+                list(zip(views, queries, strict=True)),
+                desc="consolidate: seeds",
+                unit="conv",
+                disable=len(views) < 50,
+            )
+            for p in plan_conversation(v, q, s)
+        ]
     results = ctx.generate([p.request for p in plans], desc="consolidate")  # one batch
     rows = [synthesis_row(p, r) for p, r in zip(plans, results, strict=True)]
     ok = [r for r in rows if r.parse_ok]
