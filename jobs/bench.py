@@ -89,9 +89,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
         "from a pool of 20,000), e.g. 100,500 (default: 100; tiny: 4)",
     )
     ap.add_argument("--paced-sizes", default="locomo,longmemeval_s",
-                    help="`paced`: synthetic sizes (locomo, longmemeval_s, longmemeval_s_tenth, "
-                         "longmemeval_s_short_sessions, longmemeval_s_locomo_format, tiny, "
-                         "tiny_longmemeval; bench/paced.py SIZES)")
+                    help="`paced`: comma-separated synthetic sizes, the names of bench/paced.py "
+                         "SIZES (docs/performance.md \"GPU-paced builds\" describes them)")
     ap.add_argument("--paced-builds", default="structmem,seem", help="`paced`: builds to run")
     ap.add_argument("--paced-time-scale", type=float, default=10.0,
                     help="`paced`: the mock runs the GPU model this many times faster")

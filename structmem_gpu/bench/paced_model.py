@@ -26,8 +26,10 @@ profiles keep it on): a prompt is cut into blocks of BLOCK_TOKENS tokens (BLOCK_
 characters here), each block named by a hash chained over every block before it; at admission
 a sequence's leading blocks already in the cache are not prefilled (at least one token always
 is, as in vLLM), and its blocks enter the cache. The cache holds `kv_cache_tokens` tokens and
-drops the least recently used blocks (running sequences' blocks are not pinned: a
-simplification that can only drop hits). `prefix_caching=False` charges every prompt token.
+drops the least recently used blocks. A simplification: vLLM never evicts a running
+sequence's blocks (it evicts other cached blocks instead), which this model does not track;
+with the system prompts reused by every request they stay cached either way.
+`prefix_caching=False` charges every prompt token.
 """
 
 from __future__ import annotations

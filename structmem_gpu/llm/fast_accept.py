@@ -100,13 +100,19 @@ def _compile(schema: Any) -> Accept:
     return lambda x: all(c(x) for c in checks)
 
 
-def _string_checks(schema: Mapping[str, Any]) -> list[Accept]:
-    lo, hi = schema.get("minLength"), schema.get("maxLength")
+def _size_checks(schema: Mapping[str, Any], low: str, high: str, kind: type) -> list[Accept]:
+    """The len() bounds `low`/`high` of a `kind` value (others pass): minLength/maxLength of a
+    str (jsonschema counts code points with len(), as Python does), minItems/maxItems of a
+    list."""
+    lo, hi = schema.get(low), schema.get(high)
     if lo is None and hi is None:
         return []
     lo_, hi_ = int(lo or 0), float("inf") if hi is None else int(hi)
-    # jsonschema counts characters (code points) with len(), as Python does.
-    return [lambda x: type(x) is not str or lo_ <= len(x) <= hi_]
+    return [lambda x: type(x) is not kind or lo_ <= len(x) <= hi_]
+
+
+def _string_checks(schema: Mapping[str, Any]) -> list[Accept]:
+    return _size_checks(schema, "minLength", "maxLength", str)
 
 
 def _number_checks(schema: Mapping[str, Any]) -> list[Accept]:
@@ -121,11 +127,7 @@ def _number_checks(schema: Mapping[str, Any]) -> list[Accept]:
 
 
 def _array_checks(schema: Mapping[str, Any]) -> list[Accept]:
-    out: list[Accept] = []
-    lo, hi = schema.get("minItems"), schema.get("maxItems")
-    if lo is not None or hi is not None:
-        lo_, hi_ = int(lo or 0), float("inf") if hi is None else int(hi)
-        out.append(lambda x: type(x) is not list or lo_ <= len(x) <= hi_)
+    out = _size_checks(schema, "minItems", "maxItems", list)
     if "items" in schema:
         if not isinstance(schema["items"], (Mapping, bool)):
             raise _Unsupported("items as a list (tuple validation)")

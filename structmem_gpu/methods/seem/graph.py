@@ -21,7 +21,6 @@ synonymy_per_conv) for comparison with the paper's Table 9.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from structmem_gpu.core import schemas as core_schemas
+from structmem_gpu.core.threads import one_thread
 from structmem_gpu.methods.seem.graph_build import (
     ConversationGraph,
     build_graph,
@@ -70,15 +70,6 @@ def igraph_graph(node_ids: Sequence[str], edges: Sequence[tuple[str, str, float]
     return g
 
 
-@functools.cache
-def _openmp() -> Any:
-    """The OpenMP runtimes loaded in this process (igraph's among them; found once, after the
-    first graph was built, so igraph's library is loaded)."""
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController().select(user_api="openmp")
-
-
 def personalized_pagerank(graph: Any, reset: np.ndarray, damping: float) -> np.ndarray:
     """igraph PPR with prpack; `damping` is the probability of continuing the walk.
 
@@ -92,7 +83,7 @@ def personalized_pagerank(graph: Any, reset: np.ndarray, damping: float) -> np.n
     r[r < 0] = 0.0
     if r.sum() <= 0:
         raise ValueError("personalized_pagerank: the reset vector has no positive mass")
-    with _openmp().limit(limits=1):
+    with one_thread("openmp"):  # asked after igraph's library is loaded (a graph exists)
         scores = graph.personalized_pagerank(vertices=range(graph.vcount()), directed=False, damping=damping,
                                              weights="weight" if graph.ecount() else None, reset=r.tolist(),
                                              implementation="prpack")

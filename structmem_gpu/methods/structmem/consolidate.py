@@ -32,7 +32,6 @@ counters (embedded_new, cache_hits, embed_s, embeddings_per_s).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from tqdm import tqdm
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.core.threads import one_thread
 from structmem_gpu.llm.tokens import CHARS_PER_TOKEN
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Sampling, request_id
 from structmem_gpu.methods.structmem.embed import (
@@ -291,14 +291,6 @@ def _mean(values: Sequence[int]) -> float:
     return round(float(np.mean(values)), 2) if values else 0.0
 
 
-@functools.cache
-def _blas() -> Any:
-    """The BLAS libraries loaded in this process (numpy's OpenBLAS among them)."""
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController().select(user_api="blas")
-
-
 def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s: ConsolidateSettings = ctx.settings
     empty = {
@@ -315,10 +307,10 @@ def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     queries = query_vectors(ctx, views, s.query_mode)
     # One BLAS thread while planning: the seed scores are one small product per conversation
     # (its windows x its entries), and after each one OpenBLAS's idle worker spins on the
-    # other core: on 24,845 LongMemEval-S-size windows, 11.6 s of CPU with two threads against
-    # 6.7 s with one, for the same wall time (docs/performance.md, "GPU-paced builds"). The
-    # limit holds for the loop only; the encoder's threads are untouched.
-    with _blas().limit(limits=1):
+    # other core: planning 24,845 LongMemEval-S-size windows took 9.7-9.9 s of CPU with two
+    # threads against 4.7-5.5 s with one, for the same ~5.0 s of wall time (docs/performance.md,
+    # "GPU-paced builds"). The limit holds for the loop only.
+    with one_thread("blas"):
         plans = [
             p
             for v, q in tqdm(
