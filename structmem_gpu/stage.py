@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -354,21 +355,37 @@ class StageContext:
         self.encoder_wall_s += time.perf_counter() - t0
         return enc
 
-    def generate(self, requests: Sequence["LLMRequest"], *, backend: "LLMBackend | None" = None,
-                 desc: str | None = None) -> list["LLMResult"]:
-        """Send one batch; log every request (cached or not) for requests.parquet."""
+    def generate(self, requests: "Iterable[LLMRequest]", *, backend: "LLMBackend | None" = None,
+                 desc: str | None = None, total: int | None = None) -> list["LLMResult"]:
+        """Send one batch; log every request (cached or not) for requests.parquet. An iterator
+        (a generator planning the requests) is drawn from while the first requests are already
+        at the server, when the backend streams (llm/types.py); `total` is its length, for the
+        progress bar. Results are in the requests' order."""
         from structmem_gpu.llm.request_log import to_frame
+        from structmem_gpu.llm.types import noted, streams
 
-        if not requests:
-            return []
+        if not isinstance(requests, Sequence):  # a stream: empty only if it yields nothing
+            source = iter(requests)
+            first = next(source, None)
+            requests = () if first is None else itertools.chain((first,), source)
+        if isinstance(requests, Sequence) and not requests:
+            return []  # before self.llm(): an empty batch launches no server
         be = backend or self.llm()
+        extra: dict[str, Any] = {}
+        if isinstance(requests, Sequence):
+            sent: Sequence[LLMRequest] = requests
+        elif streams(be):
+            drawn: list[LLMRequest] = []
+            requests, sent, extra = noted(requests, drawn), drawn, {"total": total}
+        else:
+            requests = sent = list(requests)
         t0 = time.perf_counter()
-        results = be.generate(requests, desc=desc or self.stage.name)
+        results = be.generate(requests, desc=desc or self.stage.name, **extra)
         self.llm_wall_s += time.perf_counter() - t0
         self.batches += 1
-        if len(results) != len(requests):
-            raise RuntimeError(f"backend returned {len(results)} results for {len(requests)} requests")
-        self.request_frames.append(to_frame(requests, results))
+        if len(results) != len(sent):
+            raise RuntimeError(f"backend returned {len(results)} results for {len(sent)} requests")
+        self.request_frames.append(to_frame(sent, results))
         from structmem_gpu.llm.context_guard import OVER_CONTEXT
 
         over = sum(r.finish_reason == OVER_CONTEXT for r in results)

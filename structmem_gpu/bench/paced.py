@@ -28,7 +28,8 @@ unreported, so one-time imports do not count as per-request CPU. Per build:
 - per stage: requests, framework CPU ms per request (this process's CPU time during the stage:
   stage logic, HTTP client, parsing, validation; less the hashing stand-in encoder's own CPU,
   reported as encoder_cpu_s: a GPU encoder does that work on the GPU), busy fraction,
-  wave-limited share.
+  wave-limited share, and where its not-busy seconds went (not_busy: before its first send,
+  after its last reply, between its batches, or with requests the client had not yet sent).
 - predicted_gpu_s: the engine's own time on the model's scale (sum of its step times) plus the
   real seconds during which it held nothing (framework time that a GPU run also spends); the
   encoder's GPU time is not modelled.
@@ -58,7 +59,7 @@ import numpy as np
 
 from structmem_gpu.bench.harness import (BenchSettings, HashingModel, compose, hashing_encoder,
                                          run_pipeline)
-from structmem_gpu.bench.paced_model import busy_shares, timelines
+from structmem_gpu.bench.paced_model import busy_shares, not_busy_seconds, timelines
 from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
 from structmem_gpu.bench.synthetic import SyntheticSpec, write_locomo
 
@@ -113,10 +114,13 @@ class Recorder:
         self._inner, self._calls = inner, calls
         self.model_id = inner.model_id
 
+    streams = True  # as the HTTP backend: a stream's requests count from the call's start
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def generate(self, requests: Sequence[Any], *, desc: str = "", on_result: Any = None) -> Any:
+    def generate(self, requests: Any, *, desc: str = "", on_result: Any = None,
+                 total: int | None = None) -> Any:
         done: list[float] = []
         lock = threading.Lock()
 
@@ -126,11 +130,13 @@ class Recorder:
             if on_result is not None:
                 on_result(i, res)
 
+        extra = {} if isinstance(requests, Sequence) else {"total": total}
         t0, c0 = time.monotonic(), time.process_time()
-        out = self._inner.generate(requests, desc=desc, on_result=seen)
-        self._calls.append({"stage": requests[0].stage if requests else desc, "n": len(requests),
-                            "t0": t0, "t1": time.monotonic(), "done": sorted(done),
-                            "cpu_s": time.process_time() - c0})
+        out = self._inner.generate(requests, desc=desc, on_result=seen, **extra)
+        # A stream's requests all count as sendable from the call's start: planning them while
+        # the server waits is the framework's time (client_behind), not a wave.
+        self._calls.append({"stage": desc, "n": len(out), "t0": t0, "t1": time.monotonic(),
+                            "done": sorted(done), "cpu_s": time.process_time() - c0})
         return out
 
 
@@ -206,6 +212,9 @@ def analyse(calls: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
                "client_cpu_ms_per_request": round(1000 * client_s / n, 3) if n else None}
         if n:
             row.update(busy_shares(held[sel], avail[sel], int(m["max_num_seqs"])))
+            # where its not-busy seconds went (planning, tables, a slow client)
+            row["not_busy"] = not_busy_seconds(grid[sel], held[sel], avail[sel],
+                                               int(m["max_num_seqs"]), inside, GRID_S)
         per_stage.append(row)
     requests = sum(c["n"] for c in calls)
     return {

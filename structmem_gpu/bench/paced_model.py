@@ -194,6 +194,27 @@ def timelines(grid: np.ndarray, calls: Sequence[dict[str, Any]], arrivals: Seque
     return held, avail
 
 
+def not_busy_seconds(grid: np.ndarray, held: np.ndarray, avail: np.ndarray, max_num_seqs: int,
+                     calls: Sequence[dict[str, Any]], step_s: float) -> dict[str, float]:
+    """Where a stage's not-busy time went (seconds on `grid`, one stage's span): before its first
+    generate call (planning), after its last one returned (tables, embeddings), between its
+    calls (nothing handed to the client), and client_behind (requests handed over but not yet
+    at the server, or the server short of them: the client too slow to send)."""
+    need = np.minimum(avail, max_num_seqs)
+    idle = ~((held >= max_num_seqs) | ((avail > 0) & (held >= need)))
+    if not calls or grid.size == 0:
+        return {"before_first_send_s": round(float(idle.sum() * step_s), 3),
+                "after_last_reply_s": 0.0, "between_batches_s": 0.0, "client_behind_s": 0.0}
+    first, last = min(c["t0"] for c in calls), max(c["t1"] for c in calls)
+    before, after = grid < first, grid >= last
+    behind = idle & (avail > 0)
+    between = idle & ~before & ~after & ~behind
+    return {"before_first_send_s": round(float((idle & before).sum() * step_s), 3),
+            "after_last_reply_s": round(float((idle & after).sum() * step_s), 3),
+            "between_batches_s": round(float(between.sum() * step_s), 3),
+            "client_behind_s": round(float(behind.sum() * step_s), 3)}
+
+
 def busy_shares(held: np.ndarray, avail: np.ndarray, max_num_seqs: int) -> dict[str, float]:
     """busy: the server holds max_num_seqs, or every request the run could send (and at least
     one); wave_limited: busy while the run could send fewer than max_num_seqs."""

@@ -9,7 +9,7 @@ fewer are not.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import polars as pl
@@ -228,10 +228,17 @@ def empty(schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame(schema=dict(schema))
 
 
-def shallow_dict(row: Any) -> dict[str, Any]:
-    """A dataclass row's fields as a dict, values as they are (dataclasses.asdict deep-copies
-    every value: ~0.1 ms a row, paid per LLM reply)."""
-    return {f.name: getattr(row, f.name) for f in dataclasses.fields(row)}
+def rows_frame(rows: Sequence[Any], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    """Dataclass rows (fields = the schema's columns; tuples become lists) to a frame with
+    exactly the schema's dtypes, built column by column: a dict per row (what `frame` takes)
+    cost 0.6 s on 35 k LongMemEval entries, columns a fifth of it."""
+    if not rows:
+        return empty(schema)
+    names = {f.name for f in dataclasses.fields(rows[0])}
+    if names != set(schema):
+        raise ValueError(f"{type(rows[0]).__name__} fields {sorted(names)} are not the "
+                         f"table's columns {sorted(schema)}")
+    return pl.DataFrame({c: [getattr(r, c) for r in rows] for c in schema}, schema=dict(schema))
 
 
 def frame(rows: Iterable[Mapping[str, Any]], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:

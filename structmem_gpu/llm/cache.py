@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,10 @@ from structmem_gpu.core import segstore
 
 # cache_key lives with the in-batch dedup (same key); importers of cache.cache_key still work
 from structmem_gpu.core.errors import StructMemError
-from structmem_gpu.llm.dedup import KEY_VERSION, cache_key, send_distinct
+from structmem_gpu.llm.dedup import KEY_VERSION, Item, cache_key, send_distinct
 from structmem_gpu.llm.structured import OnResult, check_reply
-from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult, sampling_json, schema_json
+from structmem_gpu.llm.types import (LLMBackend, LLMRequest, LLMResult, Requests, sampling_json,
+                                     schema_json)
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +183,12 @@ class ResponseCache:
             if rows:
                 self._publish(rows)
 
-    def get_many(self, keys: Sequence[str]) -> dict[str, CachedReply]:
-        self.flush()  # read our own writes
+    def get_many(self, keys: Sequence[str], *, publish: bool = True) -> dict[str, CachedReply]:
+        """The stored replies of `keys`; `publish=False` skips publishing this process's
+        queued replies first (a stream's later lookups: a key sent in this batch is answered
+        by dedup, llm/dedup.py, and publishing is blocking disk work)."""
+        if publish:
+            self.flush()  # read our own writes
         try:
             with self._lock:
                 raw = self._store.get_many(keys)
@@ -289,40 +294,67 @@ class CachedBackend:
     def __repr__(self) -> str:
         return f"CachedBackend({self.inner!r}, {self.cache.path})"
 
+    streams = True  # takes an iterator (llm/types.py); passes it on to a streaming inner
+    LOOKUP_CHUNK = 256  # a stream's requests are looked up this many at a time
+
     def generate(
-        self, requests: Sequence[LLMRequest], *, desc: str = "", on_result: OnResult | None = None
+        self, requests: Requests, *, desc: str = "", on_result: OnResult | None = None,
+        total: int | None = None,
     ) -> list[LLMResult]:
-        params = getattr(self.inner, "cache_params", {})
-        keys = [cache_key(self.model_id, r, params) for r in requests]
-        found = self.cache.get_many(keys)
-        results: list[LLMResult | None] = [None] * len(requests)
-        for i, (req, key) in enumerate(zip(requests, keys, strict=True)):
-            if key in found:
-                results[i] = _hit_result(req, found[key], self.model_id)
-                if on_result is not None:
-                    on_result(i, results[i])  # type: ignore[arg-type]
-        logger.info(
-            "%s: %d cached, %d to send (of %d)",
-            desc or "llm",
-            sum(k in found for k in keys),
-            len({k for k in keys if k not in found}),
-            len(requests),
-        )
+        stream = not isinstance(requests, Sequence)
+        if stream:  # looked up a chunk at a time as the inner backend draws them
+            items: Iterable[Item] = self._lookup(_chunks(requests, self.LOOKUP_CHUNK))
+        else:  # the whole batch at once, before anything is sent
+            items = list(self._lookup([requests], log_as=desc))  # type: ignore[list-item]
+        reqs: list[LLMRequest] = []
+        keys: list[str] = []
+
+        def kept(pairs: Iterable[Item]) -> Iterator[Item]:
+            for req, key, known in pairs:
+                reqs.append(req)
+                keys.append(key)
+                yield req, key, known
 
         def store(i: int, res: LLMResult) -> None:  # write-through: a crash loses no reply
             if res.parse_ok:
-                self.cache.put(keys[i], requests[i], res)
+                self.cache.put(keys[i], reqs[i], res)
 
         try:
-            sent = send_distinct(
-                self.inner, requests, keys, results, desc=desc, on_result=on_result,
-                on_sent=store, guard=self.guard,
+            results, sent = send_distinct(
+                self.inner, kept(items), desc=desc, on_result=on_result, on_sent=store,
+                guard=self.guard, stream=stream, total=total,
             )
         finally:
             self.cache.flush()  # every reply that arrived is on disk when generate ends
-        self.hits += len(requests) - sent
+        self.hits += len(results) - sent
         self.misses += sent
-        return [r for r in results if r is not None]
+        return results
+
+    def _lookup(self, chunks: Iterable[Sequence[LLMRequest]],
+                log_as: str | None = None) -> Iterator[Item]:
+        """(request, key, hit or None) for each request, one get_many per chunk (only the first
+        publishes this process's queued replies); `log_as` logs each chunk's hit count."""
+        params = getattr(self.inner, "cache_params", {})
+        for n, chunk in enumerate(chunks):
+            keys = [cache_key(self.model_id, r, params) for r in chunk]
+            found = self.cache.get_many(keys, publish=n == 0)
+            if log_as is not None:
+                logger.info("%s: %d cached, %d to send (of %d)", log_as or "llm",
+                            sum(k in found for k in keys),
+                            len({k for k in keys if k not in found}), len(keys))
+            for r, k in zip(chunk, keys, strict=True):
+                yield r, k, (_hit_result(r, found[k], self.model_id) if k in found else None)
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for x in items:
+        chunk.append(x)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def iter_rows(cache: ResponseCache, model: str | None = None) -> Iterable[dict[str, Any]]:

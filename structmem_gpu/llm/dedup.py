@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,8 +25,10 @@ from structmem_gpu.llm.types import (
     LLMBackend,
     LLMRequest,
     LLMResult,
+    Requests,
     sampling_json,
     schema_json,
+    streams,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,39 +56,58 @@ def cache_key(model_id: str, req: LLMRequest, params: Mapping[str, Any] | None =
     ], length=40)
 
 
+# One request of a batch as send_distinct takes it: the request, its cache key, and its result
+# when it is already known (a cache hit), else None.
+Item = tuple[LLMRequest, str, LLMResult | None]
+
+
 def send_distinct(
     inner: LLMBackend,
-    requests: Sequence[LLMRequest],
-    keys: Sequence[str],
-    results: list[LLMResult | None],
+    items: Iterable[Item],
     *,
     desc: str = "",
     on_result: OnResult | None = None,
     on_sent: OnResult | None = None,
     guard: Any = None,
-) -> int:
-    """Fill every empty slot of `results`: each distinct key among them is sent to `inner` once
-    (the first copy), the copies share its result. Slots already filled (e.g. cache hits) are
-    left alone. `on_sent(i, result)` sees each result that came from the server, before
-    `on_result`. `guard` (llm/context_guard.py) answers a request over the model's context
-    with its over_context failure instead of sending it. Returns the number of requests sent."""
+    stream: bool = False,
+    total: int | None = None,
+) -> tuple[list[LLMResult], int]:
+    """One result per item, in order: a known one as it is; among the rest each distinct key
+    is sent to `inner` once (the first copy) and the copies share its result. `on_sent(i,
+    result)` sees each result that came from the server, before `on_result`. `guard`
+    (llm/context_guard.py) answers a request over the model's context with its over_context
+    failure instead of sending it. `stream=True` (the stage handed generate an iterator:
+    llm/types.py) draws the items while `inner` sends, when `inner` streams (`total`: their
+    number when known); otherwise every item is drawn first. Returns (results, number sent)."""
+    reqs: list[LLMRequest] = []
+    keys: list[str] = []
+    results: list[LLMResult | None] = []
     first_of: dict[str, int] = {}  # key -> index of the copy that is actually sent
-    for i, key in enumerate(keys):
-        if results[i] is None:
-            first_of.setdefault(key, i)
-    send = []
-    for i in first_of.values():
-        no = guard.refusal(requests[i], inner.model_id) if guard is not None else None
-        if no is None:
+    send: list[int] = []
+    refused: list[int] = []
+
+    def distinct() -> Iterator[LLMRequest]:
+        for req, key, known in items:
+            i = len(reqs)
+            reqs.append(req)
+            keys.append(key)
+            results.append(known)
+            if known is not None:
+                if on_result is not None:
+                    on_result(i, known)
+                continue
+            if key in first_of:  # a copy: answered below from the first
+                continue
+            first_of[key] = i
+            no = guard.refusal(req, inner.model_id) if guard is not None else None
+            if no is not None:
+                results[i] = no
+                refused.append(i)
+                if on_result is not None:
+                    on_result(i, no)
+                continue
             send.append(i)
-            continue
-        results[i] = no
-        if on_result is not None:
-            on_result(i, no)
-    if len(send) < len(first_of):
-        first = next(results[i] for i in first_of.values() if results[i] is not None)
-        logger.warning("%s: %d of %d requests over the model's context, not sent (first: %s)",
-                       desc or "llm", len(first_of) - len(send), len(first_of), first.error)
+            yield req
 
     def store(j: int, res: LLMResult) -> None:
         i = send[j]
@@ -96,29 +117,39 @@ def send_distinct(
         if on_result is not None:
             on_result(i, res)
 
-    if send:
-        _send_batch(inner, [requests[i] for i in send], desc, store)
+    if stream and streams(inner):
+        _send_batch(inner, distinct(), desc, store, total)
+    else:
+        batch = list(distinct())
+        if batch:
+            _send_batch(inner, batch, desc, store)
+    if refused:
+        logger.warning("%s: %d of %d requests over the model's context, not sent (first: %s)",
+                       desc or "llm", len(refused), len(first_of), results[refused[0]].error)  # type: ignore[union-attr]
     for i, key in enumerate(keys):  # the copies: an in-batch hit, or the same failure
         if results[i] is not None:
             continue
         src = results[first_of[key]]
         if src is None:
-            raise RuntimeError(f"request {requests[first_of[key]].request_id} got no result")
+            raise RuntimeError(f"request {reqs[first_of[key]].request_id} got no result")
         results[i] = replace(
-            src, request_id=requests[i].request_id, attempts=0, cache_hit=src.parse_ok
+            src, request_id=reqs[i].request_id, attempts=0, cache_hit=src.parse_ok
         )
         if on_result is not None:
             on_result(i, results[i])  # type: ignore[arg-type]
-    return len(send)
+    return results, len(send)  # type: ignore[return-value]
 
 
-def _send_batch(inner: LLMBackend, reqs: list[LLMRequest], desc: str, store: OnResult) -> None:
+def _send_batch(inner: LLMBackend, reqs: Requests, desc: str, store: OnResult,
+                total: int | None = None) -> None:
     """Call `inner` with a per-result callback when it supports one (all backends of this
-    package do, so results are stored as they arrive); otherwise store after the batch."""
+    package do, so results are stored as they arrive); otherwise store after the batch. An
+    iterator goes only to a backend that streams, with its `total`."""
+    extra = {"total": total} if not isinstance(reqs, Sequence) else {}
     if "on_result" in inspect.signature(inner.generate).parameters:
-        inner.generate(reqs, desc=desc, on_result=store)  # type: ignore[call-arg]
+        inner.generate(reqs, desc=desc, on_result=store, **extra)  # type: ignore[call-arg]
         return
-    for j, res in enumerate(inner.generate(reqs, desc=desc)):
+    for j, res in enumerate(inner.generate(reqs, desc=desc, **extra)):  # type: ignore[call-arg]
         store(j, res)
 
 
@@ -139,17 +170,21 @@ class DedupBackend:
     def __repr__(self) -> str:
         return f"DedupBackend({self.inner!r})"
 
+    streams = True  # takes an iterator (llm/types.py); passes it on to a streaming inner
+
     def generate(
-        self, requests: Sequence[LLMRequest], *, desc: str = "", on_result: OnResult | None = None
+        self, requests: Requests, *, desc: str = "", on_result: OnResult | None = None,
+        total: int | None = None,
     ) -> list[LLMResult]:
         params = getattr(self.inner, "cache_params", {})
-        keys = [cache_key(self.model_id, r, params) for r in requests]
-        results: list[LLMResult | None] = [None] * len(requests)
-        sent = send_distinct(
-            self.inner, requests, keys, results, desc=desc, on_result=on_result, guard=self.guard
+        stream = not isinstance(requests, Sequence)
+        items = ((r, cache_key(self.model_id, r, params), None) for r in requests)
+        results, sent = send_distinct(
+            self.inner, items if stream else list(items), desc=desc, on_result=on_result,
+            guard=self.guard, stream=stream, total=total,
         )
         self.sent += sent
-        self.shared += len(requests) - sent
-        if sent < len(requests):
-            logger.info("%s: %d distinct requests sent (of %d)", desc or "llm", sent, len(requests))
-        return [r for r in results if r is not None]
+        self.shared += len(results) - sent
+        if sent < len(results):
+            logger.info("%s: %d distinct requests sent (of %d)", desc or "llm", sent, len(results))
+        return results

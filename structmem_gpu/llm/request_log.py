@@ -17,39 +17,28 @@ from collections.abc import Sequence
 import polars as pl
 
 from structmem_gpu.llm.types import LLMRequest, LLMResult
-from structmem_gpu.core.schemas import REQUESTS, frame
+from structmem_gpu.core.schemas import REQUESTS, empty
+
+
+# Where each column comes from: the request (stage, conv_id, prompt_version) or its result.
+_FROM_REQUEST = ("stage", "conv_id", "prompt_version")
 
 
 def to_frame(requests: Sequence[LLMRequest], results: Sequence[LLMResult]) -> pl.DataFrame:
-    """Join requests with their results (same order, matched by request_id) into REQUESTS rows."""
+    """Join requests with their results (same order, matched by request_id) into REQUESTS rows.
+    Built column by column (a dict per row cost ~10 us a request: 128 k requests a
+    LongMemEval-S build)."""
     if len(requests) != len(results):
         raise ValueError(f"{len(requests)} requests but {len(results)} results")
-    rows = []
     for req, res in zip(requests, results, strict=True):
         if req.request_id != res.request_id:
             raise ValueError(
                 f"result {res.request_id!r} does not belong to request {req.request_id!r}"
             )
-        rows.append(
-            {
-                "request_id": req.request_id,
-                "stage": req.stage,
-                "conv_id": req.conv_id,
-                "model": res.model,
-                "prompt_version": req.prompt_version,
-                "prompt_tokens": res.prompt_tokens,
-                "completion_tokens": res.completion_tokens,
-                "cached_tokens": res.cached_tokens,
-                "latency_s": float(res.latency_s),
-                "finish_reason": res.finish_reason,
-                "parse_ok": res.parse_ok,
-                "salvaged": res.salvaged,
-                "cache_hit": res.cache_hit,
-                "attempts": res.attempts,
-                "messages_hash": res.messages_hash,
-                "reply": res.text,
-                "error": res.error,
-                "unanswered": res.unanswered,
-            }
-        )
-    return frame(rows, REQUESTS)
+    if not requests:
+        return empty(REQUESTS)
+    cols = {c: [getattr(r, c) for r in (requests if c in _FROM_REQUEST else results)]
+            for c in REQUESTS if c != "reply"}
+    cols["reply"] = [r.text for r in results]
+    cols["latency_s"] = [float(x) for x in cols["latency_s"]]
+    return pl.DataFrame({c: cols[c] for c in REQUESTS}, schema=dict(REQUESTS))

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from structmem_gpu.llm.structured import OnResult
-from structmem_gpu.llm.types import LLMBackend, LLMRequest, LLMResult
+from structmem_gpu.llm.types import LLMBackend, LLMResult, Requests, streams
 
 
 class SeededBackend:
@@ -35,8 +35,13 @@ class SeededBackend:
     def __repr__(self) -> str:
         return f"SeededBackend({self.inner!r}, seed={self.seed})"
 
+    streams = True  # takes an iterator (llm/types.py); passes it on to a streaming inner
+
     def generate(
-        self, requests: Sequence[LLMRequest], *, desc: str = "", on_result: OnResult | None = None
+        self, requests: Requests, *, desc: str = "", on_result: OnResult | None = None,
+        total: int | None = None,
     ) -> list[LLMResult]:
-        seeded = [replace(r, sampling=replace(r.sampling, seed=self.seed)) for r in requests]
-        return self.inner.generate(seeded, desc=desc, on_result=on_result)
+        seeded = (replace(r, sampling=replace(r.sampling, seed=self.seed)) for r in requests)
+        if isinstance(requests, Sequence) or not streams(self.inner):
+            return self.inner.generate(list(seeded), desc=desc, on_result=on_result)
+        return self.inner.generate(seeded, desc=desc, on_result=on_result, total=total)

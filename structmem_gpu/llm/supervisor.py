@@ -26,7 +26,7 @@ from typing import Any
 from structmem_gpu.core import preempt
 from structmem_gpu.llm.server import RunningServer
 from structmem_gpu.llm.structured import OnResult
-from structmem_gpu.llm.types import LLMRequest, LLMResult
+from structmem_gpu.llm.types import LLMRequest, LLMResult, Requests, noted, streams
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,21 @@ class SupervisedBackend:
     def __repr__(self) -> str:
         return f"SupervisedBackend({self.inner!r}, restarts={self.supervisor.restarts})"
 
+    streams = True  # takes an iterator (llm/types.py), as its HTTP backend does
+
     def generate(
-        self, requests: Sequence[LLMRequest], *, desc: str = "", on_result: OnResult | None = None
+        self, requests: Requests, *, desc: str = "", on_result: OnResult | None = None,
+        total: int | None = None,
     ) -> list[LLMResult]:
-        results = self.inner.generate(requests, desc=desc, on_result=on_result)
+        if not isinstance(requests, Sequence) and not streams(self.inner):
+            requests = list(requests)
+        if not isinstance(requests, Sequence):  # a stream: kept as drawn, for re-sending
+            drawn: list[LLMRequest] = []
+            results = self.inner.generate(noted(requests, drawn), desc=desc,
+                                          on_result=on_result, total=total)
+            requests = drawn
+        else:
+            results = self.inner.generate(requests, desc=desc, on_result=on_result)
         while True:
             pending = [i for i, r in enumerate(results) if r.unanswered]
             srv = self.supervisor.server

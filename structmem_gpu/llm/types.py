@@ -17,7 +17,7 @@ Example request (extraction window):
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -117,6 +117,30 @@ class LLMBackend(Protocol):
     model_id: str  # identifies weights (name + revision/path); part of every cache key
 
     def generate(self, requests: Sequence[LLMRequest], *, desc: str = "") -> list[LLMResult]: ...
+
+
+# ---- request streams -----------------------------------------------------------------------
+# A stage may hand `generate` an iterator instead of a list: its requests are then planned while
+# the first ones are already at the server, instead of the server idling through all the
+# planning (docs/performance.md, "GPU-paced builds"). A backend whose `streams` attribute is
+# true takes an iterator as it is; the wrappers (dedup, cache, seed, supervisor) take one always
+# and pass it on only to an inner backend that streams, a list otherwise. Results are in the
+# requests' order either way.
+
+Requests = Sequence[LLMRequest] | Iterator[LLMRequest]
+
+
+def streams(backend: Any) -> bool:
+    """Whether `backend.generate` takes an iterator of requests as it is."""
+    return bool(getattr(type(backend), "streams", False))
+
+
+def noted(requests: Iterable[LLMRequest], drawn: list[LLMRequest]) -> Iterator[LLMRequest]:
+    """`requests`, each appended to `drawn` as it is drawn (a stream's requests, kept for the
+    request log and for re-sending)."""
+    for r in requests:
+        drawn.append(r)
+        yield r
 
 
 def request_id(stage: str, *key: Any) -> str:

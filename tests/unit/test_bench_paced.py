@@ -120,6 +120,23 @@ def test_busy_fraction_counts_what_the_run_could_send() -> None:
     assert out["saturated_share"] == 0.1
 
 
+def test_not_busy_seconds_say_where_the_idle_time_went() -> None:
+    from structmem_gpu.bench.paced_model import not_busy_seconds, timelines
+
+    grid = np.arange(0.0, 10.0, 1.0)
+    # Two calls: t=1..3 (2 requests, back at 2.5 and 2.9) and t=5..8 (1 request, back at 7.5).
+    calls = [{"n": 2, "t0": 1.0, "t1": 3.0, "done": [2.5, 2.9]},
+             {"n": 1, "t0": 5.0, "t1": 8.0, "done": [7.5]}]
+    # Server: the first call's requests arrive at 1.5 and 1.5 (t=1 behind), the second's at 6.5
+    # (t=5, 6 behind).
+    held, avail = timelines(grid, calls, [1.5, 1.5, 6.5], [2.4, 2.8, 7.4])
+    out = not_busy_seconds(grid, held, avail, 4, calls, 1.0)
+    assert out == {"before_first_send_s": 1.0,  # t=0
+                   "after_last_reply_s": 2.0,  # t=8, 9
+                   "between_batches_s": 2.0,  # t=3, 4: nothing handed to the client
+                   "client_behind_s": 3.0}  # t=1, 5, 6
+
+
 @pytest.mark.parametrize("size", ["tiny", "tiny_longmemeval"])
 def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object, size: str) -> None:
     """The paced mock answers the real HTTP client with scripted replies, the build parses

@@ -111,7 +111,10 @@ def standin_supervisor(tmp_path: Path, *, max_restarts: int) -> ServerSupervisor
         name="standin", max_restarts=max_restarts)
 
 
-def test_dead_server_is_replaced_and_only_unanswered_requests_are_resent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("as_stream", [False, True], ids=["list", "stream"])
+def test_dead_server_is_replaced_and_only_unanswered_requests_are_resent(
+    tmp_path: Path, as_stream: bool
+) -> None:
     sup = standin_supervisor(tmp_path, max_restarts=2)
     with sup:
         first = sup.start()
@@ -126,7 +129,8 @@ def test_dead_server_is_replaced_and_only_unanswered_requests_are_resent(tmp_pat
                 os.killpg(first.pid, signal.SIGKILL)
                 first.process.wait(10)
 
-        out = llm.generate([req(i) for i in range(6)], on_result=kill_after_two)
+        batch = [req(i) for i in range(6)]
+        out = llm.generate(iter(batch) if as_stream else batch, on_result=kill_after_two)
         assert sup.restarts == 1 and sup.server is not None and sup.server.pid != first.pid
         assert [r.request_id for r in out] == [f"r{i}" for i in range(6)]
         assert all(r.parse_ok and not r.unanswered for r in out)

@@ -10,7 +10,8 @@ normalised mean of the buffer's entry vectors), the top `seed_k` seeds from the 
 (`historical`: entries before the window; `global`: every other entry; the window's own
 entries too when `seed_exclude_buffer` is false, the reference code's effective pool),
 each seed expanded to every entry of its event, and one synthesis request. No synthesis reads
-another, so every window of every conversation goes out in ONE `ctx.generate` batch. Seeds
+another, so every window of every conversation goes out in ONE `ctx.generate` batch, planned
+conversation by conversation as the client draws it (a stream: llm/types.py). Seeds
 are scored with one dense (windows x entries) product per conversation rather than a FAISS
 index: each window has its own pool, the product is exact, and it is microseconds at a few
 thousand entries per conversation. One row:
@@ -34,14 +35,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import polars as pl
-from tqdm import tqdm
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.hashing import stable_hash
@@ -172,10 +172,8 @@ class ConversationView:
 def _all_records(rows: pl.DataFrame) -> list[synthesis.Record]:
     """Every row as a prompt record, once per conversation: windows then pick by position
     (a polars row gather per window copied the embedding column each time: 1.2 ms a window)."""
-    return [
-        synthesis.Record(*r)
-        for r in rows.select("event_time", "speaker", "kind", "text").iter_rows()
-    ]
+    cols = [rows[c].to_list() for c in ("event_time", "speaker", "kind", "text")]
+    return list(map(synthesis.Record, *cols))
 
 
 def conversation_views(
@@ -224,6 +222,8 @@ def plan_conversation(
         version = reference.version(s.reference_dir, "synthesis")
     else:
         version = synthesis.prompt_version(s.prompt_variant)
+    # Each entry rendered once for the conversation (it is listed in ~20 windows' prompts).
+    lines = synthesis.lines(records) if s.reference_dir is None else []
     out = []
     for w, row_scores in zip(view.windows, scores, strict=True):
         pool = seed_pool(w, len(ids), s.seed_scope, s.seed_exclude_buffer)
@@ -235,9 +235,8 @@ def plan_conversation(
                 s.reference_dir, buffer_recs, [records[p] for p in context]
             )
         else:
-            messages = synthesis.build_messages(
-                s.prompt_variant, buffer_recs, [records[p] for p in context]
-            )
+            messages = synthesis.messages(s.prompt_variant, synthesis.user_message(
+                buffer_recs, lines[w.start : w.end], [lines[p] for p in context]))
         rid = request_id(STAGE_NAME, view.conv_id, w.index, version, messages[-1].content)
         req = LLMRequest(
             request_id=rid,
@@ -280,11 +279,7 @@ def synthesis_row(plan: WindowPlan, result: LLMResult) -> SynthesisRow:
 
 
 def syntheses_frame(rows: Sequence[SynthesisRow]) -> pl.DataFrame:
-    def as_row(r: SynthesisRow) -> dict[str, Any]:
-        d = schemas.shallow_dict(r)
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-    return schemas.frame((as_row(r) for r in rows), schemas.SYNTHESES)
+    return schemas.rows_frame(rows, schemas.SYNTHESES)
 
 
 def _mean(values: Sequence[int]) -> float:
@@ -305,23 +300,24 @@ def run_consolidate(ctx: StageContext) -> dict[str, pl.DataFrame]:
     views = conversation_views(entries, emb, s.window_seconds)
     before = encode_notes(ctx) if entries.height else None
     queries = query_vectors(ctx, views, s.query_mode)
+    # The windows are planned as the client draws their requests, so the server starts on the
+    # first conversation's while the rest are planned (llm/types.py); one batch either way.
+    plans: list[WindowPlan] = []
+
+    def planned() -> Iterator[LLMRequest]:
+        for v, q in zip(views, queries, strict=True):
+            for p in plan_conversation(v, q, s):
+                plans.append(p)
+                yield p.request
+
     # One BLAS thread while planning: the seed scores are one small product per conversation
     # (its windows x its entries), and after each one OpenBLAS's idle worker spins on the
     # other core: planning 24,845 LongMemEval-S-size windows took 9.7-9.9 s of CPU with two
     # threads against 4.7-5.5 s with one, for the same ~5.0 s of wall time (docs/performance.md,
-    # "GPU-paced builds"). The limit holds for the loop only.
+    # "GPU-paced builds"). Nothing else uses BLAS while the batch is out.
     with one_thread("blas"):
-        plans = [
-            p
-            for v, q in tqdm(
-                list(zip(views, queries, strict=True)),
-                desc="consolidate: seeds",
-                unit="conv",
-                disable=len(views) < 50,
-            )
-            for p in plan_conversation(v, q, s)
-        ]
-    results = ctx.generate([p.request for p in plans], desc="consolidate")  # one batch
+        results = ctx.generate(planned(), desc="consolidate",
+                               total=sum(len(v.windows) for v in views))  # one batch
     rows = [synthesis_row(p, r) for p, r in zip(plans, results, strict=True)]
     ok = [r for r in rows if r.parse_ok]
     emb_frame = empty["synthesis_embeddings"]

@@ -118,11 +118,26 @@ def check_variant(variant: str) -> None:
         )
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _line(r: Record) -> str:
-    # Memoised: an entry is rendered once per window whose buffer or context holds it (20 per
-    # window on LongMemEval-S), and the date formatting dominated plan time.
-    return f"- [{r.time:%Y-%m-%d %H:%M %a}] {r.speaker} ({r.kind}): {r.text}"
+def line(r: Record, stamp: str | None = None) -> str:
+    """One entry as the prompt lists it (`stamp`: its time already formatted, see `lines`)."""
+    return f"- [{stamp or _stamp(r.time)}] {r.speaker} ({r.kind}): {r.text}"
+
+
+def _stamp(t: datetime) -> str:
+    return f"{t:%Y-%m-%d %H:%M %a}"
+
+
+def lines(records: Sequence[Record]) -> list[str]:
+    """`line` of each record, each distinct time formatted once (a conversation's entries
+    share their turns' times, and the date formatting was most of a line's cost)."""
+    stamps = {t: _stamp(t) for t in {r.time for r in records}}
+    return [line(r, stamps[r.time]) for r in records]
+
+
+# Memoised for callers that render window by window (the dry run): an entry is listed in
+# every window whose buffer or context holds it (20 per window on LongMemEval-S), and the date
+# formatting dominated. The stage renders each entry once per conversation instead (user_message).
+_line = functools.lru_cache(maxsize=1 << 16)(line)
 
 
 def _period(start: datetime, end: datetime) -> str:
@@ -131,6 +146,7 @@ def _period(start: datetime, end: datetime) -> str:
     return f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} ({start:%A})"
 
 
+@functools.lru_cache(maxsize=None)  # one text per variant, asked for once per window
 def system_prompt(variant: str) -> str:
     """Role and instructions; identical for every window of a run, so servers reuse its KV cache."""
     check_variant(variant)
@@ -140,6 +156,13 @@ def system_prompt(variant: str) -> str:
 
 def render_user(buffer: Sequence[Record], context: Sequence[Record]) -> str:
     """The user message: period header, the buffer, the related entries."""
+    return user_message(buffer, [_line(r) for r in buffer], [_line(r) for r in context])
+
+
+def user_message(buffer: Sequence[Record], buffer_lines: Sequence[str],
+                 context_lines: Sequence[str]) -> str:
+    """render_user with the entries' lines already rendered (`line`, once per entry of a
+    conversation: the consolidate stage)."""
     if not buffer:
         raise ValueError("a synthesis needs at least one buffer entry")
     people = list(dict.fromkeys(r.speaker for r in buffer))
@@ -147,18 +170,20 @@ def render_user(buffer: Sequence[Record], context: Sequence[Record]) -> str:
         f"Period: {_period(buffer[0].time, buffer[-1].time)}. People: {', '.join(people)}.",
         "",
         "Entries from this period:",
-        *(_line(r) for r in buffer),
+        *buffer_lines,
         "",
         "Related entries from other periods:",
     ]
-    parts.extend(_line(r) for r in context) if context else parts.append("(none)")
+    parts.extend(context_lines) if context_lines else parts.append("(none)")
     return "\n".join(parts)
 
 
 def build_messages(
     variant: str, buffer: Sequence[Record], context: Sequence[Record]
 ) -> tuple[Message, ...]:
-    return (
-        Message("system", system_prompt(variant)),
-        Message("user", render_user(buffer, context)),
-    )
+    return messages(variant, render_user(buffer, context))
+
+
+def messages(variant: str, user: str) -> tuple[Message, ...]:
+    """The system prompt and a rendered user message (render_user / user_message)."""
+    return (Message("system", system_prompt(variant)), Message("user", user))
