@@ -230,8 +230,8 @@ def empty(schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
 
 def rows_frame(rows: Sequence[Any], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
     """Dataclass rows (fields = the schema's columns; tuples become lists) to a frame with
-    exactly the schema's dtypes, built column by column: a dict per row (what `frame` takes)
-    cost 0.6 s on 35 k LongMemEval entries, columns a fifth of it."""
+    exactly the schema's dtypes, built column by column: from a dict per row (what `frame`
+    takes), 35 k LongMemEval entries took 0.21-0.26 s of CPU; by columns, 0.07-0.08 s."""
     if not rows:
         return empty(schema)
     names = {f.name for f in dataclasses.fields(rows[0])}

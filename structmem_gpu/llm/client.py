@@ -151,7 +151,7 @@ def parse_completion(payload: Any) -> tuple[str, str, int, int, int | None]:
 
 # A stream (llm/types.py) is drawn this many requests at a time: planned one at a time between
 # replies, LongMemEval-S-size extraction took 0.97-1.05 ms of framework CPU a request against
-# 0.78 as a list; drawn 1,024 at a time, 0.83 (a tenth of it: 0.76 against 0.75), with the
+# 0.78 as a list; drawn 1,024 at a time, 0.83-0.84 (a tenth of it: 0.76 against 0.75), with the
 # engine as busy (docs/performance.md, "GPU-paced builds").
 DRAW_AHEAD = 1024
 

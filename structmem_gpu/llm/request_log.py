@@ -26,8 +26,8 @@ _FROM_REQUEST = ("stage", "conv_id", "prompt_version")
 
 def to_frame(requests: Sequence[LLMRequest], results: Sequence[LLMResult]) -> pl.DataFrame:
     """Join requests with their results (same order, matched by request_id) into REQUESTS rows.
-    Built column by column (a dict per row cost ~10 us a request: 128 k requests a
-    LongMemEval-S build)."""
+    Built column by column: 20 k requests took 0.042-0.048 s of CPU from a dict per row,
+    0.025-0.030 s by columns (a LongMemEval-S build logs 128 k)."""
     if len(requests) != len(results):
         raise ValueError(f"{len(requests)} requests but {len(results)} results")
     for req, res in zip(requests, results, strict=True):
