@@ -322,6 +322,13 @@ class HTTPBackend:
                 results[i] = unsent_result(req, self.model_id, _stopping("abandoned in flight"))
                 if on_result is not None:
                     on_result(i, results[i])
+        # A stream's requests drawn ahead, or not drawn, when the grace ran out: every request
+        # handed over gets its result (the wrappers count on one each), none is sent.
+        for req in itertools.chain(ahead, source):
+            pulled.append(req)
+            results[len(pulled) - 1] = unsent_result(req, self.model_id, _stopping("not sent"))
+            if on_result is not None:
+                on_result(len(pulled) - 1, results[len(pulled) - 1])
         n = len(pulled)
         done = [results[i] for i in range(n)]
         failed = sum(not r.parse_ok for r in done)

@@ -82,6 +82,27 @@ def test_in_flight_requests_are_abandoned_after_the_grace_period(
     assert res.unanswered and "abandoned in flight" in (res.error or "")
 
 
+def test_a_stream_cut_by_the_grace_period_answers_every_request(
+    fake_chat_server: FakeServer,
+) -> None:
+    """Requests drawn ahead (or never drawn) when the workers are cancelled still get a result,
+    so the dedup layer above has one for every request it handed over."""
+    from structmem_gpu.llm.dedup import DedupBackend
+
+    def hang(body: dict[str, Any], k: int) -> tuple[int, bytes, float]:
+        preempt.request_stop("SIGUSR2")
+        return 200, completion("too late"), 5.0
+
+    preempt._state["grace_s"] = 0.2
+    fake_chat_server.behaviour = hang
+    out = DedupBackend(backend(fake_chat_server.url, max_in_flight=1)).generate(
+        (req(i) for i in range(4)), total=4)
+    assert [r.request_id for r in out] == ["r0", "r1", "r2", "r3"]
+    assert all(r.unanswered for r in out) and len(fake_chat_server.bodies) == 1
+    assert "abandoned in flight" in (out[0].error or "")
+    assert all("not sent" in (r.error or "") for r in out[1:])
+
+
 STANDIN = textwrap.dedent("""
     import json, sys, http.server
     class H(http.server.BaseHTTPRequestHandler):
