@@ -38,8 +38,8 @@ from structmem_gpu.core import segstore
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.llm.dedup import KEY_VERSION, Item, cache_key, send_distinct
 from structmem_gpu.llm.structured import OnResult, check_reply
-from structmem_gpu.llm.types import (LLMBackend, LLMRequest, LLMResult, Requests, sampling_json,
-                                     schema_json)
+from structmem_gpu.llm.types import (LLMBackend, LLMRequest, LLMResult, Requests, noted,
+                                     sampling_json, schema_json)
 
 logger = logging.getLogger(__name__)
 
@@ -302,26 +302,18 @@ class CachedBackend:
         total: int | None = None,
     ) -> list[LLMResult]:
         stream = not isinstance(requests, Sequence)
-        if stream:  # looked up a chunk at a time as the inner backend draws them
-            items: Iterable[Item] = self._lookup(_chunks(requests, self.LOOKUP_CHUNK))
-        else:  # the whole batch at once, before anything is sent
-            items = list(self._lookup([requests], log_as=desc))  # type: ignore[list-item]
-        reqs: list[LLMRequest] = []
-        keys: list[str] = []
-
-        def kept(pairs: Iterable[Item]) -> Iterator[Item]:
-            for req, key, known in pairs:
-                reqs.append(req)
-                keys.append(key)
-                yield req, key, known
+        # a stream is looked up a chunk at a time as the inner backend draws it; a list at once
+        chunks = _chunks(requests, self.LOOKUP_CHUNK) if stream else [requests]
+        drawn: list[Item] = []  # (request, key, hit) by index, for the write-through
 
         def store(i: int, res: LLMResult) -> None:  # write-through: a crash loses no reply
             if res.parse_ok:
-                self.cache.put(keys[i], reqs[i], res)
+                self.cache.put(drawn[i][1], drawn[i][0], res)
 
         try:
             results, sent = send_distinct(
-                self.inner, kept(items), desc=desc, on_result=on_result, on_sent=store,
+                self.inner, noted(self._lookup(chunks, log_as=None if stream else desc), drawn),
+                desc=desc, on_result=on_result, on_sent=store,
                 guard=self.guard, stream=stream, total=total,
             )
         finally:

@@ -180,8 +180,8 @@ class DedupBackend:
         stream = not isinstance(requests, Sequence)
         items = ((r, cache_key(self.model_id, r, params), None) for r in requests)
         results, sent = send_distinct(
-            self.inner, items if stream else list(items), desc=desc, on_result=on_result,
-            guard=self.guard, stream=stream, total=total,
+            self.inner, items, desc=desc, on_result=on_result, guard=self.guard, stream=stream,
+            total=total,
         )
         self.sent += sent
         self.shared += len(results) - sent

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from structmem_gpu.core.hashing import (
     IdentityMemo,
@@ -128,6 +128,7 @@ class LLMBackend(Protocol):
 # requests' order either way.
 
 Requests = Sequence[LLMRequest] | Iterator[LLMRequest]
+T = TypeVar("T")
 
 
 def streams(backend: Any) -> bool:
@@ -135,12 +136,12 @@ def streams(backend: Any) -> bool:
     return bool(getattr(type(backend), "streams", False))
 
 
-def noted(requests: Iterable[LLMRequest], drawn: list[LLMRequest]) -> Iterator[LLMRequest]:
-    """`requests`, each appended to `drawn` as it is drawn (a stream's requests, kept for the
-    request log and for re-sending)."""
-    for r in requests:
-        drawn.append(r)
-        yield r
+def noted(items: Iterable[T], drawn: list[T]) -> Iterator[T]:
+    """`items`, each appended to `drawn` as it is drawn (a stream's requests, kept for the
+    request log, for re-sending, for the cache's writes)."""
+    for x in items:
+        drawn.append(x)
+        yield x
 
 
 def request_id(stage: str, *key: Any) -> str:

@@ -7,8 +7,9 @@ Windows of consecutive turns of one session, packed up to `extract.window_tokens
 (structmem_gpu/methods/structmem/packing.py) and/or at most `extract.turns_per_request` turns
 (plus `extract.context_turns` earlier turns of that session shown read-only), each yield one
 request per perspective in `extract.perspectives`; every window of every conversation goes out in ONE
-`ctx.generate` batch, each request built as the client draws it (a stream: llm/types.py). A reply item's `turn` is the window-local number 1..n and maps back to
-that turn's event. One entry row:
+`ctx.generate` batch, each request built as the client draws it (a stream: llm/types.py). A
+reply item's `turn` is the window-local number 1..n and maps back to that turn's event. One
+entry row:
 
     EntryRow(entry_id="3f0c9a1be2d47c55", conv_id="sample-1", event_id="sample-1:D2:1",
              dia_id="D2:1", session_index=2, turn_index=0, event_time=datetime(2024, 3, 17, 19, 5),
