@@ -14,10 +14,12 @@ __version__ = "0.1.0"
 if _find_spec("omegaconf") is not None:
     from omegaconf import OmegaConf as _OmegaConf
 
+    from structmem_gpu.config import llm_or as _llm_or
     from structmem_gpu.config import run_key as _run_key
     from structmem_gpu.prompts import pinned as _pinned
 
     _run_key.register()
+    _llm_or.register()  # ${llm_or:KEY,DEFAULT} of the stage nodes (conf/method/*.yaml)
     # ${official_source:NAME,DIR}: the pinned official checkouts (registered here, the one
     # module outside config/ that touches OmegaConf, so prompts/ stays free of it).
     if not _OmegaConf.has_resolver(_pinned.RESOLVER):

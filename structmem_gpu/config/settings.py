@@ -21,7 +21,7 @@ annotation, so the written annotation is documentation only; the field's metadat
   external  read from this dotted key of the config root instead of the node (its owner's model
             checks it there), e.g. seem.passages_per_request.
   yaml      the default as the generated YAML writes it when that is an interpolation (a
-            profile's budget: "${oc.select:llm.budgets.extract_max_tokens,4096}"); the Python
+            profile's budget: "${llm_or:budgets.extract_max_tokens,4096}"); the Python
             default is what it resolves to when no profile sets it.
 
 A model with `yaml_home = "method/structmem.yaml"` (a ClassVar) has its node's block in that
@@ -57,8 +57,8 @@ from structmem_gpu.core.errors import ConfigError
 
 _MISSING = object()
 
-ROLES = ("result", "model", "run")
-RESULT, MODEL, RUN = ROLES
+ROLES = ("result", "model", "reply", "run")
+RESULT, MODEL, REPLY, RUN = ROLES
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def knob(type_: Any, default: Any = _MISSING, *, role: str | None = None, hashed
     root instead of the node (that key's own model checks it). tables=False: a result knob
     that changes no table of a run directory, only what is kept beside them (report figures;
     result_keys.NO_TABLE_KEYS). yaml: the default as the generated YAML writes it when that is
-    an expression rather than the value, e.g. "${oc.select:llm.budgets.extract_max_tokens,4096}"
+    an expression rather than the value, e.g. "${llm_or:budgets.extract_max_tokens,4096}"
     (a profile's budget); `default` is then what the expression resolves to when the profile
     sets nothing (tests/unit/test_yaml_defaults.py checks the two agree). in_yaml=False: the
     generated block leaves the key out (a knob only some methods' hand-written files set, whose

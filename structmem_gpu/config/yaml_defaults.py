@@ -37,6 +37,9 @@ from structmem_gpu.config.schema import JobSettings
 from structmem_gpu.config.settings import Settings, fields, meta
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# conf/config.yaml's root keys (JobSettings' own leaves) are generated between these lines.
+ROOT_BEGIN = "# ---- root keys: generated from config/schema.py JobSettings (config/yaml_defaults.py)"
+ROOT_END = "# ---- end of the generated root keys"
 WIDTH = 95  # the conf/ files' line length
 
 
@@ -48,7 +51,7 @@ def _stage_settings(target: str) -> type[Settings] | None:
 
 def discover(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, list[type[Settings]]]]:
     """home file -> node -> the models generating that block, every model with a `yaml_home`."""
-    found: list[tuple[str, type[Settings]]] = []  # (file it was found through, model)
+    found: list[tuple[str, type[Settings]]] = [("config.yaml", JobSettings)]  # (file, model)
     for f in fields(JobSettings).values():
         model = meta(f).get("sub")
         if model is not None:
@@ -112,6 +115,15 @@ def _field_lines(model: type[Settings], name: str, f: Any, indent: int) -> list[
     return out
 
 
+def yaml_fields(model: type[Settings]) -> dict[str, Any]:
+    """The fields a generated block of `model` writes: not read from another node (external),
+    not left out (in_yaml=False), and at the root not a node of its own (a config group such as
+    llm, or a block such as report: each generated where it lives)."""
+    return {name: f for name, f in fields(model).items()
+            if not meta(f).get("external") and meta(f).get("in_yaml") is not False
+            and not (not model.node and getattr(meta(f).get("sub"), "node", ""))}
+
+
 def render_block(*models: type[Settings], indent: int = 0) -> list[str]:
     """The lines of the models' node: `node:`, then per field its description and `key:
     default` (nested settings as nested blocks; a field read from another node, `external`, is
@@ -120,8 +132,8 @@ def render_block(*models: type[Settings], indent: int = 0) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     for model in models:
-        for name, f in fields(model).items():
-            if meta(f).get("external") or meta(f).get("in_yaml") is False or name in seen:
+        for name, f in yaml_fields(model).items():
+            if name in seen:
                 continue
             seen.add(name)
             out += _field_lines(model, name, f, indent)
@@ -158,6 +170,10 @@ def regenerate(text: str, models: Sequence[type[Settings]], home: str = "") -> s
         groups.setdefault(model.node, []).append(model)
     lines = text.split("\n")
     for node, group in groups.items():
+        if not node:  # the root keys: between the two marker lines
+            start, end = lines.index(ROOT_BEGIN), lines.index(ROOT_END)
+            lines[start + 1:end] = render_block(*group, indent=-2)[1:]
+            continue
         if Path(home).parent.name == node:
             if "" not in lines[:-1]:
                 raise ValueError(f"{home}: a blank line must end the header above the generated keys")

@@ -189,7 +189,7 @@ class AnswerSettings(Settings):
         '"Answer: <short answer>"; the published numbers came from it); reasoned = our earlier '
         "short-phrase reader (no reasoning, chronological entries, always an abstention line). "
         "Different protocols give different scores: compare runs of the same protocol only."))
-    max_tokens: int = knob(TOKENS, 512, yaml="${oc.select:llm.budgets.answer_max_tokens,512}", description=(
+    max_tokens: int = knob(TOKENS, 512, yaml="${llm_or:budgets.answer_max_tokens,512}", description=(
         "Reply budget. The paper reader reasons before answering, so it needs room: >= 512 on "
         "GPU (the reference sets no limit); a reply cut here has no final answer line and its "
         "whole text becomes the prediction. The CPU profile's llm.budgets caps it for a 135M "

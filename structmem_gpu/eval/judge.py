@@ -160,7 +160,7 @@ class JudgeSettings(Settings):
     header; the other judge files are hand-written choices of the group."""
 
     node: ClassVar[str] = "judge"
-    yaml_home: ClassVar[str | None] = "judge/same_as_llm.yaml"
+    yaml_home: ClassVar[str | None] = "judge/_base.yaml"
     open_keys: ClassVar[Mapping[str, Any]] = {"*_llm": LLMSettings}
 
     name: str = knob(STR, "same_as_llm", description=(

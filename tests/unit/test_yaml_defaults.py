@@ -35,16 +35,17 @@ def test_generated_blocks_match_the_models() -> None:
 GENERATED = yaml_defaults.generated_models()
 
 
-def _yaml_fields(model: type[Settings]) -> dict[str, Any]:
-    """The fields a generated block writes (not read from another node, not left out)."""
-    return {n: f for n, f in model.model_fields.items()
-            if not meta(f).get("external") and meta(f).get("in_yaml") is not False}
+_yaml_fields = yaml_defaults.yaml_fields
 
 
 def test_the_stage_nodes_are_generated() -> None:
     """No hand-written list: the generator finds the root nodes and the stages' models itself."""
     homes = yaml_defaults.discover()
-    assert set(homes["config.yaml"]) == {"gpu", "cache", "preempt", "preflight", "report"}
+    # "" = the root keys (JobSettings' own leaves and prompts)
+    assert set(homes["config.yaml"]) == {"", "gpu", "cache", "preempt", "preflight", "report"}
+    # Each group's base is generated from its model; its profiles state only what differs.
+    for group in ("llm", "embedder", "judge", "tracking"):
+        assert set(homes[f"{group}/_base.yaml"]) == {group}
     assert set(homes["method/structmem.yaml"]) >= {
         "extract", "compress", "segment", "consolidate", "update", "retrieve", "answer"}
     # One block from two models: StructMem's entries_k/syntheses_k first (its home implements
@@ -57,15 +58,28 @@ def test_the_stage_nodes_are_generated() -> None:
 @pytest.mark.parametrize("model", GENERATED, ids=lambda m: f"{m.__module__}.{m.__name__}")
 def test_composed_defaults_are_the_models_defaults(model: type[Settings]) -> None:
     home = Path(str(model.yaml_home))
-    cfg = compose_cfg([f"method={home.stem}"] if home.parent.name == "method" else [])
-    node = OmegaConf.to_container(OmegaConf.select(cfg, model.node), resolve=False)
+    choice = {"method": f"method={home.stem}"}
+    if model.node:  # a group's base (conf/llm/_base.yaml ...)
+        choice[model.node] = f"{model.node}={home.stem}"
+    cfg = compose_cfg([choice[home.parent.name]] if home.parent.name in choice else [])
+    node = OmegaConf.to_container(OmegaConf.select(cfg, model.node) if model.node else cfg,
+                                  resolve=False)
     written = [n for m in GENERATED if m.node == model.node and m.yaml_home == model.yaml_home
                for n in _yaml_fields(m)]
-    assert list(node) == list(dict.fromkeys(written))  # every key is in the YAML: overridable
+    if model.node:
+        assert list(node) == list(dict.fromkeys(written))  # every key is in the YAML: overridable
+    else:  # the root: its keys among the groups' and blocks' nodes
+        assert set(written) <= set(node)
     for name, f in _yaml_fields(model).items():
         expr = meta(f).get("yaml")
         if expr is None:
-            default = f.default.model_dump() if isinstance(f.default, Settings) else f.default
+            if isinstance(f.default, Settings):  # a nested block: its own expressions resolved
+                resolved = OmegaConf.to_container(cfg, resolve=True)
+                for part in filter(None, (*model.node.split("."), name)):
+                    resolved = resolved[part]
+                assert resolved == f.default.model_dump(), name
+                continue
+            default = f.default
             assert node[name] == (list(default) if isinstance(default, tuple) else default), name
         else:
             # The YAML keeps the interpolation; the Python default is what it resolves to
@@ -92,7 +106,10 @@ def test_a_changed_default_or_comment_is_found(tmp_path: Path) -> None:
             ("method/graph_memory.yaml", "    relation_dedup: 256\n", "    relation_dedup: 128\n"),
             ("method/graph_memory.yaml", "  question_entities_k: 3\n", "  question_entities_k: 4\n"),
             ("audit/default.yaml", "  max_links: 8\n", "  max_links: 9\n"),
-            ("judge/same_as_llm.yaml", "max_tokens: 128\n", "max_tokens: 64\n")):
+            ("judge/_base.yaml", "max_tokens: 128\n", "max_tokens: 64\n"),
+            # the root keys, a group's base
+            ("config.yaml", "num_shards: 1\n", "num_shards: 2\n"),
+            ("llm/_base.yaml", "n_ctx: 8192\n", "n_ctx: 4096\n")):
         path = conf / name
         text = path.read_text()
         assert old in text

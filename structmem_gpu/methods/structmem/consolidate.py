@@ -124,7 +124,7 @@ class ConsolidateSettings(Settings):
         "constrained = every instruction of the reference synthesis prompt (default); "
         "unconstrained = paper Fig. 20 / Table 7 ablation: the same text minus its grounding "
         "lines."))
-    max_tokens: int = knob(TOKENS, 1024, yaml="${oc.select:llm.budgets.synthesis_max_tokens,1024}", description=(
+    max_tokens: int = knob(TOKENS, 1024, yaml="${llm_or:budgets.synthesis_max_tokens,1024}", description=(
         "Reply budget from the LLM profile (llm.budgets; a 200-350-word narrative is ~470 "
         "tokens)."))
     temperature: float = knob(TEMPERATURE, 0.1, description=(

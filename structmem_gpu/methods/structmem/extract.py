@@ -131,7 +131,7 @@ class ExtractSettings(Settings):
         '~740, so ~one request pair per session. null = windows of turns_per_request turns only. '
         'Smaller = more requests (the paper\'s Eq. 1 is per utterance), larger = fewer, longer '
         'replies.'))
-    window_tokenizer: str | None = knob(STR_OR_NULL, "chars", yaml="${oc.select:llm.tokenizer,chars}", description=(
+    window_tokenizer: str | None = knob(STR_OR_NULL, "chars", yaml="${llm_or:tokenizer,chars}", description=(
         "What counts window_tokens (and cuts a longer turn into parts, each keeping its turn id "
         "and speaker): chars = characters / 4, or an HF tokenizer id / local folder, which must "
         "be on this machine (never downloaded; a missing one stops the job and the dry run "
@@ -155,18 +155,18 @@ class ExtractSettings(Settings):
         "entries, relative times kept and anchored); grounded = our stricter wording (computed "
         "dates, no inference, relational causes/co-participation). Ignored with "
         "prompts.sources.lightmem."))
-    worked_example: bool = knob(BOOL, True, yaml="${oc.select:llm.budgets.worked_example,true}", description=(
+    worked_example: bool = knob(BOOL, True, yaml="${llm_or:budgets.worked_example,true}", description=(
         "The default prompts' worked examples (the reference teaches by example). From the LLM "
         "profile: the CPU profile's 135M model copies an example's facts into its replies, so it "
         "leaves them out; every real model keeps them."))
-    max_tokens: int = knob(TOKENS, 4096, yaml="${oc.select:llm.budgets.extract_max_tokens,4096}", description=(
+    max_tokens: int = knob(TOKENS, 4096, yaml="${llm_or:budgets.extract_max_tokens,4096}", description=(
         "Output budget per request, from the LLM profile (llm.budgets; GPU profiles 4096, the "
         "reference allows 16000; the CPU profile a 135M model's). A reply cut here keeps its "
         "complete items (counted as salvaged); more costs time only when the model uses it."))
-    max_items: int | None = knob(Int(ge=1, null=True), None, yaml="${oc.select:llm.budgets.extract_max_items,null}", description=(
+    max_items: int | None = knob(Int(ge=1, null=True), None, yaml="${llm_or:budgets.extract_max_items,null}", description=(
         "JSON-schema bound maxItems (null = unbounded, as the reference); tight bounds keep a "
         "small model's reply short, loose ones lose nothing on real models."))
-    max_item_chars: int = knob(SIZE, 400, yaml="${oc.select:llm.budgets.extract_max_item_chars,400}", description=(
+    max_item_chars: int = knob(SIZE, 400, yaml="${llm_or:budgets.extract_max_item_chars,400}", description=(
         "JSON-schema bound maxLength per item (characters); tight bounds keep a small model's "
         "reply short, loose ones lose nothing on real models."))
     temperature: float = knob(TEMPERATURE, 0.1, description=(

@@ -113,12 +113,12 @@ class RetrieveSettings(Settings):
     node: ClassVar[str] = "retrieve"
     yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    entries_k: int = knob(COUNT, 60, yaml="${oc.select:llm.budgets.reader_entries_k,60}", description=(
+    entries_k: int = knob(COUNT, 60, yaml="${llm_or:budgets.reader_entries_k,60}", description=(
         "Entries per question. Reader context per question: paper A.3 (60 entries + 5 "
         "syntheses) unless the LLM profile caps it (llm.budgets.reader_*: the CPU profile's 135M "
         "model reads ~140 prompt tokens/s). The replication experiments pin 60/5 whatever the "
         "profile."))
-    syntheses_k: int = knob(COUNT, 5, yaml="${oc.select:llm.budgets.reader_syntheses_k,5}", description=(
+    syntheses_k: int = knob(COUNT, 5, yaml="${llm_or:budgets.reader_syntheses_k,5}", description=(
         "Syntheses per question (paper A.3)."))
 
 
