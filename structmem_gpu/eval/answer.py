@@ -175,11 +175,12 @@ def clean_prediction(text: str) -> str:
 
 
 class AnswerSettings(Settings):
-    """`answer:` of the method config: generated into conf/method/structmem.yaml from these
-    fields; the other methods' files set their own reader (hand-written values)."""
+    """`answer:` of the method config: generated into conf/method/_answer.yaml from these
+    fields, which every method lists in its defaults; a method states only what differs (its
+    reader's `prompt`, a short-answer reader's budget)."""
 
     node: ClassVar[str] = "answer"
-    yaml_home: ClassVar[str | None] = "method/structmem.yaml"
+    yaml_home: ClassVar[str | None] = "method/_answer.yaml"
 
     prompt: str = knob(STR, "structmem_gpu.methods.structmem.context:build_prompts", description=(
         'The reader\'s context builder ("module:function"; structmem_gpu/eval/answer.py): what '
@@ -202,11 +203,10 @@ class AnswerSettings(Settings):
         "Speaker groups shown (reference: 2, both conversation partners; more keeps entries "
         "about a third speaker at the cost of prompt length). entry_layout=speakers only."))
     temperature: float = knob(TEMPERATURE, 0.0, description="Reader sampling temperature (0 = greedy).")
-    # Reader context budget (characters / 4): full_context and SEEM's builders. full_context:
-    # null = the whole history, never cut (requests over the model's context are refused by
-    # the context guard); SEEM's reader needs a number. Not in StructMem's block: its reader
-    # has no budget, and the key stays out of its composed config (config hash unchanged).
-    context_tokens: int | None = knob(Int(ge=1, null=True), None, in_yaml=False)
+    context_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+        "Reader context budget (characters / 4) of the builders that take one: full_context "
+        "(null = the whole history, never cut; a request over the model's context is refused "
+        "by the context guard) and SEEM (which needs a number). StructMem's reader has none."))
 
 
 def sampling(s: AnswerSettings) -> Sampling:

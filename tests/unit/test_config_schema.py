@@ -16,7 +16,7 @@ from structmem_gpu.config import schema as config_schema
 from structmem_gpu.config.settings import fields, meta
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
-from tests.fixtures.pipeline import CONF_DIR, compose_cfg
+from tests.fixtures.pipeline import CONF_DIR, compose_cfg, options
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("benchmark", "method", "llm", "embedder", "index", "judge", "audit", "debug",
@@ -31,8 +31,8 @@ def _job_stages(cfg: dict) -> list:
 def _all_stages() -> list:
     """Every stage of every packaged method (what a key no job's method reads must be typed by)."""
     out = []
-    for f in sorted((CONF_DIR / "method").glob("*.yaml")):
-        cfg = OmegaConf.to_container(compose_cfg([f"method={f.stem}"]), resolve=True)
+    for name in options("method"):
+        cfg = OmegaConf.to_container(compose_cfg([f"method={name}"]), resolve=True)
         out += [s for s in _job_stages(cfg) if s not in out]
     return out
 
@@ -49,8 +49,7 @@ def check_config(cfg) -> None:
 def _options() -> list[str]:
     out = []
     for group in GROUPS:
-        for f in sorted((CONF_DIR / group).glob("*.yaml")):
-            out.append(f"{group}={f.stem}")
+        out += [f"{group}={name}" for name in options(group)]
     return out
 
 
@@ -74,7 +73,7 @@ def test_a_key_without_a_typed_field_is_found() -> None:
         "extract.new_knob", "llm.budgets.new_budget", "judge.panel.1.llm.new_engine_arg"]
 
 
-@pytest.mark.parametrize("method", sorted(f.stem for f in (CONF_DIR / "method").glob("*.yaml")))
+@pytest.mark.parametrize("method", options("method"))
 def test_every_dependency_of_a_stage_is_a_typed_key_of_its_job(method: str) -> None:
     """What a stage depends on outside its node is checked by the job's models too."""
     cfg = OmegaConf.to_container(compose_cfg([f"method={method}"]), resolve=True)

@@ -17,9 +17,9 @@ import pytest
 
 from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.node.dry_run import estimate
-from tests.fixtures.pipeline import CONF_DIR, compose_cfg, run_pipeline
+from tests.fixtures.pipeline import CONF_DIR, compose_cfg, options, run_pipeline
 
-METHODS = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
+METHODS = options("method")
 BASE = ["debug=scripted", "benchmark=sample"]
 # Switches that change what a stage sends, beside each method's defaults.
 SWITCHES = {

@@ -44,9 +44,9 @@ from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import config_hash, run_stages
 from tests.fixtures.data import tiny_longmemeval
-from tests.fixtures.pipeline import CONF_DIR, load_job
+from tests.fixtures.pipeline import CONF_DIR, load_job, options
 
-METHODS = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
+METHODS = options("method")
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PROFILE = ["debug=scripted", "embedder=minilm"]
 

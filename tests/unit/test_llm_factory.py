@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fixtures.pipeline import options
 from hydra import compose, initialize_config_dir
 
 from structmem_gpu.core.errors import ConfigError
@@ -211,7 +213,7 @@ def test_launch_vllm_server_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 # --- the conf/llm group ---------------------------------------------------------------------
 
-LLM_FILES = sorted(p.stem for p in CONF.glob("*.yaml") if not p.stem.startswith("_"))  # _base: no profile
+LLM_FILES = options("llm")
 
 
 def test_expected_files_exist() -> None:

@@ -47,7 +47,9 @@ def test_the_stage_nodes_are_generated() -> None:
     for group in ("llm", "embedder", "judge", "tracking"):
         assert set(homes[f"{group}/_base.yaml"]) == {group}
     assert set(homes["method/structmem.yaml"]) >= {
-        "extract", "compress", "segment", "consolidate", "update", "retrieve", "answer"}
+        "extract", "compress", "segment", "consolidate", "update", "retrieve"}
+    # Every method's reader block has one base, which each method lists in its defaults.
+    assert set(homes["method/_answer.yaml"]) == {"answer"}
     # One block from two models: StructMem's entries_k/syntheses_k first (its home implements
     # the stage), then turn_rag's turns_k.
     assert [m.__name__ for m in homes["method/structmem.yaml"]["retrieve"]] == [
@@ -100,7 +102,7 @@ def test_a_changed_default_or_comment_is_found(tmp_path: Path) -> None:
             ("method/structmem.yaml", "extract_max_tokens,4096}", "extract_max_tokens,2048}"),
             ("method/structmem.yaml", "(paper Fig. 3d sweeps", "(Fig. 3d sweeps"),
             ("method/structmem.yaml", "  turns_k: 20\n", "  turns_k: 20\n  stray: 1\n"),
-            ("method/structmem.yaml", "  speaker_groups: 2\n", ""),
+            ("method/_answer.yaml", "  speaker_groups: 2\n", ""),
             # nested nodes, a group file that is the node, the default judge
             ("method/seem.yaml", "    p_ret_k: 5\n", "    p_ret_k: 6\n"),
             ("method/graph_memory.yaml", "    relation_dedup: 256\n", "    relation_dedup: 128\n"),
