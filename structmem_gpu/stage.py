@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import polars as pl
 
 from structmem_gpu.config.schema import EmbedderSettings, LLMSettings
-from structmem_gpu.config.settings import MODEL, fields_with_role
 from structmem_gpu.core.artifacts import RunDir
 
 if TYPE_CHECKING:
@@ -176,12 +175,12 @@ LOADS = ("compression_model", "faiss", "window_tokenizer")
 ROLES = ("llm", "judges", "encoder")
 
 
-# The model that wrote a stage's rows (the llm-config keys that change replies: the model,
-# its sampling seed and request extras; a different one must recompute the stage) and the
-# encoder identity behind its vectors: the role="model" fields of LLMSettings and
-# EmbedderSettings (config/schema.py). Connection settings (role "run") are part of neither.
-LLM_IDENTITY = tuple(f"llm.{k}" for k in fields_with_role(LLMSettings, MODEL))
-EMBEDDER_IDENTITY = tuple(f"embedder.{k}" for k in fields_with_role(EmbedderSettings, MODEL))
+# The model that wrote a stage's rows and the encoder behind its vectors, as `depends` keys:
+# the fingerprint holds each node's identity (config/identity.py: every field of role model,
+# reply or result; a different model, seed, reply knob or budget recomputes the stage), never
+# its connection or speed settings (role "run").
+LLM_IDENTITY = ("llm",)
+EMBEDDER_IDENTITY = ("embedder",)
 
 
 def judge_members(job: "JobConfig") -> list[tuple[str, Any]]:

@@ -20,7 +20,6 @@ type error with a traceback-like block and exit code 1 instead of one line and e
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -47,7 +46,6 @@ from structmem_gpu.config.settings import (
     problems as model_problems,
     sub,
     to_plain,
-    without_unhashed,
 )
 
 
@@ -534,9 +532,3 @@ def check_config(cfg: Any, stages: Iterable[HasSettings] = ()) -> None:
     found = problems(to_plain(cfg), list(stages))
     if found:
         raise ConfigError(error_line(found))
-
-
-def hashed_view(data: Mapping[str, Any]) -> dict[str, Any]:
-    """`data` without JobSettings' hashed=False fields and Hydra's node (the config hash)."""
-    out = without_unhashed(JobSettings, copy.deepcopy(dict(data)))
-    return {k: v for k, v in out.items() if k not in SKIPPED_TOP_KEYS}

@@ -210,10 +210,6 @@ class Settings(BaseModel, metaclass=_SettingsMeta):
     node: ClassVar[str] = ""
     # Keys matched by pattern (fnmatch) rather than named: pattern -> a type or Settings class.
     open_keys: ClassVar[Mapping[str, Any]] = {}
-    # True: a field the node does not state is fingerprinted as None, not as its default (llm
-    # configs: their defaults moved into the model from the factory; fingerprints stay as they
-    # were, when an absent key was None).
-    fingerprint_unset_as_none: ClassVar[bool] = False
     # True: a key the model does not declare is an error (a closed table such as
     # embedder.instructions, whose typo would otherwise silently drop an instruction).
     closed: ClassVar[bool] = False
@@ -510,49 +506,9 @@ def open_values(obj: Settings) -> dict[str, Any]:
     return dict(obj._open_values)
 
 
-def fingerprint_dict(obj: Any) -> Any:
-    """The hashed fields (role result or model) of a settings instance as plain containers
-    (what fingerprints hash)."""
-    if isinstance(obj, Settings):
-        cls = type(obj)
-        unset = cls.fingerprint_unset_as_none
-        out = {name: (None if unset and name not in obj.model_fields_set
-                      else fingerprint_dict(getattr(obj, name)))
-               for name, f in fields(cls).items() if hashed(f)}
-        out.update({k: fingerprint_dict(v) for k, v in open_values(obj).items()})
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [fingerprint_dict(v) for v in obj]
-    if isinstance(obj, Mapping):
-        return {str(k): fingerprint_dict(v) for k, v in obj.items()}
-    return obj
-
-
 def externals(model: type[Settings]) -> dict[str, str]:
     """field name -> dotted root key of the fields read from outside the node."""
     return {name: meta(f)["external"] for name, f in fields(model).items() if meta(f).get("external")}
-
-
-def without_unhashed(model: type[Settings], data: Any) -> Any:
-    """`data` (a node of `model`) minus the role="run" fields, other keys kept as they are."""
-    if not isinstance(data, Mapping):
-        return data
-    out = dict(data)
-    for name, f in fields(model).items():
-        if name not in out:
-            continue
-        m = meta(f)
-        if not hashed(f):
-            del out[name]
-        elif "sub" in m:
-            out[name] = without_unhashed(m["sub"], out[name])
-        elif "each" in m and isinstance(out[name], (list, tuple)):
-            out[name] = [without_unhashed(m["each"], v) for v in out[name]]
-    for key, value in data.items():
-        spec = _open(model, str(key)) if key in out and str(key) not in fields(model) else None
-        if _is_model(spec):
-            out[key] = without_unhashed(spec, value)
-    return out
 
 
 def leaf_items(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns", "entry_updates")
 # The llm-config keys that change replies, within one llm config (a judge's, a panel member's).
-LLM_IDENTITY_KEYS = tuple(k.removeprefix("llm.") for k in LLM_IDENTITY)
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)
 # answer.protocol values (see the module docstring).
 PROTOCOLS = ("paper", "reasoned")
@@ -158,15 +157,6 @@ def context_builder(name: str) -> ContextBuilder:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"answer.prompt '{name}': cannot import it ({exc})") from exc
     return fn  # type: ignore[no-any-return]
-
-
-def llm_identity(llm_cfg: Any) -> dict[str, Any] | None:
-    """The reply-relevant part of an llm config as plain data (None = reuse the answer model):
-    fingerprint material, so it reads the plain mapping (JobConfig.select), never typed
-    fields whose containers (tuples) would hash differently."""
-    if llm_cfg is None:
-        return None
-    return {k: llm_cfg.get(k) for k in LLM_IDENTITY_KEYS}
 
 
 def clean_prediction(text: str) -> str:

@@ -49,11 +49,11 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from structmem_gpu.config.identity import identity
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core import schemas
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LONGMEMEVAL_TYPES
 from structmem_gpu.core.errors import StructMemError
-from structmem_gpu.eval.answer import llm_identity
 from structmem_gpu.eval.metrics import lexical_scores, says_not_mentioned
 from structmem_gpu.eval.recall import recall_by_question
 from structmem_gpu.eval.selection import selected_questions
@@ -502,18 +502,12 @@ def judge_texts_fingerprint(job: JobConfig) -> str | None:
 
 
 def judge_identity(job: JobConfig) -> dict[str, Any]:
-    """Judge names, their models and sampling, without connection settings. Fingerprint
-    material: read as plain data (JobConfig.select), so values hash as they always did."""
-    j = dict(job.select("judge") or {})
-    panel = j.get("panel") or [{"name": j.get("name"), "llm": j.get("llm")}]
-    return {
-        "panel": [{"name": m.get("name"), "llm": llm_identity(m.get("llm"))} for m in panel],
-        "max_tokens": j.get("max_tokens"),
-        "temperature": j.get("temperature"),
-        "protocol": j.get("protocol", "paper"),
-        "input": j.get("input", "reply"),
-        "answer_llm": llm_identity(job.select("llm")),
-    }
+    """The judge's identity (config/identity.py: names, models, reply knobs and sampling, no
+    connection settings) and the answer model's, which is the judge where a member's llm is
+    null. `panel` lists every judge: the panel, else the one judge as a panel of one."""
+    ident = identity(job.settings(JudgeSettings))
+    ident["panel"] = ident.get("panel") or [{"name": ident["name"], "llm": ident["llm"]}]
+    return {**ident, "answer_llm": identity(job.root.llm)}
 
 
 # ---- dry run (Stage.estimate) ------------------------------------------------------------

@@ -186,6 +186,7 @@ class HTTPBackend:
         api_key: str | None = None,
         progress: bool = _LLM.progress,
         request_seed: bool = _LLM.request_seed,
+        reply_params: Mapping[str, Any] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.served_name = served_name
@@ -198,6 +199,9 @@ class HTTPBackend:
         self.repair_attempts = int(repair_attempts)
         self.extra_body = dict(extra_body or {})
         self.request_seed = bool(request_seed)  # llm.request_seed: send each request's seed
+        # The llm settings' reply knobs away from their defaults (config.identity.reply_params:
+        # request_seed=false, repair_attempts ...): part of the response-cache key.
+        self.reply_params = dict(reply_params or {})
         self._api_key = api_key  # never logged
         self.progress = progress
         self.calls = 0  # HTTP requests sent by this backend (retries and repairs included)
@@ -212,15 +216,12 @@ class HTTPBackend:
 
     @property
     def cache_params(self) -> dict[str, Any]:
-        """Request extras that change the reply, hence part of the response-cache key: the
-        body extras of the llm identity (llm.extra_body, llm.chat_template_kwargs; the other
-        role="model" fields reach the key through model_id and each request's sampling), and
-        `request_seed: false` (unseeded replies are other replies). The default, true, adds
-        nothing, so every cache written before the flag entered the key stays valid."""
-        out = dict(self.extra_body)
-        if not self.request_seed:
-            out["request_seed"] = False
-        return out
+        """What changes the reply beyond the model (model_id) and the request (its sampling,
+        messages, schema), hence part of the response-cache key: the body extras every request
+        carries (llm.extra_body, llm.chat_template_kwargs) and the reply knobs away from their
+        defaults (`reply_params`). A knob at its default adds nothing, so every cache written
+        before it entered the key stays valid."""
+        return {**self.extra_body, **self.reply_params}
 
     def __repr__(self) -> str:
         return f"HTTPBackend({self.base_url!r}, model_id={self.model_id!r}, flavor={self.flavor!r})"

@@ -20,6 +20,7 @@ from typing import Any
 
 import typing
 
+from structmem_gpu.config.identity import reply_params
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import to_plain
 from structmem_gpu.core.errors import ConfigError
@@ -138,6 +139,7 @@ def _http_backend(cfg: Any, base_url: str) -> Any:
         api_key=api_key_from_env(s.api_key_env),
         progress=bool(s.progress),
         request_seed=bool(s.request_seed),
+        reply_params=reply_params(s),
     )
 
 
@@ -217,6 +219,7 @@ def _offline_backend(cfg: Any) -> Any:
         repair_attempts=c.repair_attempts,
         progress=bool(c.progress),
         env=_server_env(c),
+        reply_params=reply_params(c),
     )
 
 

@@ -62,6 +62,7 @@ class VLLMOfflineBackend:
         repair_attempts: int = 1,
         progress: bool = True,
         env: Mapping[str, str] | None = None,
+        reply_params: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.served_name = served_name
@@ -72,13 +73,16 @@ class VLLMOfflineBackend:
         self.progress = progress
         self.calls = 0  # requests handed to the engine (repairs included)
         self.env = dict(env or {})  # llm.server_env: set before vllm loads (e.g. CPU KV space)
+        # Reply knobs away from their defaults (config.identity.reply_params): cache key part.
+        self.reply_params = dict(reply_params or {})
         self._llm: Any | None = None
 
     @property
     def cache_params(self) -> dict[str, Any]:
-        return (
-            {"chat_template_kwargs": self.chat_template_kwargs} if self.chat_template_kwargs else {}
-        )
+        """As HTTPBackend.cache_params: the chat extras every request carries and the reply
+        knobs away from their defaults."""
+        extras = {"chat_template_kwargs": self.chat_template_kwargs} if self.chat_template_kwargs else {}
+        return {**extras, **self.reply_params}
 
     def __repr__(self) -> str:
         return f"VLLMOfflineBackend(model={self.model!r}, model_id={self.model_id!r})"

@@ -24,7 +24,7 @@ import polars as pl
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir, git_commit, now_iso, package_versions
 from structmem_gpu.core import preempt
-from structmem_gpu.config.schema import hashed_view
+from structmem_gpu.config.identity import FINGERPRINT_VERSION, identity
 from structmem_gpu.core.errors import (
     ConfigError,
     GpuPlanError,
@@ -34,7 +34,7 @@ from structmem_gpu.core.errors import (
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.prompts.official import manifest as official_manifest
 from structmem_gpu.core.runlock import hold_run_dir
-from structmem_gpu.config.settings import externals, fingerprint_dict
+from structmem_gpu.config.settings import externals
 from structmem_gpu.stage import Backends, Stage, StageContext, backend_keys
 
 # Every function here takes the job's configuration as a JobConfig (config/job.py) or as the
@@ -44,27 +44,47 @@ from structmem_gpu.stage import Backends, Stage, StageContext, backend_keys
 log = logging.getLogger(__name__)
 
 
-def config_hash(cfg: Any) -> str:
-    """Hash of everything that changes results (shards of one job must share it): the config
-    minus JobSettings' hashed=False fields (paths, stages, force, shards, dry_run, preempt,
-    the llm's connection settings) and Hydra's own node."""
-    return stable_hash(hashed_view(dict(JobConfig.from_cfg(cfg).plain)))
+def config_hash(cfg: Any, registry: Mapping[str, Stage] | None = None) -> str:
+    """Hash of everything that changes results (shards of one job must share it): the identity
+    (config/identity.py) of the job's root nodes and of the settings of every stage of
+    `registry` (default: every stage the job's method maps, whichever of them run). Role "run"
+    fields (paths, stages, force, shards, dry_run, preempt, the llm's connection and speed
+    settings) are in none of them, nor is Hydra's own node."""
+    job = JobConfig.from_cfg(cfg)
+    if registry is None:
+        from structmem_gpu.methods.registry import stage_registry
+
+        registry = stage_registry(job)
+    nodes: dict[str, Any] = {"": identity(job.root)}
+    for stage in registry.values():
+        if stage.settings is not None:
+            nodes[f"{stage.settings.node}:{stage.settings.__name__}"] = identity(job.settings(stage.settings))
+    return stable_hash(FINGERPRINT_VERSION, nodes)
+
+
+def depends_value(job: JobConfig, key: str) -> Any:
+    """The identity of the value at dotted `key` of the job's typed root: a node such as "llm"
+    gives its identity, a leaf such as "benchmark.categories" its value as plain data (every
+    `depends` key is a typed key of the job: tests/unit/test_config_schema.py)."""
+    node: Any = job.root
+    for part in key.split("."):
+        node = getattr(node, part)
+    return identity(node)
 
 
 def stage_config(stage: Stage, cfg: Any) -> dict[str, Any]:
     """What a stage's output depends on in the config, as the manifest records it: its
-    settings' hashed fields under their node ("" = at the top), the fields it reads from
-    outside the node under their own dotted keys, then its `depends` keys."""
+    settings' identity under their node ("" = at the top), the fields it reads from outside
+    the node under their own dotted keys, then its `depends` keys' identities."""
     job = JobConfig.from_cfg(cfg)
     out: dict[str, Any] = {}
     if stage.settings is not None:
-        values = fingerprint_dict(job.settings(stage.settings))
+        values = identity(job.settings(stage.settings))
         ext = externals(stage.settings)
         outside = {ext[name]: values.pop(name) for name in list(values) if name in ext}
         out.update({stage.settings.node: values} if stage.settings.node else values)
         out.update(outside)
-    # Fingerprint material: the plain values (missing keys: None), as they always hashed.
-    out.update({key: job.select(key) for key in stage.depends})
+    out.update({key: depends_value(job, key) for key in stage.depends})
     return out
 
 
@@ -84,7 +104,7 @@ def fingerprint(stage: Stage, cfg: Any, run: RunDir) -> str:
             inputs[name] = run.table_sha256(name)
     values = stage_config(stage, job)
     extra = stage.extra_fingerprint(job) if stage.extra_fingerprint else None
-    return stable_hash(stage.name, stage.version, values, inputs, extra)
+    return stable_hash(FINGERPRINT_VERSION, stage.name, stage.version, values, inputs, extra)
 
 
 @dataclass(frozen=True)
@@ -119,12 +139,13 @@ def weights(job: JobConfig, stages: Sequence[Stage], previous: Any = None) -> li
     return [w for w in previous or [] if isinstance(w, dict) and w.get("role") not in roles] + now
 
 
-def run_header(cfg: Any, stages: Sequence[Stage] = (), run: RunDir | None = None) -> dict[str, Any]:
+def run_header(cfg: Any, stages: Sequence[Stage] = (), run: RunDir | None = None,
+               registry: Mapping[str, Stage] | None = None) -> dict[str, Any]:
     job = JobConfig.from_cfg(cfg)
     root = job.root
     previous = run.load_manifest().get("weights") if run is not None else None
     return {
-        "config_hash": config_hash(job),
+        "config_hash": config_hash(job, registry),
         "method": root.method.name,
         "benchmark": root.benchmark.name,
         "shard_index": root.shard_index,
@@ -224,7 +245,7 @@ def run_stages(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> 
     # One job per run directory (a requeued task racing its predecessor, a command launched
     # twice): the second one stops here, before it reads or writes anything.
     with hold_run_dir(run.root), fewer_collections():
-        header = run_header(job, stages, run)
+        header = run_header(job, stages, run, registry)
         _refuse_after_incomplete(run, names)
         with Backends(job, run) as backends:
             for i, (name, stage) in enumerate(zip(names, stages)):

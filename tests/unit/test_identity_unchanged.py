@@ -1,15 +1,29 @@
-"""The typed-configuration rewrite (issue 31) must keep every identity: config hashes, stage
-fingerprints' config part, model ids, response-cache keys and run-directory keys of a few
-representative configurations are compared with values computed on main ce7ff4e, before the
-rewrite (tests/fixtures/identity_main_ce7ff4e.json; regenerate only for a deliberate change:
-`python -m tests.unit.test_identity_unchanged > tests/fixtures/identity_main_ce7ff4e.json`).
+"""Nothing cached is lost: the configuration rewrites keep every response-cache key, and change
+config hashes, fingerprints and run keys only where this docstring says so.
 
-Two deliberate changes (issue 31):
-- `llm.request_seed=false` now enters the response-cache key (its replies differ from seeded
-  ones); the default (true) adds nothing, so existing caches stay valid.
-- the CPU profile's llm.budgets.answer_max_tokens (48) now reaches the seem, turn_rag and
-  full_context readers (96 before): their answer stage and config hash change on that profile
-  only (no other profile sets the budget; GPU profiles keep 96).
+Response-cache keys (tests/fixtures/cache_keys_main_1a57fc9.json, computed on main 1a57fc9 by
+the same function, before issue 40): the model id, the cache params and the key of one fixed
+request, for the job's llm and every judge llm (judge.llm, judge.*_llm, judge.panel.N.llm) of
+every configuration listed there: the representative jobs, every llm profile and every judge
+preset. They must stay byte-identical, but for one deliberate change:
+- `llm.repair_attempts` (role "reply": the cached reply is the repaired one) now enters the key
+  when it is not 1, its default; at 1 it adds nothing, so every existing cache stays valid.
+  (`llm.request_seed=false` entered it in issue 31, the same way.)
+
+Config hashes, stage fingerprints, key lists and run keys (tests/fixtures/identity_issue40.json;
+regenerate only for a deliberate change, and say it here:
+`python -m tests.unit.test_identity_unchanged > tests/fixtures/identity_issue40.json`). Issue 40
+changed them once, on purpose:
+- every stage fingerprint and config hash: both are now the role-driven identity of the typed
+  settings (config/identity.py, FINGERPRINT_VERSION 2), no longer the plain YAML, and the
+  generated bases give every key of every group. Finished stages rerun once; their requests come
+  from the response cache (keys above unchanged).
+- the roles (config/schema.py): `llm.progress`, `api_key_env`, `max_retries`, `retry_backoff_s`,
+  `n_threads`, `tensor_parallel_size`, `data_parallel_size`, `gpu_memory_utilization`,
+  `max_num_seqs`, `server_python`, `vllm_entrypoint` are role "run" (how a server runs, never
+  what it replies): they left every fingerprint, the config hash and the run-directory key
+  (SERVING_KEYS lists them). `llm.request_seed` and `llm.repair_attempts` are role "reply": in
+  every LLM stage's fingerprint (LLM_IDENTITY is now the whole "llm" node's identity).
 """
 
 from __future__ import annotations
@@ -33,7 +47,10 @@ from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import config_hash, stage_config
 from tests.fixtures.pipeline import compose_cfg
 
-EXPECTED = Path(__file__).resolve().parents[1] / "fixtures" / "identity_main_ce7ff4e.json"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CACHE_KEYS = json.loads((FIXTURES / "cache_keys_main_1a57fc9.json").read_text())
+EXPECTED_PATH = FIXTURES / "identity_issue40.json"
+EXPECTED = json.loads(EXPECTED_PATH.read_text()) if EXPECTED_PATH.exists() else {"configs": {}}
 
 CONFIGS = [
     [], ["debug=scripted"], ["method=seem"], ["method=seem", "llm=vllm_server"],
@@ -42,47 +59,24 @@ CONFIGS = [
     ["method=flat", "llm=external", "llm.base_url=http://x:1/v1"],
     ["experiment=structmem_locomo", "llm=vllm_offline", "llm.model=m"],
     ["method=seem", "experiment=seem_longmemeval"],
-    ["llm=vllm_cpu"], ["++llm.request_seed=false"],
+    ["llm=vllm_cpu"], ["llm.request_seed=false"], ["llm.repair_attempts=2"],
 ]
 OVERRIDES = ["debug=scripted", "consolidate.seed_k=5", "llm.base_url=http://x", "llm.max_in_flight=8",
              "paths.output_dir=/x", "cache.llm=false", "report.plots=false", "judge=gpt_4o_endpoint",
              "llm.request_seed=false", "embedder.weights_gb=3", "preempt.grace_s=5", "llm.seed=3",
-             "method=seem"]
+             "method=seem", "llm.progress=false", "llm.repair_attempts=2", "llm.n_threads=1"]
 REQUEST = LLMRequest(request_id="r1", stage="s", prompt_version="p/1",
                      messages=(Message("user", "hello"),), sampling=Sampling(max_tokens=16))
 
-
-def _backend_identity(cfg: Any) -> tuple[str, dict[str, Any]]:
-    """(model_id, cache_params) of the HTTP backend the job's llm config builds."""
-    from structmem_gpu.llm.factory import _http_backend, model_id, resolve_config
-
-    c = resolve_config(cfg.llm)
-    return model_id(c), _http_backend(c, "http://h/v1").cache_params
-
-
-# The environment the fixture was computed in: `benchmark.path` defaults to
+# The environment the fixtures were computed in: `benchmark.path` defaults to
 # $STRUCTMEM_LOCOMO_PATH and is part of the config hash, so a CI clone elsewhere (another
 # ../shared) would otherwise hash differently. None = unset.
 FIXTURE_ENV = {
     "STRUCTMEM_LOCOMO_PATH": "/work/shared/data/locomo10.json",
     "STRUCTMEM_OFFICIAL_DIR": "/work/shared/official",
     "STRUCTMEM_ROOT": None, "STRUCTMEM_CACHE_DIR": None, "STRUCTMEM_VLLM_PYTHON": None,
+    "OPENAI_BASE_URL": None,
 }
-
-
-def compute() -> dict[str, Any]:
-    # A hub model's weights version reads this machine's HF cache: keep it out of the comparison.
-    import structmem_gpu.core.hf_cache as hf_cache
-
-    saved = hf_cache.resolved_snapshot
-    saved_env = {k: os.environ.get(k) for k in FIXTURE_ENV}
-    hf_cache.resolved_snapshot = lambda repo, revision: None  # type: ignore[assignment]
-    _set_env(FIXTURE_ENV)
-    try:
-        return _compute()
-    finally:
-        hf_cache.resolved_snapshot = saved  # type: ignore[assignment]
-        _set_env(saved_env)
 
 
 def _set_env(values: dict[str, str | None]) -> None:
@@ -93,16 +87,54 @@ def _set_env(values: dict[str, str | None]) -> None:
             os.environ[k] = v
 
 
+def _in_fixture_env(fn: Any) -> Any:
+    # A hub model's weights version reads this machine's HF cache: keep it out of the comparison.
+    import structmem_gpu.core.hf_cache as hf_cache
+
+    saved = hf_cache.resolved_snapshot
+    saved_env = {k: os.environ.get(k) for k in FIXTURE_ENV}
+    hf_cache.resolved_snapshot = lambda repo, revision: None  # type: ignore[assignment]
+    _set_env(FIXTURE_ENV)
+    try:
+        return fn()
+    finally:
+        hf_cache.resolved_snapshot = saved  # type: ignore[assignment]
+        _set_env(saved_env)
+
+
+def _backend_identity(llm: Any) -> dict[str, Any]:
+    """model_id, cache_params and the fixed request's cache key of the HTTP backend an llm
+    config builds."""
+    from structmem_gpu.llm.factory import _http_backend, model_id, resolve_config
+
+    c = resolve_config(llm)
+    mid = model_id(c)
+    params = _http_backend(c, "http://h/v1").cache_params
+    return {"model_id": mid, "cache_params": params, "cache_key": cache_key(mid, REQUEST, params)}
+
+
+def cache_identities(overrides: list[str]) -> dict[str, Any]:
+    """The job's llm and every judge llm of the configuration, keyed as in the fixture."""
+    plain = OmegaConf.to_container(compose_cfg(overrides), resolve=True)
+    out = {"llm": _backend_identity(plain["llm"])}
+    judge = plain.get("judge") or {}
+    for key, value in judge.items():
+        if (key == "llm" or key.endswith("_llm")) and value is not None:
+            out[f"judge.{key}"] = _backend_identity(value)
+    for i, member in enumerate(judge.get("panel") or []):
+        if member.get("llm") is not None:
+            out[f"judge.panel.{i}.llm"] = _backend_identity(member["llm"])
+    return out
+
+
 def _compute() -> dict[str, Any]:
     out: dict[str, Any] = {"configs": {}}
     for ov in CONFIGS:
         cfg = compose_cfg(ov)
         reg = stage_registry(OmegaConf.to_container(cfg, resolve=True))
-        mid, params = _backend_identity(cfg)
         out["configs"][" ".join(ov)] = {
             "config_hash": config_hash(cfg),
             "stages": {name: stable_hash(stage_config(s, cfg)) for name, s in reg.items()},
-            "model_id": mid, "cache_params": params, "cache_key": cache_key(mid, REQUEST, params),
         }
     out["LLM_IDENTITY"] = list(st.LLM_IDENTITY)
     out["EMBEDDER_IDENTITY"] = list(st.EMBEDDER_IDENTITY)
@@ -114,47 +146,41 @@ def _compute() -> dict[str, Any]:
     return out
 
 
+def compute() -> dict[str, Any]:
+    return _in_fixture_env(_compute)
+
+
 @pytest.fixture(scope="module")
 def now() -> dict[str, Any]:
     return compute()
 
 
-EXPECTED_DATA = json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {"configs": {}}
+@pytest.mark.parametrize("config", sorted(CACHE_KEYS))
+def test_response_cache_keys_unchanged(config: str) -> None:
+    got = _in_fixture_env(lambda: cache_identities(config.split()))
+    want = CACHE_KEYS[config]
+    assert set(got) == set(want)
+    for llm, ident in want.items():
+        if config == "++llm.repair_attempts=2":  # the one deliberate change (docstring)
+            assert got[llm]["cache_params"] == {**ident["cache_params"], "repair_attempts": 2}
+            assert got[llm]["cache_key"] != ident["cache_key"]
+            continue
+        assert got[llm] == ident, (config, llm)
 
 
-# CPU-profile configs of a short-answer reader: the answer budget now reaches it (48, not 96).
-ANSWER_BUDGET_CHANGED = {"method=seem", "method=seem experiment=seem_longmemeval",
-                         "method=full_context judge=panel_example"}
+@pytest.mark.parametrize("config", [" ".join(ov) for ov in CONFIGS])
+def test_config_hash_and_stage_fingerprints_as_recorded(now: dict[str, Any], config: str) -> None:
+    assert now["configs"][config] == EXPECTED["configs"][config]
 
 
-@pytest.mark.parametrize("config", sorted(EXPECTED_DATA["configs"]))
-def test_config_hash_and_stage_fingerprints_unchanged(now: dict[str, Any], config: str) -> None:
-    want, got = EXPECTED_DATA["configs"][config], now["configs"][config]
-    assert got["model_id"] == want["model_id"]
-    if config in ANSWER_BUDGET_CHANGED:
-        assert got["config_hash"] != want["config_hash"]
-        changed = {k for k in want["stages"] if got["stages"][k] != want["stages"][k]}
-        assert changed == {"answer"} and set(got["stages"]) == set(want["stages"])
-        return
-    assert got["config_hash"] == want["config_hash"]
-    assert got["stages"] == want["stages"]
-
-
-@pytest.mark.parametrize("config", sorted(EXPECTED_DATA["configs"]))
-def test_response_cache_key_unchanged_except_unseeded(now: dict[str, Any], config: str) -> None:
-    want, got = EXPECTED_DATA["configs"][config], now["configs"][config]
-    if "llm.request_seed=false" in config or config == "llm=vllm_cpu":  # both send no seed
-        assert got["cache_key"] != want["cache_key"]
-        assert got["cache_params"] == {**want["cache_params"], "request_seed": False}
-    else:
-        assert got["cache_params"] == want["cache_params"]
-        assert got["cache_key"] == want["cache_key"]
-
-
-def test_key_lists_and_run_keys_unchanged(now: dict[str, Any]) -> None:
+def test_key_lists_and_run_keys_as_recorded(now: dict[str, Any]) -> None:
     for name in ("LLM_IDENTITY", "EMBEDDER_IDENTITY", "SERVING_KEYS", "LAUNCH_TOP_KEYS",
                  "ENCODER_PLAN_KEYS", "NO_TABLE_KEYS", "run_key"):
-        assert now[name] == EXPECTED_DATA[name], name
+        assert now[name] == EXPECTED[name], name
+    # How a server runs never names a run directory; what changes a reply always does.
+    run = now["run_key"]["run"]
+    assert "llm.progress" not in run and "llm.n_threads" not in run
+    assert "llm.repair_attempts=2" in run and "llm.request_seed=false" in run
 
 
 if __name__ == "__main__":

@@ -127,9 +127,10 @@ def test_crashed_stage_leaves_no_manifest_entry(tmp_path: Path) -> None:
 
 
 def test_config_hash_ignores_paths_and_shards() -> None:
-    a = config_hash(cfg())
-    assert a == config_hash(cfg(**{"paths.cache_dir": "/else", "shard_index": 0, "num_shards": 4, "force": True}))
-    assert a != config_hash(cfg(**{"toy.factor": 3}))
+    a = config_hash(cfg(), REGISTRY)
+    assert a == config_hash(cfg(**{"paths.cache_dir": "/else", "shard_index": 0, "num_shards": 4,
+                                   "force": True}), REGISTRY)
+    assert a != config_hash(cfg(**{"toy.factor": 3}), REGISTRY)
 
 
 def test_manifest_records_settings_under_their_node(tmp_path: Path) -> None:
@@ -140,7 +141,10 @@ def test_manifest_records_settings_under_their_node(tmp_path: Path) -> None:
 # Launch and location knobs: never part of any stage's fingerprint.
 EXCLUDED = ["llm.base_url=http://elsewhere:1", "llm.max_in_flight=3", "llm.request_timeout_s=7",
             "llm.startup_timeout_s=9", "llm.max_restarts=0", "paths.cache_dir=/else",
-            "force=true", "stages=[load]", "dry_run=true", "preempt.grace_s=3", "num_shards=4"]
+            "force=true", "stages=[load]", "dry_run=true", "preempt.grace_s=3", "num_shards=4",
+            # how a server runs and reports, never what it replies (role "run", issue 40)
+            "llm.progress=false", "llm.n_threads=1", "llm.max_retries=1", "llm.api_key_env=KEY",
+            "llm.gpu_memory_utilization=0.5", "embedder.weights_gb=3"]
 
 
 def _stages(overrides: list[str]) -> dict[str, Stage]:
@@ -163,11 +167,14 @@ def test_settings_fields_and_dependencies_change_the_fingerprint(tmp_path: Path)
     stages = _stages([])
     cfg0 = compose_cfg([])
     changed = {
-        "extract": ["extract.max_tokens=77", "llm.model=other", "prompts.reference_dir=/x"],
+        # reply knobs (role "reply") change what the LLM stages get back: they rerun them
+        "extract": ["extract.max_tokens=77", "llm.model=other", "prompts.reference_dir=/x",
+                    "llm.request_seed=false", "llm.repair_attempts=2"],
         "consolidate": ["consolidate.seed_k=3", "embedder.model=other-encoder", "llm.revision=r2"],
         "retrieve": ["retrieve.entries_k=7", "benchmark.categories=[1,2]"],
         "answer": ["answer.max_tokens=33", "benchmark.categories=[1]", "llm.seed=5"],
-        "judge": ["judge.max_tokens=9", "benchmark.categories=[2]", "judge.input=answer"],
+        "judge": ["judge.max_tokens=9", "benchmark.categories=[2]", "judge.input=answer",
+                  "llm.request_seed=false"],
         "report": ["report.bootstrap_seed=4", "method.stages=[load]"],
         "audit_extraction": ["audit.seed=3", "extract.context_turns=0"],
     }

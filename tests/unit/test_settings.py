@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import pytest
 
 from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.config.identity import identity
 from structmem_gpu.config.settings import (
     BOOL,
     COUNT,
@@ -16,7 +17,6 @@ from structmem_gpu.config.settings import (
     List,
     Settings,
     covered,
-    fingerprint_dict,
     knob,
     problems,
     sub,
@@ -49,7 +49,7 @@ def test_built_settings_are_typed_and_read_external_keys() -> None:
     s = Outer.from_cfg(cfg(items=[1, 2], extra_inner={"k": 4}))
     assert (s.size, s.inner.k, s.flag, s.items) == (2, 1, True, (1, 2))
     # hashed=False fields (connection settings) never reach a fingerprint; open keys do.
-    assert fingerprint_dict(s) == {"size": 2, "inner": {"k": 1}, "flag": True, "items": [1, 2],
+    assert identity(s) == {"size": 2, "inner": {"k": 1}, "flag": True, "items": [1, 2],
                                    "extra_inner": {"k": 4}}
 
 
@@ -100,12 +100,13 @@ def test_roles_are_field_metadata_and_derive_the_key_lists() -> None:
     from structmem_gpu import stage
     from structmem_gpu.config import result_keys
     from structmem_gpu.config.schema import LLMSettings
-    from structmem_gpu.config.settings import MODEL, RUN, fields_with_role, role
+    from structmem_gpu.config.settings import REPLY, RUN, fields_with_role, role
 
     assert role(Inner.model_fields["url"]) == RUN and role(Inner.model_fields["k"]) == "result"
-    assert stage.LLM_IDENTITY == tuple(f"llm.{k}" for k in fields_with_role(LLMSettings, MODEL))
+    assert stage.LLM_IDENTITY == ("llm",)  # the fingerprint holds the node's identity
     assert set(result_keys.SERVING_KEYS) == set(fields_with_role(LLMSettings, RUN))
-    assert "request_seed" not in fields_with_role(LLMSettings, MODEL)  # it enters cache_params
+    # Knobs that change the reply a request gets: the response-cache key's reply_params.
+    assert set(fields_with_role(LLMSettings, REPLY)) == {"request_seed", "repair_attempts"}
     with pytest.raises(ValueError, match="role"):
         knob(COUNT, 1, role="sometimes")
 
