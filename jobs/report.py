@@ -143,10 +143,11 @@ def run_config(run_dir: Path, overrides: Sequence[str], compose: Any) -> DictCon
 
 
 def cmd_protocols(args: argparse.Namespace) -> int:
+    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.eval.protocols import write_protocols
 
-    cfg = run_config(args.run_dir, args.override, _compose)
-    summary = write_protocols(cfg, args.run_dir, args.out, args.judge)
+    job = JobConfig.from_cfg(run_config(args.run_dir, args.override, _compose))
+    summary = write_protocols(job, args.run_dir, args.out, args.judge)
     print(Path(summary["paths"]["md"]).read_text(encoding="utf-8"))
     print(f"written: {summary['paths']['md']}, {summary['paths']['json']}")
     return 0

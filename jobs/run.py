@@ -133,7 +133,7 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] 
         if dry_run:  # estimate requests and tokens per stage; no server, no files
             from structmem_gpu.node.dry_run import print_dry_run
 
-            print_dry_run(cfg)  # estimate, then the GPU memory plan; one that cannot fit: exit 2
+            print_dry_run(job)  # estimate, then the GPU memory plan; one that cannot fit: exit 2
             return []
         from structmem_gpu.run.pipeline import run_stages, stages_to_run
         from structmem_gpu.config.run_changes import log_changes

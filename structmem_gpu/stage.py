@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import polars as pl
 
-from structmem_gpu.config.schema import EmbedderSettings, LLMSettings
+from structmem_gpu.config.judge import JudgeSettings
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.core.artifacts import RunDir
 
 if TYPE_CHECKING:
@@ -183,17 +184,15 @@ LLM_IDENTITY = ("llm",)
 EMBEDDER_IDENTITY = ("embedder",)
 
 
-def judge_members(job: "JobConfig") -> list[tuple[str, Any]]:
-    """(judge name, its llm config or None = the answer model) for every configured judge,
-    the llm configs as the plain mappings the factory reads."""
-    judge = job.select("judge")
-    if judge is None:
+def judge_members(job: "JobConfig") -> list[tuple[str, LLMSettings | None]]:
+    """(judge name, its llm settings or None = the answer model) for every configured judge
+    (none when the job has no judge node)."""
+    if not job.has("judge"):
         return []
-    panel = judge.get("panel") or [{"name": judge["name"], "llm": judge.get("llm")}]
-    return [(str(m["name"]), m.get("llm")) for m in panel]
+    return job.settings(JudgeSettings).members()
 
 
-def judge_key(name: str, llm_cfg: Any) -> str:
+def judge_key(name: str, llm_cfg: LLMSettings | None) -> str:
     """The backend key a judge runs on: the answer model's ("llm") or its own server's."""
     return "llm" if llm_cfg is None else f"judge-{name}"
 
@@ -275,19 +274,18 @@ class Backends:
             return None
         return Path(str(root.paths.cache_dir if root.paths is not None else None)) / kind
 
-    def llm(self, role: str = "llm", llm_cfg: Mapping[str, Any] | None = None) -> "LLMBackend":
+    def llm(self, role: str = "llm", llm_cfg: LLMSettings | None = None) -> "LLMBackend":
         """The backend for `role` ("llm" = the answer/build model; judges use their own names)."""
         self._require("llm" if role == "llm" and not self._judging else "judges")
         if role not in self._llms:
-            from structmem_gpu.llm.factory import llm_settings, open_llm
+            from structmem_gpu.llm.factory import open_llm
 
             # debug=scripted: every llm of the config (judges, panel members) is the job's
             # scripted one, so a harness run of any experiment starts no server; the judgments
             # record the scripted model that replied.
             if llm_cfg is None or self.job.root.debug_profile == "scripted":
-                llm_cfg = self.job.select("llm")
-            settings = llm_settings(llm_cfg)  # typed (config/schema.py LLMSettings)
-            cm = open_llm(settings, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
+                llm_cfg = self.job.root.llm
+            cm = open_llm(llm_cfg, log_dir=self.run.logs_dir, cache_dir=self._cache_dir("llm"), name=role)
             stack = contextlib.ExitStack()
             self._llms[role] = stack.enter_context(cm)
             self._stacks[role] = stack
@@ -307,7 +305,7 @@ class Backends:
         if self._encoder is None:
             from structmem_gpu.embed.encoder import open_encoder
 
-            self._encoder = open_encoder(self.job.settings(EmbedderSettings),
+            self._encoder = open_encoder(self.job.root.embedder,
                                          cache_dir=self._cache_dir("embeddings"))
         return self._encoder
 
@@ -400,8 +398,7 @@ class StageContext:
         from structmem_gpu.embed.encoder import instruction
 
         enc = self.encoder()
-        has = self.job.select("embedder") is not None
-        prompt = instruction(self.job.settings(EmbedderSettings) if has else EmbedderSettings(), use)
+        prompt = instruction(self.job.root.embedder, use)
         t0 = time.perf_counter()
         out = enc.encode(list(texts), prompt=prompt) if prompt else enc.encode(list(texts))
         self.encoder_wall_s += time.perf_counter() - t0

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.schema import TrackingSettings
 from structmem_gpu.core.errors import ConfigError, InputError, StructMemError
 
@@ -62,13 +61,11 @@ class Target:
     experiment: str
 
 
-def _pick(cfg: Any, key: str, default: Any) -> Any:
+def _pick(cfg: Mapping[str, Any], key: str, default: Any) -> Any:
     """The value at dotted `key`, reading only that path: at a multirun's start the launcher's
     config cannot be resolved as a whole (hydra.runtime is unset), so it is never checked into a
-    JobConfig here; a mapping (Hydra's config included) is walked key by key."""
-    if isinstance(cfg, JobConfig):
-        return cfg.select(key, default)
-    node = cfg
+    JobConfig here; the mapping (Hydra's config included) is walked key by key."""
+    node: Any = cfg
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node or node[part] is None:
             return default
@@ -76,9 +73,9 @@ def _pick(cfg: Any, key: str, default: Any) -> Any:
     return node
 
 
-def target(cfg: Any) -> Target | None:
+def target(cfg: Mapping[str, Any]) -> Target | None:
     """The job's tracking target, None when tracking is off (`tracking: none` or no node).
-    `cfg`: a JobConfig, the launcher's Hydra config or a plain mapping."""
+    `cfg`: the launcher's Hydra config or a plain mapping (see _pick)."""
     node = _pick(cfg, "tracking", None)
     plain = None if node is None else {str(k): node[k] for k in node}  # a flat node
     st = TrackingSettings.from_cfg({"tracking": plain})
@@ -137,7 +134,7 @@ def require_mlflow() -> None:
             f"(or pip install 'mlflow-skinny>=3.7')")
 
 
-def check(cfg: Any) -> Target | None:
+def check(cfg: Mapping[str, Any]) -> Target | None:
     """Before anything runs: the target (None = off), with mlflow installed and the store
     allowed; ConfigError (one line, exit 2) otherwise."""
     t = target(cfg)

@@ -109,11 +109,11 @@ def run_build(
     """One cold real run (LLM cache off, fresh cache dir); returns summarize_build + wall."""
     run_dir = settings.out_dir / "runs" / name
     extra = [*dataset, *([f"stages=[{','.join(stages)}]"] if stages else [])]
-    cfg = settings.compose(extra, cache_off=True, cache_dir=settings.out_dir / "cache" / name)
+    job = settings.compose(extra, cache_off=True, cache_dir=settings.out_dir / "cache" / name)
     error: str | None = None
     wall: float | None
     try:
-        wall = run_pipeline(cfg, run_dir)
+        wall = run_pipeline(job, run_dir)
     except StructMemError as e:
         # e.g. the report stage refusing a run whose parse-failure rate is too high (after
         # writing its files): the finished stages' costs are still what the bench reports.
@@ -123,7 +123,6 @@ def run_build(
         error, wall = f"{type(e).__name__}: {e}", None
     from structmem_gpu.run.pipeline import job_stage_names
 
-    job = JobConfig.from_cfg(cfg)
     out = summarize_build(run_dir, job_stage_names(job))
     out["job_wall_s"] = None if wall is None else round(wall, 3)
     out["pipeline_error"] = error
@@ -177,13 +176,13 @@ def differing_replies(a: Path, b: Path, stages: Sequence[str]) -> dict[str, Any]
     return out
 
 
-def slice_overrides(cfg: Any, conversations: int, max_sessions: int) -> list[str]:
+def slice_overrides(job: JobConfig, conversations: int, max_sessions: int) -> list[str]:
     """Overrides that cut the configured benchmark to its first conversations and sessions
     (the reference schedule sends one request at a time: a whole GPU-sized build would take
     hours that way)."""
     from structmem_gpu.data import load_benchmark
 
-    b = JobConfig.from_cfg(cfg).root.benchmark
+    b = job.root.benchmark
     turns, _ = load_benchmark(b.name, b.path, None, None)
     ids = list(dict.fromkeys(turns["conv_id"].to_list()))[:conversations]
     return [f"benchmark.conversations=[{','.join(ids)}]", f"benchmark.max_sessions={max_sessions}"]
@@ -225,5 +224,5 @@ def run_schedule(settings: BenchSettings, dataset: Sequence[str]) -> dict[str, A
             else None
         ),
         "differences": differing_replies(batched_run, ref_dir, llm),
-        "max_in_flight": JobConfig.from_cfg(cfg).root.llm.max_in_flight or 1,
+        "max_in_flight": cfg.root.llm.max_in_flight,
     }

@@ -31,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.llm.types import LLMRequest
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ TARGET_RPS_AT_256 = 1000.0
 TARGET_CPU_RATIO = 1.5
 
 
-def requests_and_reply(cfg: Any, n: int) -> tuple[list[LLMRequest], str]:
+def requests_and_reply(job: JobConfig, n: int) -> tuple[list[LLMRequest], str]:
     """n distinct extraction requests and ONE reply that validates against all their schemas
     (the windows' schemas differ only in their turn bound; a reply faked for the tightest
     schema fits every other one)."""
@@ -48,7 +50,7 @@ def requests_and_reply(cfg: Any, n: int) -> tuple[list[LLMRequest], str]:
     from structmem_gpu.llm.scripted import fake_reply
     from structmem_gpu.llm.structured import check_reply
 
-    reqs = sample_requests(cfg, n, max_tokens=256)
+    reqs = sample_requests(job, n, max_tokens=256)
     schemas = {json.dumps(r.schema, sort_keys=True): r for r in reqs}
     for r in schemas.values():
         reply = fake_reply(r)
@@ -89,18 +91,10 @@ def _point(
 ) -> dict[str, Any]:
     from structmem_gpu.llm.factory import open_llm
 
-    cfg = {
-        "backend": "external",
-        "base_url": base_url,
-        "model": "mock",
-        "served_name": "mock",
-        "api_flavor": "vllm",
-        "max_in_flight": in_flight,
-        "repair_attempts": 0,
-        "progress": False,
-        "request_timeout_s": 120,
-    }
-    with open_llm(cfg, log_dir=Path(tempfile.gettempdir()), cache_dir=cache_dir) as backend:
+    mock = LLMSettings(backend="external", base_url=base_url, model="mock", served_name="mock",
+                       api_flavor="vllm", max_in_flight=in_flight, repair_attempts=0,
+                       progress=False, request_timeout_s=120.0)
+    with open_llm(mock, log_dir=Path(tempfile.gettempdir()), cache_dir=cache_dir) as backend:
         t0, c0 = time.perf_counter(), time.process_time()
         results = backend.generate(list(reqs), desc=f"client x{in_flight}")
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -118,7 +112,7 @@ def _point(
 
 
 def run_client_bench(
-    cfg: Any,
+    job: JobConfig,
     log_dir: Path,
     *,
     in_flight: Sequence[int] = IN_FLIGHT,
@@ -129,7 +123,7 @@ def run_client_bench(
     requests, wall_s, errors, loadavg_1m}, without the cache first, then with it."""
     # >= 8 requests per connection: a point measures steady state, not connection set-up.
     sizes = {k: max(min_requests, 8 * k) for k in in_flight}
-    reqs, reply = requests_and_reply(cfg, max(sizes.values()))
+    reqs, reply = requests_and_reply(job, max(sizes.values()))
     rows: list[dict[str, Any]] = []
     with mock_server(reply, log_dir) as srv, tempfile.TemporaryDirectory() as tmp:
         _point(srv.base_url, reqs[:64], 8, None)  # warm-up: imports, validator compile

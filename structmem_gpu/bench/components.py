@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from structmem_gpu.bench.fit import rate
+from structmem_gpu.config.schema import EmbedderSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def synthetic_texts(n: int) -> list[str]:
     return [f"{t} (note {i})" for i, t in enumerate(texts[:n])]
 
 
-def encoder_throughput(embedder_cfg: dict[str, Any], n: int) -> list[dict[str, Any]]:
+def encoder_throughput(embedder: EmbedderSettings, n: int) -> list[dict[str, Any]]:
     """One row per device (cpu, and cuda when available): load time and embeddings/s."""
     import torch
 
@@ -56,7 +57,7 @@ def encoder_throughput(embedder_cfg: dict[str, Any], n: int) -> list[dict[str, A
     rows = []
     for device in devices:
         t0 = time.perf_counter()
-        enc = open_encoder({**embedder_cfg, "device": device}, cache_dir=None)
+        enc = open_encoder(embedder.model_copy(update={"device": device}), cache_dir=None)
         load = time.perf_counter() - t0
         enc.encode([f"warm-up {i}" for i in range(min(32, n))])
         t0 = time.perf_counter()
@@ -175,7 +176,7 @@ def parquet_throughput(n: int) -> dict[str, Any]:
 
 
 def run_components(
-    embedder_cfg: dict[str, Any],
+    embedder: EmbedderSettings,
     *,
     texts: int,
     conversations: int,
@@ -184,7 +185,7 @@ def run_components(
     k: int,
     parquet_rows: int,
 ) -> dict[str, Any]:
-    encoder = encoder_throughput(embedder_cfg, texts)
+    encoder = encoder_throughput(embedder, texts)
     dim = int(encoder[0]["dim"]) if encoder else 384
     return {
         "encoder": encoder,

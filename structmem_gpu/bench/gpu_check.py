@@ -75,13 +75,13 @@ def check_encoder(overrides: Sequence[str], texts: int) -> tuple[Outcome, Outcom
     from structmem_gpu.embed.encoder import open_encoder
     from structmem_gpu.node.gpu_plan import weights
 
-    # the encoder factory and `weights` read the embedder node as a plain mapping
-    ecfg = dict(JobConfig.from_cfg(compose(overrides)).select("embedder"))
-    ecfg["device"] = "cuda"
-    predicted = weights(ecfg, runtime_bytes=2 if ecfg.get("fp16", True) else 4)
+    emb = JobConfig.from_cfg(compose(overrides)).root.embedder.model_copy(update={"device": "cuda"})
+    from structmem_gpu.node.gpu_plan import encoder_model
+
+    predicted = weights(encoder_model(emb.model), emb.weights_gb, runtime_bytes=2 if emb.fp16 else 4)
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    enc = open_encoder(ecfg, cache_dir=None)
+    enc = open_encoder(emb, cache_dir=None)
     loaded = (torch.cuda.max_memory_allocated() - base) / 1e9
     batch = synthetic_texts(texts)
     enc.encode([f"warm-up {i}" for i in range(64)])

@@ -110,7 +110,7 @@ def run_pipeline(
     from structmem_gpu.methods.registry import stage_registry
     from structmem_gpu.run.pipeline import run_stages
 
-    job = JobConfig({**job.plain, "force": True})  # force never changes a fingerprint
+    job = job.with_values(force=True)  # force never changes a fingerprint
     t0 = time.perf_counter()
     run_stages(
         job, run_dir, registry if registry is not None else stage_registry(job)
@@ -143,15 +143,15 @@ def llm_endpoint(job: JobConfig, log_dir: Path) -> Iterator[tuple[str | None, An
     vllm_offline), which each pipeline run then opens itself."""
     from structmem_gpu.llm.factory import open_llm
 
-    llm = dict(job.select("llm"))  # the plain node open_llm reads, as jobs/run.py's backends do
-    if llm.get("backend") in ("scripted", "vllm_offline"):
+    llm = job.root.llm
+    if llm.backend in ("scripted", "vllm_offline"):
         yield None, None
         return
     with open_llm(
-        {**llm, "progress": False}, log_dir=log_dir, cache_dir=None, name="bench"
+        llm.model_copy(update={"progress": False}), log_dir=log_dir, cache_dir=None, name="bench"
     ) as backend:
         server = getattr(backend, "server", None)
-        url = server.base_url if server is not None else str(llm["base_url"])
+        url = server.base_url if server is not None else str(llm.base_url)
         yield url, backend
 
 

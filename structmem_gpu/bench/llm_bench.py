@@ -33,6 +33,7 @@ from typing import Any
 
 from structmem_gpu.bench.fit import rate
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.llm.types import LLMRequest
 
 log = logging.getLogger(__name__)
@@ -95,12 +96,12 @@ def _raw_pass(base_url: str, bodies: Sequence[dict[str, Any]], timeout_s: float)
 
 
 def _client_pass(
-    llm_cfg: dict[str, Any], in_flight: int, requests: Sequence[LLMRequest], log_dir: Path
+    llm: LLMSettings, in_flight: int, requests: Sequence[LLMRequest], log_dir: Path
 ) -> dict[str, Any]:
     from structmem_gpu.llm.factory import open_llm
 
-    cfg = {**llm_cfg, "max_in_flight": in_flight, "repair_attempts": 0, "progress": False}
-    with open_llm(cfg, log_dir=log_dir, cache_dir=None, name="bench-client") as backend:
+    timed = llm.model_copy(update={"max_in_flight": in_flight, "repair_attempts": 0, "progress": False})
+    with open_llm(timed, log_dir=log_dir, cache_dir=None, name="bench-client") as backend:
         t0 = time.perf_counter()
         results = backend.generate(list(requests), desc=f"bench x{in_flight}")
         wall = time.perf_counter() - t0
@@ -142,27 +143,23 @@ def _row(
 
 
 def run_llm_bench(
-    cfg: Any, base_url: str, *, n: int, max_tokens: int, log_dir: Path, rounds: int = 1
+    job: JobConfig, base_url: str, *, n: int, max_tokens: int, log_dir: Path, rounds: int = 1
 ) -> dict[str, Any]:
     """The passes over the same requests; rows plus the derived overhead figures."""
     from structmem_gpu.llm.client import request_body
-    from structmem_gpu.llm.factory import resolve_config
+    from structmem_gpu.llm.factory import _http_backend, llm_settings
 
-    job = JobConfig.from_cfg(cfg)
-    # the factory resolves the llm node's defaults from the plain mapping
-    llm_cfg = resolve_config(dict(job.select("llm")))
-    llm_cfg["base_url"] = base_url
-    flavor = "llamacpp" if llm_cfg["backend"] == "llamacpp" else (llm_cfg["api_flavor"] or "vllm")
-    extra = dict(llm_cfg["extra_body"] or {})
-    if llm_cfg.get("chat_template_kwargs") and llm_cfg["backend"] != "llamacpp":
-        extra.setdefault("chat_template_kwargs", dict(llm_cfg["chat_template_kwargs"]))
+    llm_cfg = llm_settings(job.root.llm.model_copy(update={"base_url": base_url}))
+    # the bodies the client sends: its flavor and request extras, as the factory builds it
+    client = _http_backend(llm_cfg, base_url)
     requests = sample_requests(job, n, max_tokens)
     bodies = [
-        request_body(r, served_name=llm_cfg["served_name"], flavor=flavor, extra_body=extra)
+        request_body(r, served_name=client.served_name, flavor=client.flavor,
+                     extra_body=client.extra_body)
         for r in requests
     ]
     # One unmeasured request first: the server's first request pays one-time setup.
-    timeout = float(llm_cfg["request_timeout_s"])
+    timeout = llm_cfg.request_timeout_s
     _raw_pass(base_url, bodies[:1], timeout)
     # Raw and client x1 alternate for `rounds` rounds and each keeps its fastest round: on a
     # shared machine a transient slowdown then hits neither figure.
@@ -173,7 +170,7 @@ def run_llm_bench(
     raw, one = (min(rs, key=lambda r: r["wall_s"]) for rs in (raws, ones))
     raw["wall_s_rounds"] = [r["wall_s"] for r in raws]
     one["wall_s_rounds"] = [r["wall_s"] for r in ones]
-    k = max(1, int(llm_cfg["max_in_flight"]))
+    k = llm_cfg.max_in_flight
     rows = [raw, one]
     if k > 1:
         rows.append(_client_pass(llm_cfg, k, requests, log_dir))
@@ -181,8 +178,8 @@ def run_llm_bench(
     return {
         "server": {
             "base_url": base_url,
-            "backend": llm_cfg["backend"],
-            "model": llm_cfg["served_name"],
+            "backend": llm_cfg.backend,
+            "model": llm_cfg.served_name,
         },
         "max_tokens": max_tokens,
         "rounds": rounds,

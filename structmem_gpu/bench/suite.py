@@ -292,11 +292,10 @@ class Suite:
     def part_components(self) -> dict[str, Any]:
         from structmem_gpu.bench import components
 
-        from structmem_gpu.config.job import JobConfig
         from structmem_gpu.methods.structmem.retrieve import RetrieveSettings
 
-        job = JobConfig.from_cfg(self.base)
-        emb = dict(job.select("embedder"))  # the encoder factory reads the node as a mapping
+        job = self.base
+        emb = job.root.embedder
         convs, per_conv, queries = self.sz["faiss"]
         k = job.settings(RetrieveSettings).entries_k if job.has("retrieve") else 60
         return components.run_components(

@@ -6,15 +6,15 @@
     job.settings(ConsolidateSettings)      # a stage's own node, typed and checked (cached)
 
 Only the configuration package and the entry points (jobs/*.py) read OmegaConf; everything
-below them receives a JobConfig (a stage: `ctx.job`) or the typed settings it needs.
-`plain` (the resolved config as plain containers) and `select` exist for what must see the
-whole configuration as data: the saved config, the config hash and stage fingerprints.
+below them receives a JobConfig (a stage: `ctx.job`) or the typed settings it needs. There is
+no plain view of the configuration: the config hash and the fingerprints are the identity of
+the typed settings (config/identity.py); `has(key)` says whether the config states a node,
+`with_values(...)` varies a job's root keys (a merged report, a benchmark rerun).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 from structmem_gpu.config.schema import JobSettings
@@ -51,14 +51,16 @@ class JobConfig:
             self._settings[cls] = cls.from_cfg(self._plain)
         return self._settings[cls]
 
-    @property
-    def plain(self) -> Mapping[str, Any]:
-        """The resolved configuration as read-only plain data (saved config, hashes)."""
-        return MappingProxyType(self._plain)
-
     def select(self, key: str, default: Any = None) -> Any:
-        """The plain value at dotted `key` (fingerprint material; stage code reads typed fields)."""
+        """The resolved value at dotted `key`, for readers whose keys are data rather than code:
+        the published rows' match keys (eval/published.py). Code that names a key reads the
+        typed field (`root`, `settings(...)`): tests/unit/test_typed_config.py."""
         return _select(self._plain, key, default)
 
     def has(self, key: str) -> bool:
         return _select(self._plain, key, _MISSING) is not _MISSING
+
+    def with_values(self, **root_keys: Any) -> "JobConfig":
+        """This configuration with root keys replaced (e.g. stages=["report"], force=True),
+        checked anew: a driver's variation of a job (a merged report, a benchmark rerun)."""
+        return JobConfig({**self._plain, **root_keys})

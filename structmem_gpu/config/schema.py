@@ -33,7 +33,6 @@ from structmem_gpu.config.settings import (
     SIZE,
     STR,
     STR_OR_NULL,
-    TOKENS,
     Enum,
     Float,
     Int,

@@ -27,7 +27,7 @@ import json
 import re
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 

@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 DEFAULT_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): temporary failure, the caller may retry
 
-_state: dict[str, Any] = {"signal": None, "at": None, "grace_s": 30.0}
+# grace_s is set by PreemptionGuard from preempt.grace_s (its one home: config/schema.py
+# PreemptSettings); a stop requested outside a guard lets nothing in flight land.
+_state: dict[str, Any] = {"signal": None, "at": None, "grace_s": 0.0}
 _event = threading.Event()
 _phases: list[str] = []  # interruptible phases the main thread is in, innermost last
 

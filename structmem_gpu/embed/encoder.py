@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -252,16 +253,19 @@ def _device(requested: str, torch: Any) -> str:
 # The uses are the fields of embedder.instructions (config/schema.py); the schema refuses any
 # other key there.
 USES = tuple(EmbedderInstructions.model_fields)
+# What the public functions here take: the typed settings (what the package passes), or a
+# mapping of the embedder node (a test's, a benchmark's), checked into them.
+EmbedderConfig = EmbedderSettings | Mapping[str, Any]
 
 
-def embedder_settings(cfg: Any) -> EmbedderSettings:
+def embedder_settings(cfg: EmbedderConfig) -> EmbedderSettings:
     """The typed embedder config: EmbedderSettings as it is, a mapping or DictConfig checked."""
     if isinstance(cfg, EmbedderSettings):
         return cfg
     return EmbedderSettings.from_cfg({"embedder": to_plain(cfg)})
 
 
-def instruction(cfg: Any, use: str) -> str | None:
+def instruction(cfg: EmbedderConfig, use: str) -> str | None:
     """The instruction prepended to texts encoded for `use` (embedder.instructions.<use>:
     entry | query | fact | passage, EmbedderInstructions)."""
     if use not in USES:
@@ -271,7 +275,7 @@ def instruction(cfg: Any, use: str) -> str | None:
     return str(value) if value else None
 
 
-def open_encoder(cfg: Any, *, cache_dir: Path | None) -> Encoder:
+def open_encoder(cfg: EmbedderConfig, *, cache_dir: Path | None) -> Encoder:
     """Load the configured model (EmbedderSettings, conf/embedder/*.yaml) and wrap it with the
     cache. A stop signal during the imports and the load (minutes for large encoders) ends
     them at once."""

@@ -52,7 +52,9 @@ from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
-from structmem_gpu.config.settings import SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob
+from structmem_gpu.config.settings import (
+    BOOL, COUNT, SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob,
+)
 from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
@@ -197,6 +199,18 @@ class AnswerSettings(Settings):
         "Reader context budget (characters / 4) of the builders that take one: full_context "
         "(null = the whole history, never cut; a request over the model's context is refused "
         "by the context guard) and SEEM (which needs a number). StructMem's reader has none."))
+
+
+class ReaderSizes(Settings):
+    """The memory the StructMem reader template shows, for the dry run's stand-in prompts:
+    keys of the stages that build and retrieve it (their own models, a layer above, validate
+    them). A node the method does not have leaves its memory out (0 / off / no cap)."""
+
+    entries_k: int = knob(COUNT, 0, external="retrieve.entries_k")
+    syntheses_k: int = knob(COUNT, 0, external="retrieve.syntheses_k")
+    consolidate: bool = knob(BOOL, False, external="consolidate.enabled")
+    max_item_chars: int | None = knob(Int(ge=1, null=True), None, external="extract.max_item_chars")
+    synthesis_max_tokens: int = knob(COUNT, 0, external="consolidate.max_tokens")
 
 
 def sampling(s: AnswerSettings) -> Sampling:
@@ -364,16 +378,16 @@ def estimate_answer(inp: EstimateInputs) -> StageEstimate:
                              "1 per selected question (the reader's own prompts"
                              + (" on stand-in memories)" if inp.stand_ins else ")"),
                              sum(inp.over(m, s.max_tokens) for m in own) if inp.checked else None)
-    # Sizes of the memory the method retrieves: keys of other stages' nodes, read as data
-    # (the reader's inputs differ per method; absent = that memory is not shown).
-    k = int(job.select("retrieve.entries_k") or 0)
-    sk = int(job.select("retrieve.syntheses_k") or 0) if job.select("consolidate.enabled") else 0
-    cap = job.select("extract.max_item_chars")
+    # Sizes of the memory the method retrieves (other stages' nodes, typed by ReaderSizes).
+    sizes = job.settings(ReaderSizes)
+    k = sizes.entries_k
+    sk = sizes.syntheses_k if sizes.consolidate else 0
+    cap = sizes.max_item_chars
     texts = [(x or "")[: int(cap)] if cap else (x or "") for x in turns["text"].to_list()]
     t = datetime(2023, 5, 8)
     entries = ([P.MemoryLine(turns["speaker"][i % turns.height], t, texts[i % len(texts)]) for i in range(k)]
                if texts else [])
-    synth_tokens = min(int(job.select("consolidate.max_tokens") or 0), SYNTHESIS_TOKENS)
+    synth_tokens = min(sizes.synthesis_max_tokens, SYNTHESIS_TOKENS)
     synth = [P.SynthesisLine(t, t, "word " * int(synth_tokens * 0.75))] * sk
     paper = s.protocol == "paper"
     if paper:

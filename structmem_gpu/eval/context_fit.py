@@ -34,8 +34,7 @@ def reader_fits(job: JobConfig) -> Callable[[Sequence[Message]], bool]:
 
     from structmem_gpu.eval.answer import AnswerSettings
 
-    # config_guard reads the llm node as a mapping (llm/factory.py resolves its defaults).
-    guard = config_guard(job.select("llm"))
+    guard = config_guard(job.root.llm)
     max_tokens = job.settings(AnswerSettings).max_tokens if job.has("answer") else 0
     return functools.partial(guard.fits, max_tokens=max_tokens)
 

@@ -45,7 +45,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import polars as pl
 
@@ -67,18 +67,7 @@ from structmem_gpu.eval.prompts import (
     judge_longmemeval_paper,
 )
 from structmem_gpu.prompts import official
-from structmem_gpu.config.schema import LLMSettings
-from structmem_gpu.config.settings import (
-    STR,
-    TEMPERATURE,
-    TOKENS,
-    Enum,
-    Str,
-    Settings,
-    items,
-    knob,
-    sub,
-)
+from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
@@ -94,12 +83,6 @@ LONGMEMEVAL_IDS = frozenset(LONGMEMEVAL_TYPES.values())
 _JSON_OVERHEAD_TOKENS = 24
 _CHARS_PER_TOKEN = 1.5
 _LABEL_RE = re.compile(r'"label"\s*:\s*"([A-Za-z]+)"')
-# judge.protocol values: paper = the published judges' call and label rule; reasoned = our
-# earlier reasoning-first, schema-constrained variant.
-PROTOCOLS = ("paper", "reasoned")
-# judge.input values: reply = the reader's whole reply (answers.reply, what the reference
-# pipelines pass to their judges); answer = the extracted prediction.
-INPUTS = ("reply", "answer")
 
 
 @dataclass(frozen=True)
@@ -146,46 +129,6 @@ JUDGMENT_COLUMNS: schemas.Schema = {
 
 # Official judge texts (prompts.sources.*) by group ("locomo", "longmemeval"), then by use.
 OfficialJudges = Mapping[str, Mapping[str, official.OfficialText]]
-
-
-class PanelMember(Settings):
-    name: str = knob(Str(note="each panel member needs a name"))
-    llm: LLMSettings | None = sub(LLMSettings, null=True, default=None)  # None = the answer model
-
-
-class JudgeSettings(Settings):
-    """The `judge` config (conf/judge/*.yaml). `llm: null` = the answer model; a `panel`
-    judges with every member; `*_llm` keys hold llm configs the panel refers to. The default
-    judge's file (conf/judge/same_as_llm.yaml) is generated from these fields below its
-    header; the other judge files are hand-written choices of the group."""
-
-    node: ClassVar[str] = "judge"
-    yaml_home: ClassVar[str | None] = "judge/_base.yaml"
-    open_keys: ClassVar[Mapping[str, Any]] = {"*_llm": LLMSettings}
-
-    name: str = knob(STR, "same_as_llm", description=(
-        "Stored in judgments.judge_name; several judges give one row per (question, judge)."))
-    llm: LLMSettings | None = sub(LLMSettings, null=True, default=None, description=(
-        "null = reuse the answer model's backend; else a full llm config (see conf/judge/*.yaml)."))
-    panel: tuple[PanelMember, ...] | None = items(PanelMember, null=True, default=None, description=(
-        "A list of {name, llm} for several judges in one stage (judge robustness); null = just "
-        "this one."))
-    protocol: str = knob(Enum(*PROTOCOLS), "paper", description=(
-        "Judge protocol: paper = the published judges (LoCoMo: Mem0's call, one user message, "
-        "label JSON, 1 iff exactly CORRECT; LongMemEval: evaluate_qa.py's per-type yes/no, "
-        "max_tokens 10, 'yes' in reply); reasoned = our reasoning-first schema judge (system "
-        "message, any-case label). Published rows are shown only for paper."))
-    input: str = knob(Enum(*INPUTS), "reply", description=(
-        "What the judge sees: reply = the reader's whole reply (reasoning included), as every "
-        "reference pipeline passes it (LightMem search_locomo.py -> evaluate_llm_judge, "
-        "LongMemEval's evaluate_qa.py hypothesis); answer = the extracted answer line. Only "
-        "readers that end in an `Answer:` line (our paper reader) differ: SEEM's and the "
-        "baselines' readers reply with the answer itself. Lexical metrics (F1, BLEU-1) always "
-        "score the extracted answer."))
-    max_tokens: int = knob(TOKENS, 128, description=(
-        "Reply budget (LongMemEval paper judge: min(this, 10)). reasoned needs room for its "
-        "reasoning."))
-    temperature: float = knob(TEMPERATURE, 0.0, description="Sampling temperature (0 = greedy decoding).")
 
 
 def judge_protocol(job: JobConfig) -> str:

@@ -157,12 +157,10 @@ def _cat5_for_judge(item: J.JudgeItem) -> J.JudgeItem:
     return dataclasses.replace(item, gold=CAT5_JUDGE_GOLD)
 
 
-def score_protocols(cfg: Any, run_dir: Path, judge: str | None = None
+def score_protocols(job: JobConfig, run_dir: Path, judge: str | None = None
                     ) -> tuple[pl.DataFrame, list[Scored], dict[str, Any]]:
-    """(the scored questions, one Scored per protocol, context for the report). `cfg`: the
-    run's configuration as the entry point read it (jobs/report.py) or its JobConfig; the
-    backends that open the judge (stage.py) read the JobConfig."""
-    job = JobConfig.from_cfg(cfg)
+    """(the scored questions, one Scored per protocol, context for the report) of the run's
+    configuration (jobs/report.py reads it)."""
     run = RunDir(run_dir)
     answers = run.read_table("answers", needed_by="protocols")
     questions = selected_questions(job, run.read_table("questions", needed_by="protocols"))
@@ -328,11 +326,11 @@ def markdown(summary: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_protocols(cfg: Any, run_dir: Path, out: Path | None = None,
+def write_protocols(job: JobConfig, run_dir: Path, out: Path | None = None,
                     judge: str | None = None) -> dict[str, Any]:
     """Score, then write protocols.md / .json (default RUN/report/); returns the summary."""
-    questions, scored, context = score_protocols(cfg, run_dir, judge)
-    summary = summarise(questions, scored, JobConfig.from_cfg(cfg).settings(ReportSettings))
+    questions, scored, context = score_protocols(job, run_dir, judge)
+    summary = summarise(questions, scored, job.settings(ReportSettings))
     summary["context"] = context
     out_dir = out or RunDir(run_dir).report_dir
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,8 @@ from structmem_gpu.data.categories import (
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.answer import answer_protocol
-from structmem_gpu.eval.judge import JudgeSettings, judge_identity, judge_protocol
+from structmem_gpu.config.judge import JudgeSettings
+from structmem_gpu.eval.judge import judge_identity, judge_protocol
 from structmem_gpu.eval.published import (
     config_fact,
     harness_run,
@@ -327,10 +328,10 @@ def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]
     out["texts"] = texts_protocol(job)  # official checkouts (commits) or our own wording
     update = (stages.get("update") or {}).get("notes")
     if update is not None:  # the offline update ran: which store QA read (update.read)
-        # The update stage's settings class lives in methods/ (a layer above eval): its two
-        # knobs are read as plain values here (UpdateSettings checked them when it ran).
-        read = str(job.select("update.read") or "pre")
-        keeps = read == "pre" or bool(job.select("update.post_syntheses", False))
+        # The update stage records its own settings in its notes (its settings class lives in
+        # methods/, a layer above eval); `read` is among them, so a change reruns it.
+        read = str(update.get("read"))
+        keeps = read == "pre" or bool(update.get("post_syntheses"))
         out["qa_store"] = (f"{read}-update ({'with' if keeps else 'without'} syntheses; "
                            f"update {'on' if update.get('enabled') else 'off'})")
     # The reference's pre-processing, named only when its stages ran (README "Compression and

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,12 @@ from structmem_gpu.llm.server import SMOLLM2_GGUF
 from structmem_gpu.llm.types import LLMBackend
 
 BACKENDS = typing.get_args(LLMSettings.model_fields["backend"].annotation)
+# What the public functions here take: the typed settings (what the package passes), or a
+# mapping (a test's, a saved config's node), checked into them by `llm_settings`.
+LLMConfig = LLMSettings | Mapping[str, Any]
 
 
-def llm_settings(cfg: Any) -> LLMSettings:
+def llm_settings(cfg: LLMConfig) -> LLMSettings:
     """The typed llm config (config/schema.py LLMSettings: every key's type, range and default
     is written there once) of `cfg`: LLMSettings, a DictConfig or a mapping. A key the model
     does not declare is an error (a typo such as `max_in_fligth` would otherwise silently fall
@@ -48,7 +51,7 @@ def llm_settings(cfg: Any) -> LLMSettings:
     return s
 
 
-def resolve_config(cfg: Any) -> dict[str, Any]:
+def resolve_config(cfg: LLMConfig) -> dict[str, Any]:
     """`llm_settings(cfg)` as a plain dict with every key (for code that edits a copy); it
     reads back into the same settings (budgets keep only the keys the profile states)."""
     s = llm_settings(cfg)
@@ -62,9 +65,8 @@ def _server_env(s: LLMSettings) -> dict[str, str]:
     return {str(k): str(v) for k, v in dict(s.server_env or {}).items()}
 
 
-def _ensure_model(cfg: Any) -> None:
+def _ensure_model(s: LLMSettings) -> None:
     """Convert `convert_from_gguf` into the `model` folder once (vLLM loads no GGUF)."""
-    s = llm_settings(cfg)
     if not s.convert_from_gguf or s.base_url or s.backend not in _VLLM_LOCAL:
         return
     if not s.model:
@@ -77,7 +79,7 @@ def _ensure_model(cfg: Any) -> None:
 _VLLM_LOCAL = ("vllm_server", "vllm_offline")
 
 
-def weights_version(cfg: Any) -> str:
+def weights_version(cfg: LLMConfig) -> str:
     """The weights version in the identity: `revision` when set; else, for a hub model this
     job loads itself (a launched vLLM server, offline vLLM), the snapshot (commit) it resolves
     to in the local HF cache, so replies cached for other weights are not served after the
@@ -93,7 +95,7 @@ def weights_version(cfg: Any) -> str:
     return ""
 
 
-def model_id(cfg: Any) -> str:
+def model_id(cfg: LLMConfig) -> str:
     """What identifies the weights: served name | model path or HF id | weights version
     (`weights_version`: the revision, or the resolved snapshot when it is null).
 
@@ -118,7 +120,7 @@ def _flavor(s: LLMSettings) -> str:
     return s.api_flavor or "vllm"
 
 
-def _http_backend(cfg: Any, base_url: str) -> Any:
+def _http_backend(cfg: LLMConfig, base_url: str) -> Any:
     from structmem_gpu.llm.client import HTTPBackend, api_key_from_env
 
     s = llm_settings(cfg)
@@ -143,10 +145,9 @@ def _http_backend(cfg: Any, base_url: str) -> Any:
     )
 
 
-def _launch(cfg: Any, log_dir: Path, name: str) -> contextlib.AbstractContextManager[Any]:
+def _launch(c: LLMSettings, log_dir: Path, name: str) -> contextlib.AbstractContextManager[Any]:
     from structmem_gpu.llm import server
 
-    c = llm_settings(cfg)
     extra = [str(a) for a in c.extra_args or ()]
     if c.backend == "llamacpp":
         cmd = server.llamacpp_command(
@@ -191,10 +192,9 @@ def _launch(cfg: Any, log_dir: Path, name: str) -> contextlib.AbstractContextMan
     )
 
 
-def _offline_backend(cfg: Any) -> Any:
+def _offline_backend(c: LLMSettings) -> Any:
     from structmem_gpu.llm.vllm_offline import VLLMOfflineBackend
 
-    c = llm_settings(cfg)
     if not c.model:
         raise ConfigError("llm.backend=vllm_offline needs llm.model (HF id or folder)")
     engine: dict[str, Any] = {
@@ -225,7 +225,7 @@ def _offline_backend(cfg: Any) -> Any:
 
 @contextlib.contextmanager
 def open_llm(
-    cfg: Any, *, log_dir: Path, cache_dir: Path | None, name: str = "llm"
+    cfg: LLMConfig, *, log_dir: Path, cache_dir: Path | None, name: str = "llm"
 ) -> Iterator[LLMBackend]:
     """Yield a ready backend for `cfg`; launch/attach per `cfg.backend`, cache if `cache_dir`;
     identical requests within one batch are sent once either way (llm/dedup.py)."""
@@ -272,7 +272,7 @@ def open_llm(
         yield outer
 
 
-def config_guard(llm_cfg: Any) -> Any:
+def config_guard(llm_cfg: LLMConfig | None) -> Any:
     """The context guard of an llm config as configured (no server asked): the dry run's and
     the readers' view of the context (None config = no limit)."""
     from structmem_gpu.llm.context_guard import (
@@ -285,7 +285,7 @@ def config_guard(llm_cfg: Any) -> Any:
     return ContextGuard(configured_limit(c), guard_counter(c))
 
 
-def context_guard(cfg: Any, launched_url: str | None = None) -> Any:
+def context_guard(cfg: LLMConfig, launched_url: str | None = None) -> Any:
     """The context guard of llm config `c` (llm/context_guard.py): an attached server's own
     report of its context wins over the config's (a launched one runs what the config says,
     asked only when the config leaves it open)."""

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.settings import open_values
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.stage import Stage
 
@@ -68,9 +69,9 @@ def stage_registry(job: JobConfig | Mapping[str, Any]) -> Mapping[str, Stage]:
     config (Hydra's or a plain resolved mapping), checked into one here."""
     job = JobConfig.from_cfg(job)
     where = _method_file(job)
-    # method.implementations is an open mapping (stage name -> "module:ATTR" or null), typed
-    # per value only: read as the plain mapping it is.
-    refs = job.select("method.implementations")
+    # method.implementations is an open mapping (stage name -> "module:ATTR" or null), each
+    # value typed by MethodImplementations' open key.
+    refs = open_values(job.root.method.implementations)
     if not refs:
         raise ConfigError(f"{where}: method.implementations is missing (stage name -> module:ATTR)")
     # A null removes a stage the method inherits (flat: StructMem's stages, no consolidate).

@@ -35,6 +35,8 @@ from typing import Any
 import polars as pl
 
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.judge import JudgeSettings
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import Message
 from structmem_gpu.stage import EstimateInputs, StageEstimate
@@ -51,10 +53,10 @@ class ContextCheck:
     """The context guard's rule for one llm config, without a server: the configured context
     (`llm.n_ctx` / `llm.max_model_len`) and the guard's own prompt counter."""
 
-    def __init__(self, llm_cfg: Any) -> None:
+    def __init__(self, llm: LLMSettings) -> None:
         from structmem_gpu.llm.factory import config_guard
 
-        self.guard = config_guard(llm_cfg)
+        self.guard = config_guard(llm)
         self.limit = self.guard.limit
         self.counter = self.guard.counter
 
@@ -73,22 +75,21 @@ class TokenCounter:
         return self._count(messages)
 
 
-def token_counter(llm_cfg: Any) -> TokenCounter:
+def token_counter(llm: LLMSettings) -> TokenCounter:
     """The model's own prompt count where this machine has the model: a llama.cpp GGUF
     (`gguf_counter`), else `llm.tokenizer` when local (with its chat template), else characters
     / 4 + 4 per message: an estimate, so a missing tokenizer is no error here (the windows are
     another matter: extract.window_tokenizer)."""
     from structmem_gpu.llm.tokens import CHARS_COUNTER, optional_counter
 
-    get = (lambda k: llm_cfg.get(k)) if llm_cfg is not None else (lambda k: None)
-    if get("backend") == "llamacpp" and get("tokenizer") in (None, "chars"):
-        gguf = gguf_counter(get("model"))
+    if llm.backend == "llamacpp" and llm.tokenizer in (None, "chars"):
+        gguf = gguf_counter(llm.model)
         if gguf is not None:
             return gguf
-    spec = get("tokenizer") if get("tokenizer") is not None else get("model")
+    spec = llm.tokenizer if llm.tokenizer is not None else llm.model
     found = None
     if spec not in (None, "chars"):
-        found = optional_counter(str(spec), get("revision") if spec == get("model") else None)
+        found = optional_counter(str(spec), llm.revision if spec == llm.model else None)
     if found is None:
         return TokenCounter("chars/4", CHARS_COUNTER.messages)
     return TokenCounter(f"tokenizer:{spec}", found.messages)
@@ -173,39 +174,37 @@ def replace_name(row: StageEstimate, name: str) -> StageEstimate:
     return row if row.stage == name else replace(row, stage=name)
 
 
-def described(cfg: Any) -> tuple[EstimateInputs, list[StageEstimate]]:
+def described(job: JobConfig) -> tuple[EstimateInputs, list[StageEstimate]]:
     """Every stage of the job described (Stage.describe, in run order, each hook leaving its
     stand-ins for the hooks after it), with the inputs they read and wrote."""
     from structmem_gpu.core.errors import ConfigError
     from structmem_gpu.methods.registry import stage_registry
 
-    job = JobConfig.from_cfg(cfg)
     names = job.stage_names
-    registry = stage_registry(job.plain)  # the method's stages, as the run would resolve them
+    registry = stage_registry(job)  # the method's stages, as the run would resolve them
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise ConfigError(
             f"method '{job.root.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
         )
     turns, questions = load_turns_questions(job)
-    llm_cfg = job.select("llm")
-    counter = token_counter(llm_cfg)
-    check = ContextCheck(llm_cfg)
-    judge_llm = job.select("judge.llm")
+    counter = token_counter(job.root.llm)
+    check = ContextCheck(job.root.llm)
+    judge_llm = job.settings(JudgeSettings).llm if job.has("judge") else None
     judge_check = check if judge_llm is None else ContextCheck(judge_llm)
     selected = selected_questions(job, questions)
     inputs = EstimateInputs(job, turns, questions, selected, counter, check, judge_check)
     return inputs, stage_rows(inputs, names, registry)
 
 
-def estimate_inputs(cfg: Any) -> EstimateInputs:
+def estimate_inputs(job: JobConfig) -> EstimateInputs:
     """The inputs after every stage described itself: the stand-in tables included."""
-    return described(cfg)[0]
+    return described(job)[0]
 
 
-def estimate(cfg: Any) -> dict[str, Any]:
+def estimate(job: JobConfig) -> dict[str, Any]:
     """Requests and tokens per stage of the configured method (no server, nothing written)."""
-    inputs, rows = described(cfg)
+    inputs, rows = described(job)
     job, turns, questions, selected = inputs.job, inputs.turns, inputs.questions, inputs.selected
     counter, check = inputs.counter, inputs.check
     assert isinstance(check, ContextCheck)
@@ -297,7 +296,7 @@ def over_context_lines(est: dict[str, Any]) -> list[str]:
     return ["", f"{head} {listed} requests would not be sent (recorded as over_context failures)"]
 
 
-def print_dry_run(cfg: Any) -> dict[str, Any]:
+def print_dry_run(job: JobConfig) -> dict[str, Any]:
     """The jobs/run.py `dry_run=true` hook: print the estimate table and the GPU memory plan;
     returns the estimate. A plan that cannot fit raises GpuPlanError with its one line (exit
     2), as the job itself would before its first stage."""
@@ -306,10 +305,9 @@ def print_dry_run(cfg: Any) -> dict[str, Any]:
     from structmem_gpu.node.gpu_plan import job_stages, plan
 
     # first, so a user knows which paper rows the run will be set beside before a GPU-hour
-    print("\n".join(comparison_lines(cfg)) + "\n", flush=True)
-    est = estimate(cfg)
+    print("\n".join(comparison_lines(job)) + "\n", flush=True)
+    est = estimate(job)
     print(format_estimate(est))
-    job = JobConfig.from_cfg(cfg)
     memory = plan(job, job_stages(job))
     print("\n" + memory.format(), flush=True)
     if memory.refusal:

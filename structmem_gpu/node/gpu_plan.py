@@ -31,13 +31,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.judge import JudgeSettings
+from structmem_gpu.config.schema import LLMSettings
+from structmem_gpu.config.settings import open_values
 from structmem_gpu.node.model_refs import cached_snapshot
 from structmem_gpu.stage import Stage, backend_keys, judge_key, judge_members
 
@@ -193,27 +195,19 @@ def _files_size(folder: Path) -> int | None:
     return None
 
 
-def weights(node: Mapping[str, Any], *, runtime_bytes: int | None = None) -> Weights:
+def weights(model: str | None, weights_gb: float | None = None, *, revision: str | None = None,
+            runtime_bytes: int | None = None) -> Weights:
     """A model's weight size: its own files when local, else the preset's weights_gb (stated
     at 16 bits a parameter). `runtime_bytes` (encoder: 2 in fp16, 4 in float32) rescales the
     stored size to the dtype it runs in; None = as stored (vLLM loads the checkpoint's dtype)."""
-    model = node.get("model")
-    if model is None and "device" in node:  # the packaged MiniLM, found as the encoder finds it
-        from structmem_gpu.embed.encoder import resolve_model
-        from structmem_gpu.core.errors import ConfigError
-
-        try:
-            model = resolve_model(None)[0]
-        except ConfigError:  # the package is absent: sized from weights_gb, if stated
-            model = None
-    folder = _local_folder(str(model), node.get("revision")) if model else None
+    folder = _local_folder(str(model), revision) if model else None
     if folder is not None:
         size = _files_size(folder)
         if size:
             stored = _stored_bytes_per_param(folder)
             scale = runtime_bytes / stored if runtime_bytes and stored else 1.0
             return Weights(size * scale / GB, "local files")
-    stated = node.get("weights_gb")
+    stated = weights_gb
     if stated is not None:
         return Weights(float(stated) * (runtime_bytes or 2) / 2, "preset weights_gb")
     return Weights(None, "no local files and no weights_gb")
@@ -222,29 +216,28 @@ def weights(node: Mapping[str, Any], *, runtime_bytes: int | None = None) -> Wei
 # ---- what each backend key puts on the GPUs -----------------------------------------------
 
 
-def judge_llms(job: JobConfig) -> list[tuple[str, dict[str, Any] | None, str]]:
-    """(judge name, its llm node or None = the answer model, the node path whose knobs size
-    it) for every configured judge: stage.judge_members (what Backends opens, in its order)
-    with the node path added. The llm nodes are the plain mappings the factory and `weights`
-    read."""
+def judge_llms(job: JobConfig) -> list[tuple[str, LLMSettings | None, str]]:
+    """(judge name, its llm settings or None = the answer model, the node path whose knobs
+    size it) for every configured judge: stage.judge_members (what Backends opens, in its
+    order) with the node path added."""
     members = judge_members(job)
-    judge = job.select("judge") or {}
-    if not judge.get("panel"):
+    if not members or not job.settings(JudgeSettings).panel:
         return [(name, llm, "judge.llm") for name, llm in members]
+    shared_nodes = open_values(job.settings(JudgeSettings))  # judge.*_llm
     out = []
     for i, (name, llm) in enumerate(members):
         # A member that interpolates a judge.*_llm node (judge.qwen_llm: ${judge.qwen_llm})
         # is sized by that node's knobs: the resolved config holds an equal copy of it.
-        shared = [k for k, v in judge.items() if k.endswith("_llm") and llm is not None and v == llm]
+        shared = [k for k, v in shared_nodes.items() if k.endswith("_llm") and llm is not None and v == llm]
         out.append((name, llm, f"judge.{shared[0]}" if shared else f"judge.panel.{i}.llm"))
     return out
 
 
-def _llm_node(job: JobConfig, key: str) -> tuple[dict[str, Any] | None, str]:
-    """(llm config, the node path whose knobs size it) of a Backends key."""
+def _llm_node(job: JobConfig, key: str) -> tuple[LLMSettings | None, str]:
+    """(llm settings, the node path whose knobs size it) of a Backends key."""
     if key == "llm" or job.root.debug_profile == "scripted":  # scripted: every role is llm
-        scripted = {"backend": "scripted"}
-        return (job.select("llm") if key == "llm" else scripted), "llm"
+        scripted = LLMSettings(backend="scripted")
+        return (job.root.llm if key == "llm" else scripted), "llm"
     for name, llm_cfg, knob in judge_llms(job):
         if judge_key(name, llm_cfg) == key:
             return llm_cfg, knob
@@ -261,21 +254,34 @@ def resident(job: JobConfig, key: str, device_gb: float | None) -> Resident | st
             return None
         gpu = int(device.split(":")[1]) if ":" in device else 0
         nbytes = 2 if emb.fp16 else 4
-        # `weights` reads a model node as a mapping (model, revision, weights_gb, device)
         return Resident("encoder", emb.model or "packaged MiniLM", (gpu,),
-                        weights(job.select("embedder"), runtime_bytes=nbytes), knob="embedder")
+                        weights(encoder_model(emb.model), emb.weights_gb, runtime_bytes=nbytes),
+                        knob="embedder")
     node, knob = _llm_node(job, key)
-    if not node or node.get("backend") not in _GPU_LLM_BACKENDS:
+    if node is None or node.backend not in _GPU_LLM_BACKENDS:
         return None
-    if node.get("base_url") and node.get("backend") == "vllm_server":
-        return f"{key}: attached server {node['base_url']} (not ours: not planned, never stopped)"
-    tp = int(node.get("tensor_parallel_size") or 1)
-    dp = int(node.get("data_parallel_size") or 1)
-    w = weights(node)
+    if node.base_url and node.backend == "vllm_server":
+        return f"{key}: attached server {node.base_url} (not ours: not planned, never stopped)"
+    tp, dp = node.tensor_parallel_size, node.data_parallel_size
+    w = weights(node.model, node.weights_gb, revision=node.revision)
     per_rank = Weights(None if w.gb is None else w.gb / tp, w.source)
-    kind = "vLLM server" if node["backend"] == "vllm_server" else "vLLM engine (in process)"
-    return Resident(key, f"{kind} {node.get('model')}", tuple(range(tp * dp)), per_rank,
-                    float(node.get("gpu_memory_utilization") or 0.9), knob, tp)
+    kind = "vLLM server" if node.backend == "vllm_server" else "vLLM engine (in process)"
+    return Resident(key, f"{kind} {node.model}", tuple(range(tp * dp)), per_rank,
+                    node.gpu_memory_utilization, knob, tp)
+
+
+def encoder_model(model: str | None) -> str | None:
+    """The encoder's model: null = the packaged MiniLM, found as the encoder finds it (None
+    when the package is absent: sized from weights_gb, if stated)."""
+    if model is not None:
+        return model
+    from structmem_gpu.core.errors import ConfigError
+    from structmem_gpu.embed.encoder import resolve_model
+
+    try:
+        return resolve_model(None)[0]
+    except ConfigError:
+        return None
 
 
 # LLMLingua-2 (compress.model, bert-base-multilingual-cased: 178M parameters, loaded in its
@@ -295,7 +301,7 @@ def compression_resident(job: JobConfig, device_gb: float | None) -> Resident | 
     model, device = c.model, c.device
     if not (device == "cuda" or (device == "auto" and device_gb is not None)):
         return None
-    w = weights({"model": model, "weights_gb": COMPRESSION_WEIGHTS_GB}, runtime_bytes=4)
+    w = weights(model, COMPRESSION_WEIGHTS_GB, runtime_bytes=4)
     return Resident("compression", f"LLMLingua-2 {model}", (0,), w, knob="compress")
 
 

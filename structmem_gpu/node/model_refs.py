@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.judge import JudgeSettings
+from structmem_gpu.config.schema import LLMSettings
 
 # The HF cache lookups live a layer below (the LLM factory keys its cache with the snapshot).
 from structmem_gpu.core.hf_cache import hub_cache_dir, is_path as _is_path, resolved_snapshot
@@ -48,12 +50,12 @@ class NamedLLM:
 
     role: str  # "answer LLM", "judge qwen2_5_32b"
     key: str
-    cfg: Mapping[str, Any]
+    cfg: LLMSettings
 
     @property
     def launched(self) -> bool:
         """True when the job starts this model itself (not attached, external or scripted)."""
-        return self.cfg.get("backend") in LAUNCHED and not self.cfg.get("base_url")
+        return self.cfg.backend in LAUNCHED and not self.cfg.base_url
 
 
 @dataclass(frozen=True)
@@ -96,49 +98,40 @@ def job_roles(stages: Iterable[Any]) -> set[str]:
 def named_llms(job: JobConfig, stages: Sequence[Any]) -> list[NamedLLM]:
     """The llm configs the job opens, as Backends would: the answer model, then each judge
     (a panel member or judge with `llm: null` is the answer model; debug=scripted: every judge
-    is the scripted answer model). Each NamedLLM.cfg is its llm node as the plain mapping the
-    factory opens (llm/factory.py resolves its defaults)."""
-    job = JobConfig.from_cfg(job)
+    is the scripted answer model). Each NamedLLM.cfg is its typed llm settings, as the factory
+    opens them."""
     roles = job_roles(stages)
-    answer = NamedLLM("answer LLM", "llm", job.select("llm"))
+    answer = NamedLLM("answer LLM", "llm", job.root.llm)
     out: list[NamedLLM] = []
     needs_answer = "llm" in roles
-    judge = job.select("judge")  # plain, as Backends opens each member's llm node
-    if "judges" in roles and judge is not None:
-        panel = judge.get("panel")
-        members = (list(enumerate(panel)) if panel else [(None, {"name": judge.get("name"),
-                                                                  "llm": judge.get("llm")})])
+    if "judges" in roles and job.has("judge"):
+        judge = job.settings(JudgeSettings)
         scripted = job.root.debug_profile == "scripted"
-        for i, member in members:
-            if member.get("llm") is None or scripted:
+        for i, (name, llm) in enumerate(judge.members()):
+            if llm is None or scripted:
                 needs_answer = True
                 continue
-            key = "judge.llm" if i is None else f"judge.panel[{i}].llm"
-            out.append(NamedLLM(f"judge {member.get('name')}", key, member["llm"]))
+            key = f"judge.panel[{i}].llm" if judge.panel else "judge.llm"
+            out.append(NamedLLM(f"judge {name}", key, llm))
     return ([answer] if needs_answer else []) + out
-
-
-def _weights_gb(node: Mapping[str, Any]) -> float | None:
-    value = node.get("weights_gb")
-    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _llm_model(llm: NamedLLM) -> ModelRef | None:
     c = llm.cfg
     if not llm.launched:
         return None
-    if c.get("backend") == "llamacpp":
-        if c.get("model") is None:
+    if c.backend == "llamacpp":
+        if c.model is None:
             from structmem_gpu.llm.server import packaged_smollm2_gguf
 
             name = str(packaged_smollm2_gguf())  # ConfigError naming the package when absent
         else:
-            name = str(c["model"])
-        return ModelRef(llm.role, f"{llm.key}.model", name, gguf=True, weights_gb=_weights_gb(c))
-    if not c.get("model"):
+            name = str(c.model)
+        return ModelRef(llm.role, f"{llm.key}.model", name, gguf=True, weights_gb=c.weights_gb)
+    if not c.model:
         return None  # the factory refuses it with its own line (llm.model must name ...)
-    return ModelRef(llm.role, f"{llm.key}.model", str(c["model"]), revision=c.get("revision"),
-                    convert_from_gguf=c.get("convert_from_gguf"), weights_gb=_weights_gb(c))
+    return ModelRef(llm.role, f"{llm.key}.model", str(c.model), revision=c.revision,
+                    convert_from_gguf=c.convert_from_gguf, weights_gb=c.weights_gb)
 
 
 def _encoder_model(job: JobConfig) -> ModelRef:
@@ -160,7 +153,6 @@ def window_tokenizer(job: JobConfig, stages: Sequence[Any]) -> ModelRef | None:
     """`extract.window_tokenizer` when a stage of the job packs windows by it (Stage.loads:
     extract, audit_extraction) and it names a tokenizer (a value other than `chars`); None
     when the job has no extract node or the knob is null."""
-    job = JobConfig.from_cfg(job)
     if not _loading(stages, "window_tokenizer") or not job.has("extract"):
         return None
     from structmem_gpu.methods.structmem.extract import ExtractSettings
@@ -177,7 +169,6 @@ def window_tokenizer(job: JobConfig, stages: Sequence[Any]) -> ModelRef | None:
 def compression_model(job: JobConfig, stages: Sequence[Any]) -> ModelRef | None:
     """`compress.model` (LLMLingua-2) when a stage of the job loads it (Stage.loads: compress,
     and segment, which shares it)."""
-    job = JobConfig.from_cfg(job)
     if not _loading(stages, "compression_model") or not job.has("compress"):
         return None
     from structmem_gpu.methods.structmem.compress import CompressSettings
@@ -186,9 +177,7 @@ def compression_model(job: JobConfig, stages: Sequence[Any]) -> ModelRef | None:
 
 
 def named_models(job: JobConfig, stages: Sequence[Any]) -> list[ModelRef]:
-    """Every model the job loads, each once (the same model in two roles keeps its first).
-    `job`: a JobConfig, or a config it is checked from."""
-    job = JobConfig.from_cfg(job)
+    """Every model the job loads, each once (the same model in two roles keeps its first)."""
     refs = [ref for llm in named_llms(job, stages) if (ref := _llm_model(llm)) is not None]
     if "encoder" in job_roles(stages):
         refs.append(_encoder_model(job))

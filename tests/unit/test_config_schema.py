@@ -16,7 +16,7 @@ from structmem_gpu.config import schema as config_schema
 from structmem_gpu.config.settings import fields, meta
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
-from tests.fixtures.pipeline import CONF_DIR, compose_cfg, options
+from tests.fixtures.pipeline import compose_cfg, options
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("benchmark", "method", "llm", "embedder", "index", "judge", "audit", "debug",

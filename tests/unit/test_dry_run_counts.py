@@ -17,7 +17,7 @@ import pytest
 
 from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.node.dry_run import estimate
-from tests.fixtures.pipeline import CONF_DIR, compose_cfg, options, run_pipeline
+from tests.fixtures.pipeline import compose_cfg, options, run_pipeline
 
 METHODS = options("method")
 BASE = ["debug=scripted", "benchmark=sample"]

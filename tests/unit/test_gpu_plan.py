@@ -141,17 +141,17 @@ def test_weights_from_the_models_own_files(tmp_path: Path) -> None:
     (model / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
     (model / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": 40_000_000_000}, "weight_map": {}}))
-    assert gpu_plan.weights({"model": str(model), "weights_gb": 1.0}).gb == pytest.approx(40.0)
-    enc = gpu_plan.weights({"model": str(model), "device": "auto"}, runtime_bytes=2)
+    assert gpu_plan.weights(str(model), 1.0).gb == pytest.approx(40.0)
+    enc = gpu_plan.weights(str(model), runtime_bytes=2)
     assert enc.gb == pytest.approx(20.0) and enc.source == "local files"
     shards = tmp_path / "shards"
     shards.mkdir()
     for i in range(2):
         with open(shards / f"model-0000{i}.safetensors", "wb") as f:
             f.truncate(3_000_000_000)  # sparse: sizes without the bytes
-    assert gpu_plan.weights({"model": str(shards)}).gb == pytest.approx(6.0)
-    assert gpu_plan.weights({"model": "org/absent", "weights_gb": 7.5}).source == "preset weights_gb"
-    assert gpu_plan.weights({"model": "org/absent"}).gb is None
+    assert gpu_plan.weights(str(shards)).gb == pytest.approx(6.0)
+    assert gpu_plan.weights("org/absent", 7.5).source == "preset weights_gb"
+    assert gpu_plan.weights("org/absent").gb is None
 
 
 def test_dry_run_prints_the_plan_and_exits_2_on_refusal(tmp_path: Path) -> None:

@@ -369,8 +369,8 @@ def test_structmem_reader_drops_its_lowest_ranked_entries_and_syntheses_to_fit()
     tight = _reader_inputs(60, 5, 200, max_model_len=4096)
     got = build_prompts(tight)["c:q0"]
     text = "".join(m.content for m in got.messages)
-    assert config_guard(tight.job.select("llm")).fits(got.messages, 64)
-    assert not config_guard(tight.job.select("llm")).fits(free.messages, 64)
+    assert config_guard(tight.job.root.llm).fits(got.messages, 64)
+    assert not config_guard(tight.job.root.llm).fits(free.messages, 64)
     kept = sorted(int(m) for m in re.findall(r"entry(\d{3})", text))
     synths = sorted(int(m) for m in re.findall(r"synth(\d)", text))
     assert kept == list(range(len(kept))) and 0 < len(kept) < 60  # the top of the ranking

@@ -33,7 +33,7 @@ def main() -> int:
         )
         for r in json.loads(reqs_path.read_text())
     ]
-    c = factory.resolve_config(json.loads(cfg_path.read_text()))
+    c = factory.llm_settings(json.loads(cfg_path.read_text()))
     backend = factory._offline_backend(c)
     try:
         results = backend.generate(reqs, desc="offline")

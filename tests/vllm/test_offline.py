@@ -38,8 +38,8 @@ def test_offline_backend_runs_the_extract_stage(tmp_path: Path) -> None:
     cfg = compose_cfg([*profile_overrides(), "debug=ci", "llm.backend=vllm_offline",
                        "llm.extra_args=[]", "benchmark=sample", "benchmark.conversations=[sample-1]"])
     plain = OmegaConf.to_container(cfg.llm, resolve=True)
-    llm = factory.resolve_config(plain)  # type: ignore[arg-type]
-    factory._ensure_model(llm)
+    llm = factory.resolve_config(plain)  # a plain dict: it travels to the worker as JSON
+    factory._ensure_model(factory.llm_settings(llm))
     turns, _ = load_benchmark("sample", None, ["sample-1"], None)
     s = ExtractSettings.from_cfg(cfg)
     windows = plan_windows(turns, s.turns_per_request, s.context_turns)[:3]

@@ -123,8 +123,7 @@ def _whole_histories(
     if over:
         from structmem_gpu.llm.factory import config_guard
 
-        # config_guard reads the llm node as a mapping (llm/factory.py resolves its defaults).
-        limit = config_guard(inputs.job.select("llm")).limit
+        limit = config_guard(inputs.job.root.llm).limit
         n_q = int(inputs.questions["conv_id"].is_in(over).sum())
         log.warning(
             "full_context (whole history, answer.context_tokens=null): %d of %d conversations "

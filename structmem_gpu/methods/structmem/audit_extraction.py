@@ -213,7 +213,7 @@ def estimate_audit_extraction(inp: EstimateInputs) -> StageEstimate:
     s = inp.job.settings(ExtractionAuditSettings)
     x = s.extract
     try:
-        windows, _ = plan_from_settings(inp.turns, x, inp.job.select("llm"))
+        windows, _ = plan_from_settings(inp.turns, x, inp.job.root.llm)
     except ConfigError as err:  # the window tokenizer is not here: extract's row says so
         return StageEstimate(STAGE_NAME, None, None, None, f"not estimated: {err}")
     judges = judge_count(inp)

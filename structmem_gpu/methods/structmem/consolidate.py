@@ -362,7 +362,7 @@ def entry_stand_ins(inp: EstimateInputs, x: "ExtractSettings") -> pl.DataFrame:
     if x.max_items is None or x.input != "turns":
         return inp.turns
     try:
-        windows, _ = plan_from_settings(inp.turns, x, inp.job.select("llm"))
+        windows, _ = plan_from_settings(inp.turns, x, inp.job.root.llm)
     except ConfigError:  # the window tokenizer is not here (the extract row says so)
         return inp.turns
     kept = {t.event_id for w in windows for t in w.turns[: expected_items(len(w.turns), x.max_items)]}

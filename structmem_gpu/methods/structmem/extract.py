@@ -29,7 +29,7 @@ import functools
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
@@ -53,6 +53,7 @@ from structmem_gpu.methods.structmem.packing import pack_lengths, split_text
 from structmem_gpu.methods.structmem.prompts import extraction_prompt
 from structmem_gpu.prompts import extraction_schema, render_window
 from structmem_gpu.methods.structmem.prompts.reference import reference_fingerprint
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import (
     BOOL,
     COUNT,
@@ -299,7 +300,7 @@ def plan_windows(
 
 
 def window_counter(
-    s: ExtractSettings, llm: Any = None, *, convert: bool = False
+    s: ExtractSettings, llm: LLMSettings | None = None, *, convert: bool = False
 ) -> TextCounter:
     """What counts the window budget: `extract.window_tokenizer` (ConfigError when it names a
     tokenizer that is not on this machine); chars when windows are fixed turn counts.
@@ -308,19 +309,12 @@ def window_counter(
     with `convert` (the job, which converts it a moment later anyway to serve it) a missing
     folder is made first; the dry run writes nothing and names the command instead.
 
-    `llm`: the job's typed LLMSettings (`job.root.llm`), or None; a plain mapping of the llm
-    node is read the same way (callers that still hold one: the dry run, tests)."""
+    `llm`: the job's LLMSettings (`job.root.llm`), or None."""
     if s.window_tokens is None:
         return CHARS_COUNTER
-
-    def get(key: str) -> Any:
-        if llm is None:
-            return None
-        return llm.get(key) if isinstance(llm, Mapping) else getattr(llm, key)
-
-    own = get("model") is not None and str(get("model")) == s.window_tokenizer
-    source = get("convert_from_gguf") if own else None
-    if source and not get("base_url"):
+    own = llm is not None and llm.model is not None and str(llm.model) == s.window_tokenizer
+    source = llm.convert_from_gguf if own and llm is not None else None
+    if source and llm is not None and not llm.base_url:
         from pathlib import Path
 
         from structmem_gpu.llm.convert import ensure_hf_model, is_converted
@@ -333,14 +327,15 @@ def window_counter(
                     "converted yet; make it with `python jobs/data.py smollm2-hf` (or run the "
                     "job, which converts it) or set extract.window_tokenizer=chars"
                 )
-            ensure_hf_model(folder, source, python=get("server_python"))
+            ensure_hf_model(folder, source, python=llm.server_python)
     return text_counter(
-        s.window_tokenizer, get("revision") if own else None, key="extract.window_tokenizer"
+        s.window_tokenizer, llm.revision if own and llm is not None else None,
+        key="extract.window_tokenizer",
     )
 
 
 def plan_from_settings(
-    turns: pl.DataFrame, s: ExtractSettings, llm: Any, *, convert: bool = False
+    turns: pl.DataFrame, s: ExtractSettings, llm: LLMSettings | None, *, convert: bool = False
 ) -> tuple[list[ExtractionWindow], str]:
     """The stage's windows for its settings, and the name of the token counter used (the dry
     run calls this too, so both cut the same windows). `llm`: see window_counter."""
@@ -768,12 +763,12 @@ def estimate_extract(inp: EstimateInputs) -> StageEstimate:
     (capped by the schema) plus JSON framing, capped at extract.max_tokens."""
     from structmem_gpu.methods.structmem.compress import approximate_compressed, o200k_or_chars
 
+    from structmem_gpu.methods.structmem.segment_settings import SegmentSettings
+
     s = inp.job.settings(ExtractSettings)
-    llm_cfg = inp.job.select("llm")
+    llm_cfg = inp.job.root.llm
     turns = inp.turns
-    # segment.batch_tokens as plain data: segment.py imports this module (its settings class
-    # here would close an import circle)
-    batch_tokens = int(inp.job.select("segment.batch_tokens", 512)) if s.input == "segments" else 0
+    batch_tokens = inp.job.settings(SegmentSettings).batch_tokens if s.input == "segments" else 0
     if s.input != "turns":
         turns = approximate_compressed(inp.job, turns)
     try:
