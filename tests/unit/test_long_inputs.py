@@ -177,11 +177,12 @@ def test_job_stops_and_dry_run_says_so_on_a_missing_tokenizer(tmp_path: Path) ->
     cfg = cfg_for("debug=scripted", "embedder=minilm", missing)
     # The dry run still plans (a login node before `jobs/data.py models`), by chars / 4, and
     # says these are not the job's windows; the preflight names the tokenizer as a problem.
-    extract = next(r for r in estimate(cfg)["stages"] if r["stage"] == "extract")
+    extract = next(r for r in estimate(JobConfig.from_cfg(cfg))["stages"] if r["stage"] == "extract")
     assert extract["window_plan"] is None
     assert "APPROXIMATE" in extract["basis"] and "window_tokenizer" in extract["basis"]
     registry = stage_registry(cfg)
-    found = preflight.check(cfg, [registry[n] for n in cfg.method.stages], tmp_path / "run")
+    found = preflight.check(JobConfig.from_cfg(cfg), [registry[n] for n in cfg.method.stages],
+                            tmp_path / "run")
     assert any("window tokenizer" in f.line() and f.fatal for f in found), found
     job = cfg_for("debug=scripted", "embedder=minilm", missing, "stages=[load,extract]",
                   f"paths.cache_dir={tmp_path / 'cache'}")
@@ -202,7 +203,7 @@ def _job(tmp_path: Path, *overrides: str) -> tuple[dict[str, Any], RunDir]:
 @pytest.mark.parametrize("tokenizer", ["chars", str(MINILM)])
 def test_dry_run_and_job_cut_identical_windows(tmp_path: Path, tokenizer: str) -> None:
     over = [f"extract.window_tokenizer={tokenizer}", "extract.window_tokens=120"]
-    est = estimate(cfg_for("debug=scripted", "embedder=minilm", *over))
+    est = estimate(JobConfig.from_cfg(cfg_for("debug=scripted", "embedder=minilm", *over)))
     dry = next(r for r in est["stages"] if r["stage"] == "extract")
     entry, run = _job(tmp_path, *over)
     assert entry["notes"]["window_plan"] == dry["window_plan"]
@@ -211,7 +212,8 @@ def test_dry_run_and_job_cut_identical_windows(tmp_path: Path, tokenizer: str) -
     assert f"window plan {dry['window_plan']}" in format_estimate(est)
     # ... and the very same requests
     cfg = cfg_for("debug=scripted", *over)
-    windows, _ = plan_from_settings(run.read_table("turns"), ExtractSettings.from_cfg(cfg), cfg.llm)
+    windows, _ = plan_from_settings(run.read_table("turns"), ExtractSettings.from_cfg(cfg),
+                                    JobConfig.from_cfg(cfg).root.llm)
     s = ExtractSettings.from_cfg(cfg)
     planned = {build_request(w, k, s).request_id for k in s.perspectives for w in windows}
     sent = run.read_table("requests").filter(pl.col("stage") == "extract")
@@ -230,15 +232,16 @@ def test_tokenizers_cut_different_windows_so_the_plan_names_them() -> None:
 def test_long_turn_dry_run_names_no_over_context_request(long_turn_file: tuple[Path, str]) -> None:
     path, event = long_turn_file
     cfg = cfg_for("llm=llamacpp_cpu", "benchmark=locomo", f"benchmark.path={path}")
-    est = estimate(cfg)
+    est = estimate(JobConfig.from_cfg(cfg))
     rows = {r["stage"]: r for r in est["stages"]}
     assert est["context"]["tokens"] == 8192 and est["context"]["source"] == "llm.n_ctx"
     assert rows["extract"]["over_context"] == 0
     assert "over the model's context (8,192 tokens, llm.n_ctx" in format_estimate(est)
     # Every part reaches an extraction request the guard lets through.
     s = ExtractSettings.from_cfg(cfg)
-    check = ContextCheck(cfg.llm)
-    windows, _ = plan_from_settings(load_benchmark("locomo", str(path), None, None)[0], s, cfg.llm)
+    check = ContextCheck(JobConfig.from_cfg(cfg).root.llm)
+    windows, _ = plan_from_settings(load_benchmark("locomo", str(path), None, None)[0], s,
+                                    JobConfig.from_cfg(cfg).root.llm)
     with_parts = [w for w in windows if any(t.event_id == event for t in w.turns)]
     assert len(with_parts) > 20
     for w in with_parts:

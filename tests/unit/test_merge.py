@@ -17,7 +17,7 @@ import pytest
 from jobs.report import main as report_main
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.run.merge import MergeError, discover_run_dirs, merge_shards, sum_costs
-from tests.fixtures.pipeline import compose_cfg, run_pipeline
+from tests.fixtures.pipeline import compose_job, run_pipeline
 
 # Columns that describe how a request was served, not what it computed.
 VOLATILE = ("latency_s", "cache_hit", "attempts", "cached_tokens")
@@ -51,7 +51,7 @@ def _rows(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def test_two_shards_merge_into_the_unsharded_tables(runs: dict[str, Path], tmp_path: Path) -> None:
-    result = merge_shards([runs["s0"], runs["s1"]], tmp_path / "merged", compose_cfg(BASE))
+    result = merge_shards([runs["s0"], runs["s1"]], tmp_path / "merged", compose_job(BASE))
     whole, merged = RunDir(runs["whole"]), RunDir(tmp_path / "merged")
     names = sorted(p.stem for p in whole.tables_dir.glob("*.parquet"))
     assert sorted(result.tables) == names
@@ -75,7 +75,7 @@ def test_two_shards_merge_into_the_unsharded_tables(runs: dict[str, Path], tmp_p
 def test_merged_manifest_lists_sources_and_sums_costs(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
-    merge_shards([runs["s1"], runs["s0"]], tmp_path / "m", compose_cfg(BASE))
+    merge_shards([runs["s1"], runs["s0"]], tmp_path / "m", compose_job(BASE))
     man = RunDir(tmp_path / "m").load_manifest()
     assert man["merged"]["sources"] == [str(runs["s0"]), str(runs["s1"])]
     assert (man["shard_index"], man["num_shards"]) == (0, 1)
@@ -91,7 +91,7 @@ def test_merged_manifest_lists_sources_and_sums_costs(
 
 def test_missing_shard_fails_naming_it(runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(MergeError, match=r"missing shard\(s\) \[1\] of num_shards=2"):
-        merge_shards([runs["s0"]], tmp_path / "m", compose_cfg(BASE))
+        merge_shards([runs["s0"]], tmp_path / "m", compose_job(BASE))
     assert not (tmp_path / "m").exists()  # nothing written
 
 
@@ -99,7 +99,7 @@ def test_duplicate_shard_fails(runs: dict[str, Path], tmp_path: Path) -> None:
     copy = tmp_path / "copy0"
     shutil.copytree(runs["s0"], copy)
     with pytest.raises(MergeError, match="more than once"):
-        merge_shards([runs["s0"], copy, runs["s1"]], tmp_path / "m", compose_cfg(BASE))
+        merge_shards([runs["s0"], copy, runs["s1"]], tmp_path / "m", compose_job(BASE))
 
 
 def test_config_hash_mismatch_names_the_shard(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_config_hash_mismatch_names_the_shard(runs: dict[str, Path], tmp_path: P
         odd,
     )
     with pytest.raises(MergeError, match=rf"shard 1 \({odd}\) has config_hash \w+"):
-        merge_shards([runs["s0"], odd], tmp_path / "m", compose_cfg(BASE))
+        merge_shards([runs["s0"], odd], tmp_path / "m", compose_job(BASE))
 
 
 def test_unfinished_stage_names_the_shard(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_unfinished_stage_names_the_shard(runs: dict[str, Path], tmp_path: Path)
         part,
     )
     with pytest.raises(MergeError, match=rf"stage '\w+' is not finished in shard 1 \({part}\)"):
-        merge_shards([runs["s0"], part], tmp_path / "m", compose_cfg(BASE))
+        merge_shards([runs["s0"], part], tmp_path / "m", compose_job(BASE))
 
 
 def test_overlapping_conversations_fail(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -144,13 +144,13 @@ def test_overlapping_conversations_fail(runs: dict[str, Path], tmp_path: Path) -
     man["shard_index"] = 1
     RunDir(fake).save_manifest(man)
     with pytest.raises(MergeError, match="conversation 'sample-\\d' is in both shard 0"):
-        merge_shards([runs["s0"], fake], tmp_path / "m", compose_cfg(BASE))
+        merge_shards([runs["s0"], fake], tmp_path / "m", compose_job(BASE))
 
 
 def test_report_config_must_match_the_shards(runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(MergeError, match="pass the overrides the shards ran with"):
         merge_shards(
-            [runs["s0"], runs["s1"]], tmp_path / "m", compose_cfg([*BASE, "retrieve.entries_k=7"])
+            [runs["s0"], runs["s1"]], tmp_path / "m", compose_job([*BASE, "retrieve.entries_k=7"])
         )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.node import model_refs, preflight
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import job_stage_names
@@ -44,9 +45,9 @@ def job(tmp: Path, *overrides: str, env: dict[str, str] | None = None,
     return proc, time.monotonic() - t0
 
 
-def compose_job(*overrides: str):  # noqa: ANN201 - a DictConfig
+def compose_job(*overrides: str) -> JobConfig:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        return JobConfig.from_cfg(compose("config", overrides=list(overrides)))
 
 
 def stages_of(cfg) -> list:  # noqa: ANN001
@@ -332,7 +333,7 @@ def test_every_experiment_passes_under_the_scripted_profile(experiment: str, tmp
     """What tests/unit/test_every_command.py runs needs nothing this machine lacks (the
     LLMLingua-2 stages with its stand-in model, as there)."""
     cfg = compose_job(f"experiment={experiment}", "debug=scripted", "embedder=minilm")
-    if {"compress", "segment"} & set(cfg.method.stages):
+    if {"compress", "segment"} & set(cfg.root.method.stages):
         cfg = compose_job(f"experiment={experiment}", "debug=scripted", "embedder=minilm",
                           f"compress.model={request.getfixturevalue('tiny_lingua_model')}")
     found = preflight.check(cfg, stages_of(cfg), tmp_path)

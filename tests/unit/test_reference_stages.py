@@ -36,7 +36,7 @@ def extract_request_ids(overrides: list[str], tmp_path: Path) -> list[str]:
     run_pipeline([*overrides, "stages=[load]", f"paths.cache_dir={tmp_path / 'c'}"], tmp_path / "run")
     turns = pl.read_parquet(tmp_path / "run" / "tables" / "turns.parquet")
     s = ExtractSettings.from_cfg(cfg)
-    windows, _ = plan_from_settings(turns, s, cfg.llm)
+    windows, _ = plan_from_settings(turns, s, JobConfig.from_cfg(cfg).root.llm)
     return sorted(build_request(w, k, s).request_id for k in s.perspectives for w in windows)
 
 
