@@ -35,6 +35,7 @@ from typing import Any
 import polars as pl
 
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.judge import INPUTS, JudgeSettings
 from structmem_gpu.core.artifacts import RunDir, atomic_write_text
 from structmem_gpu.data.categories import CATEGORY_NAMES, LOCOMO_ADVERSARIAL
 from structmem_gpu.core.errors import StructMemError
@@ -75,7 +76,7 @@ class Protocol:
     kind: str  # judge | lexical
     used_by: str  # the harness / paper that scores this way
     judge_text: str | None = None  # mem0 | lightmem | longmemeval (official) | ours
-    judge_input: str | None = None  # reply | answer (eval/judge.py INPUTS)
+    judge_input: str | None = None  # reply | answer (config/judge.py INPUTS)
     cat5: str | None = None  # rule | judge; None: the run answered no category-5 question
     metric: str | None = None  # f1_locomo | f1_mem0 | bleu1 (lexical rows)
 
@@ -169,7 +170,7 @@ def score_protocols(job: JobConfig, run_dir: Path, judge: str | None = None
         raise StructMemError(f"{run.table_path('answers')}: no answer to a selected question")
     lme = is_longmemeval(questions)
     has_cat5 = bool((questions["category"] == LOCOMO_ADVERSARIAL).any())
-    inputs = [i for i in J.INPUTS if i != "reply" or "reply" in answers.columns]
+    inputs = [i for i in INPUTS if i != "reply" or "reply" in answers.columns]
     texts = official_texts(job, lme)
     protocols = protocols_for(lme, list(texts), inputs, has_cat5)
 
@@ -180,7 +181,7 @@ def score_protocols(job: JobConfig, run_dir: Path, judge: str | None = None
     if judge is not None and judge not in names:
         raise StructMemError(f"protocols: --judge {judge!r} is not a judge of the run ({names})")
     name, llm_cfg = next(m for m in members if m[0] == (judge or names[0]))
-    s = job.settings(J.JudgeSettings)
+    s = job.settings(JudgeSettings)
     samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
 
     items_by_input = {inp: J.judge_items(questions, answers, inp) for inp in inputs}

@@ -61,6 +61,7 @@ def test_stop_signal_sends_nothing_new_and_lets_in_flight_replies_land(
         return 200, completion("landed"), 0.3
 
     fake_chat_server.behaviour = slow
+    preempt._state["grace_s"] = 30.0  # what a PreemptionGuard sets from preempt.grace_s
     seen: list[LLMResult] = []
     out = backend(fake_chat_server.url, max_in_flight=1).generate(
         [req(i) for i in range(5)], on_result=lambda i, r: seen.append(r))

@@ -108,9 +108,11 @@ def test_the_manifest_and_the_report_name_the_snapshots(
     from structmem_gpu.run.pipeline import run_header, weights
 
     fake_snapshot(hub, REPO, A)
-    cfg = compose_cfg(["llm=vllm_qwen2_5_7b", "benchmark=sample"])
+    from structmem_gpu.config.job import JobConfig
+
+    cfg = JobConfig.from_cfg(compose_cfg(["llm=vllm_qwen2_5_7b", "benchmark=sample"]))
     registry = stage_registry(cfg)
-    stages = [registry[n] for n in cfg.method.stages]
+    stages = [registry[n] for n in cfg.root.method.stages]
     record = {w["role"]: w for w in weights(cfg, stages)}
     assert record["answer LLM"] == {"role": "answer LLM", "key": "llm.model", "repository": REPO,
                                     "revision": None, "snapshot": A}
