@@ -5,20 +5,12 @@ each judge's model (stage.Backends), the GPU plan, the preflight and the dry run
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
 
 from structmem_gpu.config.schema import LLMSettings
-from structmem_gpu.config.settings import (
-    STR,
-    TEMPERATURE,
-    TOKENS,
-    Enum,
-    Settings,
-    Str,
-    items,
-    knob,
-    sub,
-)
+from structmem_gpu.config.settings import Note, Settings, TEMPERATURE, TOKENS
 
 # judge.protocol values: paper = the published judges' call and label rule; reasoned = our
 # earlier reasoning-first, schema-constrained variant.
@@ -29,8 +21,8 @@ INPUTS = ("reply", "answer")
 
 
 class PanelMember(Settings):
-    name: str = knob(Str(note="each panel member needs a name"))
-    llm: LLMSettings | None = sub(LLMSettings, null=True, default=None)  # None = the answer model
+    name: Annotated[str, Note("each panel member needs a name")]
+    llm: LLMSettings | None = None  # None = the answer model
 
 
 class JudgeSettings(Settings):
@@ -43,29 +35,29 @@ class JudgeSettings(Settings):
     yaml_home: ClassVar[str | None] = "judge/_base.yaml"
     open_keys: ClassVar[Mapping[str, Any]] = {"*_llm": LLMSettings}
 
-    name: str = knob(STR, "same_as_llm", description=(
+    name: str = Field("same_as_llm", description=(
         "Stored in judgments.judge_name; several judges give one row per (question, judge)."))
-    llm: LLMSettings | None = sub(LLMSettings, null=True, default=None, description=(
+    llm: LLMSettings | None = Field(None, description=(
         "null = reuse the answer model's backend; else a full llm config (see conf/judge/*.yaml)."))
-    panel: tuple[PanelMember, ...] | None = items(PanelMember, null=True, default=None, description=(
+    panel: tuple[PanelMember, ...] | None = Field(None, description=(
         "A list of {name, llm} for several judges in one stage (judge robustness); null = just "
         "this one."))
-    protocol: str = knob(Enum(*PROTOCOLS), "paper", description=(
+    protocol: Literal[PROTOCOLS] = Field("paper", description=(
         "Judge protocol: paper = the published judges (LoCoMo: Mem0's call, one user message, "
         "label JSON, 1 iff exactly CORRECT; LongMemEval: evaluate_qa.py's per-type yes/no, "
         "max_tokens 10, 'yes' in reply); reasoned = our reasoning-first schema judge (system "
         "message, any-case label). Published rows are shown only for paper."))
-    input: str = knob(Enum(*INPUTS), "reply", description=(
+    input: Literal[INPUTS] = Field("reply", description=(
         "What the judge sees: reply = the reader's whole reply (reasoning included), as every "
         "reference pipeline passes it (LightMem search_locomo.py -> evaluate_llm_judge, "
         "LongMemEval's evaluate_qa.py hypothesis); answer = the extracted answer line. Only "
         "readers that end in an `Answer:` line (our paper reader) differ: SEEM's and the "
         "baselines' readers reply with the answer itself. Lexical metrics (F1, BLEU-1) always "
         "score the extracted answer."))
-    max_tokens: int = knob(TOKENS, 128, description=(
+    max_tokens: TOKENS = Field(128, description=(
         "Reply budget (LongMemEval paper judge: min(this, 10)). reasoned needs room for its "
         "reasoning."))
-    temperature: float = knob(TEMPERATURE, 0.0, description="Sampling temperature (0 = greedy decoding).")
+    temperature: TEMPERATURE = Field(0.0, description="Sampling temperature (0 = greedy decoding).")
 
     def members(self) -> list[tuple[str, LLMSettings | None]]:
         """(name, its llm settings or None = the answer model) of every judge: the panel's

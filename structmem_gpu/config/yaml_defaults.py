@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from structmem_gpu.config.schema import JobSettings
-from structmem_gpu.config.settings import Settings, fields, meta
+from structmem_gpu.config.settings import Settings, external, fields, in_yaml, sub_model, yaml_expr
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # conf/config.yaml's root keys (JobSettings' own leaves) are generated between these lines.
@@ -53,7 +53,7 @@ def discover(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, list[type[Setting
     """home file -> node -> the models generating that block, every model with a `yaml_home`."""
     found: list[tuple[str, type[Settings]]] = [("config.yaml", JobSettings)]  # (file, model)
     for f in fields(JobSettings).values():
-        model = meta(f).get("sub")
+        model = sub_model(f)
         if model is not None:
             found.append(("config.yaml", model))
     for path in sorted((conf_dir / "method").glob("*.yaml")):
@@ -68,7 +68,7 @@ def discover(conf_dir: Path = CONF_DIR) -> dict[str, dict[str, list[type[Setting
     while i < len(found):
         source, model = found[i]
         for f in fields(model).values():
-            nested = meta(f).get("sub")
+            nested = sub_model(f)
             if nested is not None and all(nested is not m for _, m in found):
                 found.append((source, nested))
         i += 1
@@ -105,12 +105,12 @@ def _field_lines(model: type[Settings], name: str, f: Any, indent: int) -> list[
         raise ValueError(f"{model.__name__}.{name}: a generated block needs a description")
     out = textwrap.wrap(f.description, WIDTH, initial_indent=f"{pad}# ",
                         subsequent_indent=f"{pad}# ", break_on_hyphens=False)
-    sub = meta(f).get("sub")
+    sub = sub_model(f)
     if sub is not None and f.default is not None:
         out.append(f"{pad}{name}:")
         out += render_block(sub, indent=indent + 2)[1:]
     else:
-        expr = meta(f).get("yaml")
+        expr = yaml_expr(f)
         out.append(f"{pad}{name}: {expr if expr is not None else scalar(f.default)}")
     return out
 
@@ -120,15 +120,15 @@ def yaml_fields(model: type[Settings]) -> dict[str, Any]:
     not left out (in_yaml=False), and at the root not a node of its own (a config group such as
     llm, or a block such as report: each generated where it lives)."""
     return {name: f for name, f in fields(model).items()
-            if not meta(f).get("external") and meta(f).get("in_yaml") is not False
-            and not (not model.node and getattr(meta(f).get("sub"), "node", ""))}
+            if not external(f) and in_yaml(f)
+            and not (not model.node and getattr(sub_model(f), "node", ""))}
 
 
 def render_block(*models: type[Settings], indent: int = 0) -> list[str]:
     """The lines of the models' node: `node:`, then per field its description and `key:
     default` (nested settings as nested blocks; a field read from another node, `external`, is
     that node's; a name two models declare is written once, by the first). Every field needs a
-    default and a description; `in_yaml=False` fields are left out."""
+    default and a description; NOT_IN_YAML fields are left out."""
     out: list[str] = []
     seen: set[str] = set()
     for model in models:

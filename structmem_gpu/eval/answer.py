@@ -43,7 +43,9 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
 
 import polars as pl
 
@@ -53,7 +55,13 @@ from structmem_gpu.core.errors import ConfigError, MissingTableError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message, Sampling, request_id
 from structmem_gpu.config.settings import (
-    BOOL, COUNT, SIZE, STR, TEMPERATURE, TOKENS, Enum, Int, Settings, knob,
+    COUNT,
+    External,
+    SIZE,
+    Settings,
+    TEMPERATURE,
+    TOKENS,
+    YamlExpr,
 )
 from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
@@ -174,28 +182,28 @@ class AnswerSettings(Settings):
     node: ClassVar[str] = "answer"
     yaml_home: ClassVar[str | None] = "method/_answer.yaml"
 
-    prompt: str = knob(STR, "structmem_gpu.methods.structmem.context:build_prompts", description=(
+    prompt: str = Field("structmem_gpu.methods.structmem.context:build_prompts", description=(
         'The reader\'s context builder ("module:function"; structmem_gpu/eval/answer.py): what '
         "each question's prompt holds. Every method names its own."))
-    protocol: str = knob(Enum(*PROTOCOLS), "paper", description=(
+    protocol: Literal[PROTOCOLS] = Field("paper", description=(
         "Reader protocol: paper = the StructMem reference reader (step-by-step reasoning, then "
         '"Answer: <short answer>"; the published numbers came from it); reasoned = our earlier '
         "short-phrase reader (no reasoning, chronological entries, always an abstention line). "
         "Different protocols give different scores: compare runs of the same protocol only."))
-    max_tokens: int = knob(TOKENS, 512, yaml="${llm_or:budgets.answer_max_tokens,512}", description=(
+    max_tokens: Annotated[TOKENS, YamlExpr("${llm_or:budgets.answer_max_tokens,512}")] = Field(512, description=(
         "Reply budget. The paper reader reasons before answering, so it needs room: >= 512 on "
         "GPU (the reference sets no limit); a reply cut here has no final answer line and its "
         "whole text becomes the prediction. The CPU profile's llm.budgets caps it for a 135M "
         "model; debug=ci caps it further (structure only)."))
-    entry_layout: str = knob(Enum("speakers", "rank"), "speakers", description=(
+    entry_layout: Literal["speakers", "rank"] = Field("speakers", description=(
         "paper reader only: speakers = entries grouped by speaker, the first `speaker_groups` "
         "groups in order of first appearance in the ranking, rank order inside (the reference); "
         "rank = one list in rank order, each line naming its speaker (all entries kept)."))
-    speaker_groups: int = knob(SIZE, 2, description=(
+    speaker_groups: SIZE = Field(2, description=(
         "Speaker groups shown (reference: 2, both conversation partners; more keeps entries "
         "about a third speaker at the cost of prompt length). entry_layout=speakers only."))
-    temperature: float = knob(TEMPERATURE, 0.0, description="Reader sampling temperature (0 = greedy).")
-    context_tokens: int | None = knob(Int(ge=1, null=True), None, description=(
+    temperature: TEMPERATURE = Field(0.0, description="Reader sampling temperature (0 = greedy).")
+    context_tokens: Annotated[int, Field(ge=1)] | None = Field(None, description=(
         "Reader context budget (characters / 4) of the builders that take one: full_context "
         "(null = the whole history, never cut; a request over the model's context is refused "
         "by the context guard) and SEEM (which needs a number). StructMem's reader has none."))
@@ -206,11 +214,11 @@ class ReaderSizes(Settings):
     keys of the stages that build and retrieve it (their own models, a layer above, validate
     them). A node the method does not have leaves its memory out (0 / off / no cap)."""
 
-    entries_k: int = knob(COUNT, 0, external="retrieve.entries_k")
-    syntheses_k: int = knob(COUNT, 0, external="retrieve.syntheses_k")
-    consolidate: bool = knob(BOOL, False, external="consolidate.enabled")
-    max_item_chars: int | None = knob(Int(ge=1, null=True), None, external="extract.max_item_chars")
-    synthesis_max_tokens: int = knob(COUNT, 0, external="consolidate.max_tokens")
+    entries_k: Annotated[COUNT, External("retrieve.entries_k")] = 0
+    syntheses_k: Annotated[COUNT, External("retrieve.syntheses_k")] = 0
+    consolidate: Annotated[bool, External("consolidate.enabled")] = False
+    max_item_chars: Annotated[Annotated[int, Field(ge=1)] | None, External("extract.max_item_chars")] = None
+    synthesis_max_tokens: Annotated[COUNT, External("consolidate.max_tokens")] = 0
 
 
 def sampling(s: AnswerSettings) -> Sampling:

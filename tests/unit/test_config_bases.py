@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from structmem_gpu.config import yaml_defaults
 from structmem_gpu.config.schema import EmbedderSettings, JobSettings, LLMSettings, TrackingSettings
-from structmem_gpu.config.settings import Settings, field_type, fields, meta
+from structmem_gpu.config.settings import Settings, field_type, fields, item_model, sub_model
 from structmem_gpu.eval.answer import AnswerSettings
 from structmem_gpu.config.judge import JudgeSettings
 from tests.fixtures.pipeline import CONF_DIR, compose_cfg, options
@@ -99,12 +99,12 @@ def every_field(model: type[Settings], node: Any, prefix: str) -> dict[str, Any]
     out: dict[str, Any] = {}
     for name, f in yaml_defaults.yaml_fields(model).items():
         key, current = f"{prefix}.{name}" if prefix else name, (node or {}).get(name)
-        sub = meta(f).get("sub")
+        sub, each = sub_model(f), item_model(f)
         if sub is not None and current is not None:
             out.update(every_field(sub, current, key))
-        elif "each" in meta(f) and current:
-            out.update(every_field(meta(f)["each"], current[0], f"{key}.0"))
-        elif sub is not None or "each" in meta(f):
+        elif each is not None and current:
+            out.update(every_field(each, current[0], f"{key}.0"))
+        elif sub is not None or each is not None:
             out[key] = None  # a null node: the field is the node itself
         else:
             out[key] = other_value(f, current)
@@ -139,7 +139,7 @@ def test_every_root_key_and_block_is_settable() -> None:
     cfg = OmegaConf.to_container(compose_cfg([]))
     want = every_field(JobSettings, cfg, "")
     for f in fields(JobSettings).values():  # the blocks of config.yaml (gpu, cache, report ...)
-        sub = meta(f).get("sub")
+        sub = sub_model(f)
         if sub is not None and sub.yaml_home == "config.yaml":
             want.update(every_field(sub, cfg[sub.node], sub.node))
     want["shard_index"], want["num_shards"] = 1, 2  # a consistent pair

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from structmem_gpu.config import schema as config_schema
-from structmem_gpu.config.settings import fields, meta
+from structmem_gpu.config.settings import external, fields, sub_model
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
 from tests.fixtures.pipeline import compose_cfg, options
@@ -92,9 +92,9 @@ def _declares(model, key: str, nested: bool = False) -> bool:
         key = key[len(model.node) + 1:]
     head, _, rest = key.partition(".")
     field = fields(model).get(head)
-    if field is None or meta(field).get("external"):
+    if field is None or external(field):
         return False
-    inner = meta(field).get("sub")
+    inner = sub_model(field)
     return not rest or (inner is not None and _declares(inner, rest, nested=True))
 
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.core.errors import MissingTableError
 from structmem_gpu.run.pipeline import config_hash, fingerprint, run_stages, stage_config
-from structmem_gpu.config.settings import SIZE, Settings, knob
+from structmem_gpu.config.settings import SIZE, Settings
 from structmem_gpu.stage import Stage, StageContext
 from tests.fixtures.pipeline import compose_cfg
 
@@ -23,12 +23,12 @@ CALLS: list[str] = []
 
 class MakeSettings(Settings):
     node: ClassVar[str] = "toy"
-    n: int = knob(SIZE)
+    n: SIZE
 
 
 class DoubleSettings(Settings):
     node: ClassVar[str] = "toy"
-    factor: int = knob(SIZE)
+    factor: SIZE
 
 
 def _make(ctx: StageContext) -> dict[str, pl.DataFrame]:

@@ -3,39 +3,37 @@ cross-field checks, and which fields a fingerprint hashes."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import pytest
 
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.config.identity import identity
 from structmem_gpu.config.settings import (
-    BOOL,
     COUNT,
+    Role,
+    External,
+    RUN_ROLE,
     SIZE,
-    STR,
-    List,
     Settings,
     covered,
-    knob,
     problems,
-    sub,
 )
 
 
 class Inner(Settings):
-    k: int = knob(COUNT)
-    url: str | None = knob(STR, None, hashed=False)
+    k: COUNT
+    url: Annotated[str, RUN_ROLE] = None
 
 
 class Outer(Settings):
     node: ClassVar[str] = "toy"
     open_keys: ClassVar[dict[str, Any]] = {"*_inner": Inner}
 
-    size: int = knob(SIZE)
-    inner: Inner = sub(Inner)
-    flag: bool = knob(BOOL, False, external="other.flag")
-    items: tuple[int, ...] = knob(List(COUNT), ())
+    size: SIZE
+    inner: Inner
+    flag: Annotated[bool, External("other.flag")] = False
+    items: tuple[COUNT, ...] = ()
 
     def check(self) -> list[str]:
         return ["toy.size=3: expected anything but 3"] if self.size == 3 else []
@@ -108,7 +106,7 @@ def test_roles_are_field_metadata_and_derive_the_key_lists() -> None:
     # Knobs that change the reply a request gets: the response-cache key's reply_params.
     assert set(fields_with_role(LLMSettings, REPLY)) == {"request_seed", "repair_attempts"}
     with pytest.raises(ValueError, match="role"):
-        knob(COUNT, 1, role="sometimes")
+        Role("sometimes")
 
 
 def test_a_closed_model_names_an_unknown_key() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -14,14 +16,7 @@ from omegaconf import OmegaConf
 
 from structmem_gpu.config import yaml_defaults
 from structmem_gpu.config.identity import identity
-from structmem_gpu.config.settings import (
-    COUNT,
-    SIZE,
-    Settings,
-    describe_field,
-    knob,
-    meta,
-)
+from structmem_gpu.config.settings import COUNT, RUN_ROLE, SIZE, Settings, describe_field, yaml_expr
 from structmem_gpu.core.errors import ConfigError
 from tests.fixtures.pipeline import CONF_DIR, compose_cfg
 
@@ -72,7 +67,7 @@ def test_composed_defaults_are_the_models_defaults(model: type[Settings]) -> Non
     else:  # the root: its keys among the groups' and blocks' nodes
         assert set(written) <= set(node)
     for name, f in _yaml_fields(model).items():
-        expr = meta(f).get("yaml")
+        expr = yaml_expr(f)
         if expr is None:
             if isinstance(f.default, Settings):  # a nested block: its own expressions resolved
                 resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -125,8 +120,8 @@ class Fixture(Settings):
 
     node: ClassVar[str] = "fixture"
 
-    window: int = knob(SIZE, 4, description="Turns per window.")
-    workers: int = knob(SIZE, 2, role="run", description="Worker threads: how it runs, never hashed.")
+    window: SIZE = Field(4, description="Turns per window.")
+    workers: Annotated[SIZE, RUN_ROLE] = Field(2, description="Worker threads: how it runs, never hashed.")
 
 
 class FixtureWithKnob(Settings):
@@ -134,9 +129,9 @@ class FixtureWithKnob(Settings):
 
     node: ClassVar[str] = "fixture"
 
-    window: int = knob(SIZE, 4, description="Turns per window.")
-    workers: int = knob(SIZE, 2, role="run", description="Worker threads: how it runs, never hashed.")
-    new_knob: int = knob(COUNT, 5, description="Entries kept per window; 0 keeps none.")
+    window: SIZE = Field(4, description="Turns per window.")
+    workers: Annotated[SIZE, RUN_ROLE] = Field(2, description="Worker threads: how it runs, never hashed.")
+    new_knob: COUNT = Field(5, description="Entries kept per window; 0 keeps none.")
 
 
 def _conf_with(tmp_path: Path, model: type[Settings]) -> Path:

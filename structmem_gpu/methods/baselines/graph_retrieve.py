@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pydantic import Field
+
 import numpy as np
 import polars as pl
 
@@ -41,7 +43,7 @@ from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.retrieve import search_rows
 from structmem_gpu.methods.baselines.prompts import answer_graph as P
 from structmem_gpu.eval.prompts.answer_structmem import MemoryLine
-from structmem_gpu.config.settings import COUNT, RATE, Settings, knob, sub
+from structmem_gpu.config.settings import COUNT, RATE, Settings
 from structmem_gpu.stage import EMBEDDER_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
@@ -152,8 +154,8 @@ def relation_rows(
 
 
 class GraphRetrieveBudget(Settings):
-    entries_k: int = knob(COUNT)  # factual entries per question (as flat memory)
-    relations_k: int = knob(COUNT)  # relations per question (touching a matched entity)
+    entries_k: COUNT  # factual entries per question (as flat memory)
+    relations_k: COUNT  # relations per question (touching a matched entity)
 
 
 class QuestionEntities(Settings):
@@ -163,10 +165,10 @@ class QuestionEntities(Settings):
     node: ClassVar[str] = "graph_memory"
     yaml_home: ClassVar[str | None] = "method/graph_memory.yaml"
 
-    question_entity_threshold: float = knob(RATE, 0.5, description=(
+    question_entity_threshold: RATE = Field(0.5, description=(
         "Question -> entity matching at retrieval (no LLM): whole-word name/alias matches, plus "
         "the best question_entities_k names whose cosine with the question is >= the threshold."))
-    question_entities_k: int = knob(COUNT, 3, description=(
+    question_entities_k: COUNT = Field(3, description=(
         "Names matched by cosine per question (see question_entity_threshold)."))
 
 
@@ -174,8 +176,8 @@ class GraphRetrieveSettings(Settings):
     """What the graph retrieve stage reads: `retrieve.*` and the question matching knobs of
     `graph_memory` (the build knobs there are the graph stage's)."""
 
-    retrieve: GraphRetrieveBudget = sub(GraphRetrieveBudget)
-    graph_memory: QuestionEntities = sub(QuestionEntities)
+    retrieve: GraphRetrieveBudget
+    graph_memory: QuestionEntities
 
 
 def run_retrieve_graph(ctx: StageContext) -> dict[str, pl.DataFrame]:

@@ -27,21 +27,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
+from pydantic import Field
+
 import numpy as np
 
 from structmem_gpu.core.hashing import stable_hash
-from structmem_gpu.config.settings import (
-    COUNT,
-    RATE,
-    SIZE,
-    STR,
-    TEMPERATURE,
-    TOKENS,
-    List,
-    Settings,
-    knob,
-    sub,
-)
+from structmem_gpu.config.settings import COUNT, RATE, SIZE, Settings, TEMPERATURE, TOKENS
 
 ACTIVE, OBSOLETE = "active", "obsolete"
 SUB_STEPS = ("entities", "entity_dedup", "relations", "relation_dedup")  # per wavefront step
@@ -52,10 +43,11 @@ _EDGE_PUNCT = " \t\n\"'`.,;:!?()[]{}"
 class SubStepTokens(Settings):
     """graph_memory.max_tokens: the output budget of each sub-step's requests."""
 
-    entities: int = knob(TOKENS, 384, description="Entity extraction (one request per window).")
-    entity_dedup: int = knob(TOKENS, 192, description="Entity de-duplication.")
-    relations: int = knob(TOKENS, 512, description="Relation extraction.")
-    relation_dedup: int = knob(TOKENS, 256, description="Relation de-duplication / conflict resolution.")
+    entities: TOKENS = Field(384, description="Entity extraction (one request per window).")
+    entity_dedup: TOKENS = Field(192, description="Entity de-duplication.")
+    relations: TOKENS = Field(512, description="Relation extraction.")
+    relation_dedup: TOKENS = Field(256, description=(
+        "Relation de-duplication / conflict resolution."))
 
     def __getitem__(self, sub_step: str) -> int:
         return int(getattr(self, sub_step))
@@ -68,24 +60,24 @@ class GraphSettings(Settings):
     node: ClassVar[str] = "graph_memory"
     yaml_home: ClassVar[str | None] = "method/graph_memory.yaml"
 
-    turns_per_request: int = knob(SIZE, 8, description=(
+    turns_per_request: SIZE = Field(8, description=(
         "Turns per window = one wavefront step per window (mem0 adds one message at a time)."))
-    entity_types: tuple[str, ...] = knob(List(STR), (
-        "person", "animal", "place", "organization", "object", "activity", "event", "work", "other"),
-        description="Entity types (a schema enum: a small model cannot invent one under the grammar).")
-    max_entities: int = knob(SIZE, 12, description="Schema maxItems of entities per window.")
-    max_name_chars: int = knob(SIZE, 60, description="Schema maxLength of an entity name.")
-    max_relations: int = knob(SIZE, 12, description="Schema maxItems of relations per window.")
-    max_relation_chars: int = knob(SIZE, 60, description="Schema maxLength of a relation phrase.")
-    entity_threshold: float = knob(RATE, 0.7, description=(
+    entity_types: tuple[str, ...] = Field((
+        "person", "animal", "place", "organization", "object", "activity", "event", "work", "other"), description=(
+        "Entity types (a schema enum: a small model cannot invent one under the grammar)."))
+    max_entities: SIZE = Field(12, description="Schema maxItems of entities per window.")
+    max_name_chars: SIZE = Field(60, description="Schema maxLength of an entity name.")
+    max_relations: SIZE = Field(12, description="Schema maxItems of relations per window.")
+    max_relation_chars: SIZE = Field(60, description="Schema maxLength of a relation phrase.")
+    entity_threshold: RATE = Field(0.7, description=(
         "A new name goes to the LLM dedup when a known name/alias has cosine >= this (mem0 uses "
         "0.7 to collect neighbours); lower = more dedup requests, fewer missed merges."))
-    entity_candidates_k: int = knob(COUNT, 5, description="Known entities shown per new mention.")
-    relation_candidates_k: int = knob(COUNT, 8, description=(
+    entity_candidates_k: COUNT = Field(5, description="Known entities shown per new mention.")
+    relation_candidates_k: COUNT = Field(8, description=(
         "Existing relations (sharing an entity) compared per new relation."))
-    max_tokens: SubStepTokens = sub(SubStepTokens, default=SubStepTokens(), description=(
+    max_tokens: SubStepTokens = Field(SubStepTokens(), description=(
         "Output budget per request of each sub-step."))
-    temperature: float = knob(TEMPERATURE, 0.0, description="Sampling temperature (0 = greedy decoding).")
+    temperature: TEMPERATURE = Field(0.0, description="Sampling temperature (0 = greedy decoding).")
 
 
 def normalize(name: str) -> str:

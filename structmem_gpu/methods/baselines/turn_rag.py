@@ -21,6 +21,8 @@ import logging
 import time
 from typing import Any, ClassVar
 
+from pydantic import Field
+
 import numpy as np
 import polars as pl
 
@@ -35,7 +37,7 @@ from structmem_gpu.methods.structmem.embed import (
 )
 from structmem_gpu.methods.structmem.retrieve import search_rows
 from structmem_gpu.methods.baselines.prompts import answer_turn_rag as P
-from structmem_gpu.config.settings import COUNT, Settings, knob
+from structmem_gpu.config.settings import COUNT, Settings
 from structmem_gpu.stage import EMBEDDER_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,8 @@ class TurnRetrieveSettings(Settings):
     node: ClassVar[str] = "retrieve"
     yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    turns_k: int = knob(COUNT, 20, description="Raw turns per question (turn_rag baseline only).")
+    turns_k: COUNT = Field(20, description=(
+        "Raw turns per question (turn_rag baseline only)."))
 
 
 def run_retrieve_turns(ctx: StageContext) -> dict[str, pl.DataFrame]:

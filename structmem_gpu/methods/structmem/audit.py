@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
 
 import polars as pl
 
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import RunDir, atomic_write_text
-from structmem_gpu.config.settings import COUNT, SIZE, TEMPERATURE, TOKENS, Int, Settings, knob, sub
+from structmem_gpu.config.settings import COUNT, External, SIZE, Settings, TEMPERATURE, TOKENS
 from structmem_gpu.eval.audit import (
     CONSOLIDATION_TABLE,
     EXTRACTION_TABLE,
@@ -90,13 +92,13 @@ CONSOLIDATION_COLUMNS: dict[str, pl.DataType] = {
 class AuditExtraction(Settings):
     """audit.extraction: one judgment per audited entry."""
 
-    sample_size: int | None = knob(Int(ge=1, null=True), None, description=(
+    sample_size: Annotated[int, Field(ge=1)] | None = Field(None, description=(
         "Entries audited: null = every entry (paper Table 6); N = a seeded random sample of N "
         "(cheaper; the report's bootstrap interval widens as N shrinks)."))
-    max_tokens: int = knob(TOKENS, 96, description=(
+    max_tokens: TOKENS = Field(96, description=(
         "Reply budget per entry judgment; the reason is cut to what fits, so a capped reply stays "
         "valid JSON. Larger = longer reasons, more decode time."))
-    reason_max_chars: int = knob(SIZE, 160, description=(
+    reason_max_chars: SIZE = Field(160, description=(
         "maxLength of the one-line reason (before the label); lowered automatically to fit "
         "max_tokens."))
 
@@ -104,11 +106,11 @@ class AuditExtraction(Settings):
 class AuditConsolidation(Settings):
     """audit.consolidation: one judgment per synthesis window."""
 
-    max_tokens: int = knob(TOKENS, 384, description=(
+    max_tokens: TOKENS = Field(384, description=(
         "Reply budget per window (the link list); larger lets the judge list more / longer links."))
-    link_max_chars: int = knob(SIZE, 120, description=(
+    link_max_chars: SIZE = Field(120, description=(
         "maxLength of each listed link; lowered automatically so max_links links fit max_tokens."))
-    max_links: int = knob(SIZE, 8, description=(
+    max_links: SIZE = Field(8, description=(
         "maxItems of the link list: links a synthesis adds beyond this are not audited (raise it "
         "for long syntheses; each link costs ~link_max_chars/1.5 + 14 tokens)."))
 
@@ -121,17 +123,16 @@ class AuditSettings(Settings):
     node: ClassVar[str] = "audit"
     yaml_home: ClassVar[str | None] = "audit/default.yaml"
 
-    seed: int = knob(Int(ge=0), 0, description=(
+    seed: Annotated[int, Field(ge=0)] = Field(0, description=(
         "Seed of the extraction sample: the same run and seed audit the same entries everywhere."))
-    temperature: float = knob(TEMPERATURE, 0.0, description=(
+    temperature: TEMPERATURE = Field(0.0, description=(
         "Judge sampling temperature (0 = deterministic verdicts, cacheable)."))
-    extraction: AuditExtraction = sub(AuditExtraction, default=AuditExtraction(), description=(
+    extraction: AuditExtraction = Field(AuditExtraction(), description=(
         "The extraction audit (stage audit_extraction)."))
-    consolidation: AuditConsolidation = sub(AuditConsolidation, default=AuditConsolidation(),
-                                            description=(
+    consolidation: AuditConsolidation = Field(AuditConsolidation(), description=(
         "The consolidation audit (stage audit_consolidation)."))
-    bootstrap_resamples: int = knob(COUNT, 1000, external="report.bootstrap_resamples")
-    bootstrap_seed: int = knob(Int(ge=0), 0, external="report.bootstrap_seed")
+    bootstrap_resamples: Annotated[COUNT, External("report.bootstrap_resamples")] = 1000
+    bootstrap_seed: Annotated[Annotated[int, Field(ge=0)], External("report.bootstrap_seed")] = 0
 
     @property
     def extraction_sample_size(self) -> int | None:

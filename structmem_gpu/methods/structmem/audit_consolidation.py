@@ -29,7 +29,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import polars as pl
@@ -54,7 +54,7 @@ from structmem_gpu.methods.structmem.audit_api import (
 )
 from structmem_gpu.methods.structmem.prompts import audit_consolidation as prompt
 from structmem_gpu.methods.structmem.prompts import synthesis
-from structmem_gpu.config.settings import sub
+from structmem_gpu.config.settings import External
 from structmem_gpu.stage import (
     EMBEDDER_IDENTITY,
     LLM_IDENTITY,
@@ -214,7 +214,7 @@ def audit_row(
 class ConsolidationAuditSettings(AuditSettings):
     """The audit block, and the consolidate node whose windows are audited."""
 
-    consolidate: ConsolidateSettings = sub(ConsolidateSettings, external="consolidate")
+    consolidate: Annotated[ConsolidateSettings, External("consolidate")]
 
 
 def run_audit_consolidation(ctx: StageContext) -> dict[str, pl.DataFrame]:

@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import polars as pl
@@ -47,7 +47,7 @@ from structmem_gpu.methods.structmem.audit_api import (
     plan_from_settings,
 )
 from structmem_gpu.methods.structmem.prompts import audit_extraction as prompt
-from structmem_gpu.config.settings import sub
+from structmem_gpu.config.settings import External
 from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def judge_items(ctx: StageContext, items: Sequence[AuditItem], s: AuditSettings)
 class ExtractionAuditSettings(AuditSettings):
     """The audit block, and the extract node whose windows the judge is shown."""
 
-    extract: ExtractSettings = sub(ExtractSettings, external="extract")
+    extract: Annotated[ExtractSettings, External("extract")]
 
 
 def run_audit_extraction(ctx: StageContext) -> dict[str, pl.DataFrame]:

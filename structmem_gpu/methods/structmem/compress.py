@@ -21,13 +21,15 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, TYPE_CHECKING
+
+from pydantic import Field
 
 import polars as pl
 
 from structmem_gpu.core import schemas
 from structmem_gpu.core.errors import ConfigError
-from structmem_gpu.config.settings import BOOL, RATE, SIZE, STR, Enum, Settings, knob
+from structmem_gpu.config.settings import RATE, RUN_ROLE, SIZE, Settings
 from structmem_gpu.llm.tokens import CHARS_PER_TOKEN
 from structmem_gpu.stage import EstimateInputs, Stage, StageContext, StageEstimate
 
@@ -53,19 +55,19 @@ class CompressSettings(Settings):
 
     # llmlingua recognises the model family by "bert-base-multilingual-cased" or
     # "xlm-roberta-large" in the name.
-    model: str = knob(STR, REFERENCE_MODEL, description=(
+    model: str = Field(REFERENCE_MODEL, description=(
         "The reference's model (a token classifier; `python jobs/data.py models` fetches it): "
         "an HF id or local folder of an LLMLingua-2 token classifier."))
-    rate: float = knob(RATE, 0.6, description=(
+    rate: RATE = Field(0.6, description=(
         "Share of tokens kept: the reference's add_locomo 0.6 (its README says 0.8). Lower = "
         "fewer extraction tokens, fewer words for the extractor."))
-    recompress: bool = knob(BOOL, True, description=(
+    recompress: bool = Field(True, description=(
         "Re-compress a result of >= 512 model tokens, as the reference does with segmentation "
         "on (only when the segmenter lends the compressor its tokenizer)."))
-    batch_size: int = knob(SIZE, 64, hashed=False, description=(
+    batch_size: Annotated[SIZE, RUN_ROLE] = Field(64, description=(
         "Turns per llmlingua call: more = faster on a GPU and more memory; 1 = the reference's "
         "order of float operations (a larger batch may flip a word lying at its keep threshold)."))
-    device: str = knob(Enum("auto", "cuda", "cpu"), "auto", hashed=False, description=(
+    device: Annotated[Literal["auto", "cuda", "cpu"], RUN_ROLE] = Field("auto", description=(
         "auto = cuda when torch sees one, else cpu."))
 
 

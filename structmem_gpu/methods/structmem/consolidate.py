@@ -38,7 +38,9 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, TYPE_CHECKING
+
+from pydantic import Field
 
 import numpy as np
 import polars as pl
@@ -66,16 +68,13 @@ from structmem_gpu.methods.structmem.windows import (
 from structmem_gpu.methods.structmem.prompts import synthesis
 from structmem_gpu.methods.structmem.prompts.reference import reference_fingerprint
 from structmem_gpu.config.settings import (
-    BOOL,
     COUNT,
-    STR_OR_NULL,
+    External,
+    Settings,
     TEMPERATURE,
     TOKENS,
     TOP_P,
-    Enum,
-    Float,
-    Settings,
-    knob,
+    YamlExpr,
 )
 from structmem_gpu.stage import (
     EMBEDDER_IDENTITY,
@@ -102,36 +101,37 @@ class ConsolidateSettings(Settings):
     node: ClassVar[str] = "consolidate"
     yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    enabled: bool = knob(BOOL, True, description=(
+    enabled: bool = Field(True, description=(
         'false = "w/o cross-event" ablation (paper Table 2): no syntheses at all.'))
     # An int default: the composed config (and so the config hash) has always held 3600.
-    window_seconds: float = knob(Float(gt=0), 3600, description=(
+    window_seconds: Annotated[float, Field(gt=0)] = Field(3600, description=(
         "Greedy windows on conversation time: a window takes entries within this many seconds "
         "of its first entry (3600 = paper's 1 hour; LoCoMo sessions are >1 day apart -> 1 "
         "window/session)."))
-    seed_k: int = knob(COUNT, 15, description=(
+    seed_k: COUNT = Field(15, description=(
         "Top-K seed entries retrieved for each window (paper Fig. 3d sweeps 0,5,10,15,20)."))
-    seed_scope: str = knob(Enum(*SEED_SCOPES), "historical", description=(
+    seed_scope: Literal[SEED_SCOPES] = Field("historical", description=(
         "historical = only entries before the window (paper text, online-agent view); global = "
         "every other entry, future ones too (what the reference code does)."))
-    query_mode: str = knob(Enum(*QUERY_MODES), "concat", description=(
+    query_mode: Literal[QUERY_MODES] = Field("concat", description=(
         "concat = embed the buffer texts joined by newlines (paper); mean = normalised mean of "
         "the entry embeddings (avoids encoder truncation of long buffers)."))
-    seed_exclude_buffer: bool = knob(BOOL, True, description=(
+    seed_exclude_buffer: bool = Field(True, description=(
         "Seed pool includes the window's own entries when false (the reference code's effective "
         "behaviour: its buffer filter is broken); true = the paper's intent (default)."))
-    prompt_variant: str = knob(Enum("constrained", "unconstrained"), "constrained", description=(
+    prompt_variant: Literal["constrained", "unconstrained"] = Field("constrained", description=(
         "constrained = every instruction of the reference synthesis prompt (default); "
         "unconstrained = paper Fig. 20 / Table 7 ablation: the same text minus its grounding "
         "lines."))
-    max_tokens: int = knob(TOKENS, 1024, yaml="${llm_or:budgets.synthesis_max_tokens,1024}", description=(
+    max_tokens: Annotated[TOKENS, YamlExpr("${llm_or:budgets.synthesis_max_tokens,1024}")] = Field(1024, description=(
         "Reply budget from the LLM profile (llm.budgets; a 200-350-word narrative is ~470 "
         "tokens)."))
-    temperature: float = knob(TEMPERATURE, 0.1, description=(
+    temperature: TEMPERATURE = Field(0.1, description=(
         "Sampling as the reference synthesises (temperature 0.1, top_p 0.1; see extract)."))
-    top_p: float = knob(TOP_P, 0.1, description="Nucleus mass of the same sampling (see temperature).")
+    top_p: TOP_P = Field(0.1, description=(
+        "Nucleus mass of the same sampling (see temperature)."))
     # The checkout's synthesis prompt.
-    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
+    reference_dir: Annotated[str | None, External("prompts.sources.lightmem")] = None
 
 
 @dataclass(frozen=True)

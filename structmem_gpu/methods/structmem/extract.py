@@ -32,7 +32,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
 
 import polars as pl
 
@@ -55,18 +57,15 @@ from structmem_gpu.prompts import extraction_schema, render_window
 from structmem_gpu.methods.structmem.prompts.reference import reference_fingerprint
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import (
-    BOOL,
     COUNT,
+    External,
+    Note,
     SIZE,
-    STR_OR_NULL,
+    Settings,
     TEMPERATURE,
     TOKENS,
     TOP_P,
-    Enum,
-    Int,
-    List,
-    Settings,
-    knob,
+    YamlExpr,
 )
 from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
@@ -125,14 +124,14 @@ class ExtractSettings(Settings):
     node: ClassVar[str] = "extract"
     yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    window_tokens: int | None = knob(Int(ge=1, null=True, note="null = fixed turn windows"), 850, description=(
+    window_tokens: Annotated[int, Field(ge=1), Note("null = fixed turn windows")] | None = Field(850, description=(
         'Token budget per request: consecutive turns of one session are packed up to this many '
         'tokens of "Speaker: text" (the model\'s tokenizer when it is on disk, else chars/4). 850 '
         'is reference-like (512 tokens of LLMLingua-2 text at rate 0.6); LoCoMo sessions average '
         '~740, so ~one request pair per session. null = windows of turns_per_request turns only. '
         'Smaller = more requests (the paper\'s Eq. 1 is per utterance), larger = fewer, longer '
         'replies.'))
-    window_tokenizer: str | None = knob(STR_OR_NULL, "chars", yaml="${llm_or:tokenizer,chars}", description=(
+    window_tokenizer: Annotated[str | None, YamlExpr("${llm_or:tokenizer,chars}")] = Field("chars", description=(
         "What counts window_tokens (and cuts a longer turn into parts, each keeping its turn id "
         "and speaker): chars = characters / 4, or an HF tokenizer id / local folder, which must "
         "be on this machine (never downloaded; a missing one stops the job and the dry run "
@@ -140,48 +139,49 @@ class ExtractSettings(Settings):
         "windows. Default: the LLM profile's `llm.tokenizer` (vLLM presets: the model's own "
         "tokenizer, `${llm.model}`; llama.cpp: chars, a GGUF has no HF tokenizer; vllm_cpu: its "
         "converted folder). null = chars."))
-    turns_per_request: int | None = knob(Int(ge=1, null=True), 64, description=(
+    turns_per_request: Annotated[int, Field(ge=1)] | None = Field(64, description=(
         "Max turns per request (with window_tokens: a cap; alone: fixed-size windows; 1 = the "
         "paper's per-utterance Eq. 1). More amortises the instructions, at the risk of skipped "
         "turns. null = no cap (needs window_tokens)."))
-    context_turns: int = knob(COUNT, 2, description=(
+    context_turns: COUNT = Field(2, description=(
         "Earlier turns of the same session shown read-only before the window (context, no "
         "entries), so a reply at a window's first turn keeps the turn it answers. 0 saves prompt "
         "tokens."))
-    perspectives: tuple[str, ...] = knob(List(Enum("fact", "relation")), ("fact", "relation"), description=(
+    perspectives: tuple[Literal["fact", "relation"], ...] = Field(("fact", "relation"), description=(
         "Perspectives extracted per window: fact (factual prompt) and/or relation (relational "
         "prompt)."))
-    prompt_variant: str = knob(Enum("default", "grounded"), "default", description=(
+    prompt_variant: Literal["default", "grounded"] = Field("default", description=(
         "default = the reference prompts' instructions in our words (inferred insights as extra "
         "entries, relative times kept and anchored); grounded = our stricter wording (computed "
         "dates, no inference, relational causes/co-participation). Ignored with "
         "prompts.sources.lightmem."))
-    worked_example: bool = knob(BOOL, True, yaml="${llm_or:budgets.worked_example,true}", description=(
+    worked_example: Annotated[bool, YamlExpr("${llm_or:budgets.worked_example,true}")] = Field(True, description=(
         "The default prompts' worked examples (the reference teaches by example). From the LLM "
         "profile: the CPU profile's 135M model copies an example's facts into its replies, so it "
         "leaves them out; every real model keeps them."))
-    max_tokens: int = knob(TOKENS, 4096, yaml="${llm_or:budgets.extract_max_tokens,4096}", description=(
+    max_tokens: Annotated[TOKENS, YamlExpr("${llm_or:budgets.extract_max_tokens,4096}")] = Field(4096, description=(
         "Output budget per request, from the LLM profile (llm.budgets; GPU profiles 4096, the "
         "reference allows 16000; the CPU profile a 135M model's). A reply cut here keeps its "
         "complete items (counted as salvaged); more costs time only when the model uses it."))
-    max_items: int | None = knob(Int(ge=1, null=True), None, yaml="${llm_or:budgets.extract_max_items,null}", description=(
+    max_items: Annotated[Annotated[int, Field(ge=1)] | None, YamlExpr("${llm_or:budgets.extract_max_items,null}")] = Field(None, description=(
         "JSON-schema bound maxItems (null = unbounded, as the reference); tight bounds keep a "
         "small model's reply short, loose ones lose nothing on real models."))
-    max_item_chars: int = knob(SIZE, 400, yaml="${llm_or:budgets.extract_max_item_chars,400}", description=(
+    max_item_chars: Annotated[SIZE, YamlExpr("${llm_or:budgets.extract_max_item_chars,400}")] = Field(400, description=(
         "JSON-schema bound maxLength per item (characters); tight bounds keep a small model's "
         "reply short, loose ones lose nothing on real models."))
-    temperature: float = knob(TEMPERATURE, 0.1, description=(
+    temperature: TEMPERATURE = Field(0.1, description=(
         "Sampling as the reference extracts (temperature 0.1, top_p 0.1: nearly greedy, seeded "
         "by llm.seed). Every profile, the CPU one included, uses it: nothing asks a small model "
         "for other values. 0 / 1.0 = greedy decoding (other replies, other cache keys)."))
-    top_p: float = knob(TOP_P, 0.1, description="Nucleus mass of the same sampling (see temperature).")
-    input: str = knob(Enum("turns", "compressed", "segments"), "turns", description=(
+    top_p: TOP_P = Field(0.1, description=(
+        "Nucleus mass of the same sampling (see temperature)."))
+    input: Literal["turns", "compressed", "segments"] = Field("turns", description=(
         "What the windows hold: turns (raw turns, session windows); compressed (the compress "
         "stage's texts, session windows); segments (the segment stage's extraction batches of "
         "compressed text, which may span sessions: the reference). compressed/segments need "
         "those stages in method.stages."))
     # A LightMem checkout: its prompts (methods/structmem/prompts/reference.py).
-    reference_dir: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
+    reference_dir: Annotated[str | None, External("prompts.sources.lightmem")] = None
 
     def check(self) -> list[str]:
         out = []

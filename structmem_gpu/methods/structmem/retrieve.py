@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
 
 import numpy as np
 import polars as pl
@@ -33,7 +35,7 @@ from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.index.faiss_index import VectorIndex
 from structmem_gpu.methods.structmem.embed import embedding_matrix, encode_notes
 from structmem_gpu.methods.structmem.update_view import deleted_ids, keeps_syntheses, view_fingerprint
-from structmem_gpu.config.settings import COUNT, Settings, knob
+from structmem_gpu.config.settings import COUNT, Settings, YamlExpr
 from structmem_gpu.stage import EMBEDDER_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
@@ -113,13 +115,12 @@ class RetrieveSettings(Settings):
     node: ClassVar[str] = "retrieve"
     yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    entries_k: int = knob(COUNT, 60, yaml="${llm_or:budgets.reader_entries_k,60}", description=(
+    entries_k: Annotated[COUNT, YamlExpr("${llm_or:budgets.reader_entries_k,60}")] = Field(60, description=(
         "Entries per question. Reader context per question: paper A.3 (60 entries + 5 "
         "syntheses) unless the LLM profile caps it (llm.budgets.reader_*: the CPU profile's 135M "
         "model reads ~140 prompt tokens/s). The replication experiments pin 60/5 whatever the "
         "profile."))
-    syntheses_k: int = knob(COUNT, 5, yaml="${llm_or:budgets.reader_syntheses_k,5}", description=(
-        "Syntheses per question (paper A.3)."))
+    syntheses_k: Annotated[COUNT, YamlExpr("${llm_or:budgets.reader_syntheses_k,5}")] = Field(5, description="Syntheses per question (paper A.3).")
 
 
 def run_retrieve(ctx: StageContext) -> dict[str, pl.DataFrame]:

@@ -4,9 +4,11 @@ windows, so the settings cannot live beside either stage without an import circl
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal
 
-from structmem_gpu.config.settings import SIZE, STR, Enum, Int, List, Settings, knob
+from pydantic import Field
+
+from structmem_gpu.config.settings import External, RUN_ROLE, SIZE, Settings
 
 
 class SegmentSettings(Settings):
@@ -16,16 +18,15 @@ class SegmentSettings(Settings):
     node: ClassVar[str] = "segment"
     yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    buffer_tokens: int = knob(SIZE, 512, description=(
+    buffer_tokens: SIZE = Field(512, description=(
         "Sensory buffer, model tokens (the reference: the model's 512 positions, "
         "max_position_embeddings)."))
-    batch_tokens: int = knob(SIZE, 512, description=(
+    batch_tokens: SIZE = Field(512, description=(
         "Extraction batch, o200k tokens (the reference's hard-coded 512 in LightMemory.__init__)."))
-    layers: tuple[int, ...] = knob(List(Int(ge=0)), (8, 9, 10, 11), description=(
+    layers: tuple[Annotated[int, Field(ge=0)], ...] = Field((8, 9, 10, 11), description=(
         "Attention layers averaged for the inter-sentence signal (the reference: 8-11)."))
-    batch_size: int = knob(SIZE, 32, hashed=False, description=(
+    batch_size: Annotated[SIZE, RUN_ROLE] = Field(32, description=(
         "Buffers per attention forward pass (speed/memory only)."))
     # The compression model, shared as in the reference (precomp_topic_shared: true).
-    model: str = knob(STR, "microsoft/llmlingua-2-bert-base-multilingual-cased-meetingbank",
-                      external="compress.model")
-    device: str = knob(Enum("auto", "cuda", "cpu"), "auto", hashed=False, external="compress.device")
+    model: Annotated[str, External("compress.model")] = "microsoft/llmlingua-2-bert-base-multilingual-cased-meetingbank"
+    device: Annotated[Literal["auto", "cuda", "cpu"], RUN_ROLE, External("compress.device")] = "auto"

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
 
 import numpy as np
 import polars as pl
@@ -46,17 +48,14 @@ from structmem_gpu.methods.structmem.prompts import update as P
 from structmem_gpu.prompts.official import fingerprint as official_fingerprint
 from structmem_gpu.prompts.official import lightmem_update, source_spec
 from structmem_gpu.config.settings import (
-    BOOL,
     COUNT,
+    External,
     RATE,
     SIZE,
-    STR_OR_NULL,
+    Settings,
     TEMPERATURE,
     TOKENS,
     TOP_P,
-    Enum,
-    Settings,
-    knob,
 )
 from structmem_gpu.stage import (
     EMBEDDER_IDENTITY,
@@ -81,36 +80,37 @@ class UpdateSettings(Settings):
     node: ClassVar[str] = "update"
     yaml_home: ClassVar[str | None] = "method/structmem.yaml"
 
-    enabled: bool = knob(BOOL, True, description=(
+    enabled: bool = Field(True, description=(
         "The offline update (methods/structmem/update.py), for profiles that list the `update` "
         "stage. false = the stage writes an empty entry_updates table and sends nothing."))
-    queue_top_k: int = knob(SIZE, 20, description=(
+    queue_top_k: SIZE = Field(20, description=(
         "Per entry: its top queue_top_k neighbours by cosine among entries at an earlier or "
         "equal time (itself included, then dropped), queue_keep of them kept (reference: 20, "
         "10). Larger = more candidate pairs, more update requests."))
-    queue_keep: int = knob(COUNT, 10, description=(
+    queue_keep: COUNT = Field(10, description=(
         "Neighbours kept in an entry's queue after dropping itself (see queue_top_k)."))
-    score_threshold: float = knob(RATE, 0.9, description=(
+    score_threshold: RATE = Field(0.9, description=(
         "An entry becomes a candidate when it reaches this cosine in a later entry's queue "
         "(reference 0.9); lower = more requests and more rewritten or deleted entries."))
     # update_view.py applies it; retrieve and the readers fingerprint it. Hashed like every
     # knob that changes a result; a switch reruns this stage from the response cache.
-    read: str = knob(Enum(*READS), "pre", description=(
+    read: Literal[READS] = Field("pre", description=(
         "The store QA reads: pre = before the update (the reference script's default QA "
         "directory, syntheses included); post = after it (the reference README's QA command). "
         "Both are what the reference code can do; which one the published numbers read is not "
         "stated."))
-    post_syntheses: bool = knob(BOOL, False, description=(
+    post_syntheses: bool = Field(False, description=(
         "post only: keep the syntheses (true) or not (false = the reference's post store, which "
         "holds none: its consolidation wrote them beside the pre store)."))
-    max_tokens: int = knob(TOKENS, 512, description=(
+    max_tokens: TOKENS = Field(512, description=(
         "Reply budget: an action and at most one rewritten memory (the reference allows 16,000)."))
-    max_chars: int = knob(SIZE, 600, description=(
+    max_chars: SIZE = Field(600, description=(
         "JSON-schema bound on the rewritten memory's characters (like extract.max_item_chars)."))
-    temperature: float = knob(TEMPERATURE, 0.1, description=(
+    temperature: TEMPERATURE = Field(0.1, description=(
         "Sampling as the reference's LLM config (temperature 0.1, top_p 0.1, as extract)."))
-    top_p: float = knob(TOP_P, 0.1, description="Nucleus mass of the same sampling (see temperature).")
-    lightmem: str | None = knob(STR_OR_NULL, None, external="prompts.sources.lightmem")
+    top_p: TOP_P = Field(0.1, description=(
+        "Nucleus mass of the same sampling (see temperature)."))
+    lightmem: Annotated[str | None, External("prompts.sources.lightmem")] = None
 
 
 @dataclass(frozen=True)
