@@ -1,61 +1,94 @@
 """Which configuration keys can change a result, for the run directory's name and the "changed
-keys" log: read from the fields' roles (config/settings.py): role "run" fields of JobSettings,
-LLMSettings and EmbedderSettings, which the config hash and every stage fingerprint leave out
-too, and the fields marked tables=False.
+keys" log: a dotted key's role, read from the field that declares it (config/settings.py), as
+every other identity reads it (config/identity.py).
 
 Where a run lives, how it is launched and how fast its requests go never change what it
 computes, so none of these keys enters a fingerprint, the config hash or a run directory name:
 
     launch_key("paths.output_dir")   -> True     launch_key("consolidate.seed_k") -> False
-    launch_key("judge.llm.base_url") -> True     (serving knobs of any llm config)
+    launch_key("judge.llm.base_url") -> True     (role "run" fields of any llm config)
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.config.schema import SKIPPED_TOP_KEYS, EmbedderSettings, JobSettings, LLMSettings
-from structmem_gpu.config.settings import RUN, fields_with_role, no_table_keys
-
-
-def _unhashed(model: type) -> tuple[str, ...]:
-    return fields_with_role(model, RUN)
-
+from structmem_gpu.config.settings import (
+    RESULT,
+    RUN,
+    Settings,
+    fields,
+    fields_with_role,
+    item_model,
+    no_table_keys,
+    open_key_spec,
+    role,
+    sub_model,
+    tables,
+)
 
 # Shards of one job compute parts of one result: one config hash, but their own directories.
 SHARD_KEYS = ("shard_index", "num_shards")
-# Top-level nodes that say where and how a job runs (README "Running jobs"): the typed fields
-# marked hashed=False in config.schema.JobSettings, and Hydra's own node.
-LAUNCH_TOP_KEYS = (*SKIPPED_TOP_KEYS, *(k for k in _unhashed(JobSettings) if k not in SHARD_KEYS))
-# Serving knobs of an llm config (the job's, a judge's, a panel member's): same replies
-# (the hashed=False fields of config.schema.LLMSettings).
-SERVING_KEYS = _unhashed(LLMSettings)
+# The models that declare the config root's nodes: JobSettings' own, and the judge's node
+# (a stage's settings that config/ owns, since its llm configs are LLMSettings).
+ROOTS: dict[str, type[Settings]] = {"judge": JudgeSettings}
+
+# The key lists below are derived from the roles (tests and docs show them; the functions
+# read the roles themselves).
+# Top-level nodes that say where and how a job runs (README "Running jobs"): JobSettings'
+# role "run" fields, and Hydra's own node.
+LAUNCH_TOP_KEYS = (*SKIPPED_TOP_KEYS, *(k for k in fields_with_role(JobSettings, RUN)
+                                        if k not in SHARD_KEYS))
+# Serving knobs of an llm config (the job's, a judge's, a panel member's): same replies.
+SERVING_KEYS = fields_with_role(LLMSettings, RUN)
 # The same for the encoder: its GPU memory plan size (embedder.weights_gb).
-ENCODER_PLAN_KEYS = _unhashed(EmbedderSettings)
+ENCODER_PLAN_KEYS = fields_with_role(EmbedderSettings, RUN)
 # Keys that change no table of a run directory but only what is kept beside them: caches
-# (replies and embeddings are the same either way) and report figures (tables=False fields).
+# (replies and embeddings are the same either way) and report figures (NO_TABLES fields).
 NO_TABLE_KEYS = no_table_keys(JobSettings)
 
 
-def _head(key: str) -> str:
-    return key.lstrip("+~").split(".", 1)[0]
+def _walk(model: type[Settings], parts: list[str]) -> tuple[str, bool]:
+    """(role, changes a table) of the key `parts` under `model`: a role "run" or NO_TABLES
+    field on the path decides for everything below it; a key no field declares is a result."""
+    head, rest = parts[0], parts[1:]
+    f = fields(model).get(head)
+    if f is None:
+        spec: Any = open_key_spec(model, head)  # judge.qwen_llm: an LLMSettings by pattern
+        if isinstance(spec, type) and issubclass(spec, Settings) and rest:
+            return _walk(spec, rest)
+        return RESULT, True
+    if role(f) == RUN or not tables(f) or not rest:
+        return role(f), tables(f)
+    nested = sub_model(f)
+    if nested is None and item_model(f) is not None and rest[0].isdigit():
+        nested, rest = item_model(f), rest[1:]  # judge.panel.0.llm.base_url
+    return _walk(nested, rest) if nested is not None and rest else (role(f), tables(f))
+
+
+def key_role(key: str) -> tuple[str, bool]:
+    """(role, changes a table) of dotted config `key` (override spelling: `+`/`~` allowed)."""
+    parts = key.lstrip("+~").split(".")
+    if parts[0] in SKIPPED_TOP_KEYS:
+        return RUN, False
+    if parts[0] in ROOTS:
+        return _walk(ROOTS[parts[0]], parts[1:]) if parts[1:] else (RESULT, True)
+    return _walk(JobSettings, parts)
 
 
 def launch_key(key: str) -> bool:
     """True for a dotted key (or override key, `+`/`~` prefixes allowed) that cannot change a
-    result: launch settings and serving knobs of any llm config."""
+    result: its field's role is "run" (launch settings, serving knobs of any llm config);
+    shard keys change results (each shard's tables differ), hence are not launch keys."""
     key = key.lstrip("+~")
-    if _head(key) in LAUNCH_TOP_KEYS:
-        return True
-    parts = key.split(".")
-    in_llm = parts[0] == "llm" or (parts[0] == "judge" and len(parts) > 2)
-    if parts[0] == "embedder" and len(parts) == 2:
-        return parts[1] in ENCODER_PLAN_KEYS
-    return in_llm and parts[-1] in SERVING_KEYS
+    return key.split(".")[0] not in SHARD_KEYS and key_role(key)[0] == RUN
 
 
 def no_table_key(key: str) -> bool:
     """True for keys whose change leaves every table as it was (caches, report figures)."""
-    key = key.lstrip("+~")
-    return any(key == k or key.startswith(k + ".") for k in NO_TABLE_KEYS)
+    return not key_role(key)[1]
 
 
 def changes_result(key: str) -> bool:

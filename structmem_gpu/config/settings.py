@@ -354,7 +354,8 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def _open(model: type[Settings], key: str) -> Any:
+def open_key_spec(model: type[Settings], key: str) -> Any:
+    """The type or settings class `model.open_keys` gives `key` (None: no pattern matches)."""
     return next((spec for pat, spec in model.open_keys.items() if fnmatch.fnmatchcase(key, pat)), None)
 
 
@@ -426,7 +427,7 @@ def _check_build(model: type[Settings], data: Any, prefix: str,
     extra: dict[str, Any] = {}
     open_lines: list[str] = []
     for key, value in data.items():
-        spec = None if str(key) in fields(model) else _open(model, str(key))
+        spec = None if str(key) in fields(model) else open_key_spec(model, str(key))
         if spec is None:
             continue
         path = _join(prefix, str(key))
@@ -436,7 +437,7 @@ def _check_build(model: type[Settings], data: Any, prefix: str,
     if model.closed:
         known = ", ".join(fields(model))
         open_lines += [f"{_join(prefix, str(k))}={v!r}: expected one of the keys {known}"
-                       for k, v in data.items() if str(k) not in fields(model) and _open(model, str(k)) is None]
+                       for k, v in data.items() if str(k) not in fields(model) and open_key_spec(model, str(k)) is None]
     found = [line for name in fields(model) for line in lines.get(name, [])] + open_lines
     if found:
         return None, found
@@ -514,7 +515,7 @@ def covered(model: type[Settings], data: Any, prefix: str, root: Mapping[str, An
             each = item_model(f)
             spec = sub_model(f) or (("each", each) if each is not None else "leaf")
         else:
-            spec = _open(model, str(key))
+            spec = open_key_spec(model, str(key))
         if spec is None:
             continue
         if isinstance(spec, tuple):
