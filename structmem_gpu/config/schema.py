@@ -15,7 +15,9 @@ fails when a key of any packaged config has no typed field in any model.
 Why not Hydra structured configs: method configs are `@package _global_` and each method adds
 its own top-level groups (`extract`, `seem`, `graph_memory` ...), experiments and debug
 profiles override across them, and judges embed whole llm configs; Hydra would also report a
-type error with a traceback-like block and exit code 1 instead of one line and exit 2.
+type error with a traceback-like block and exit code 1 instead of one line and exit 2. What
+structured configs would give is had instead by generating each group's base YAML from its
+model (conf/llm/_base.yaml ...; config/yaml_defaults.py, docs/design.md "Configuration").
 """
 
 from __future__ import annotations
@@ -385,7 +387,7 @@ class PathsSettings(Settings):
 
 class TrackingSettings(Settings):
     """`tracking:` (conf/tracking/*.yaml; analysis/tracking.py): where finished runs are logged
-    after they ended. Never changes a result (hashed=False in JobSettings)."""
+    after they ended. Never changes a result (RUN_ROLE in JobSettings)."""
 
     node: ClassVar[str] = "tracking"
     yaml_home: ClassVar[str | None] = "tracking/_base.yaml"
@@ -429,7 +431,7 @@ class ReportSettings(Settings):
 
 class JobSettings(Settings):
     """The nodes of every job's config that no stage owns (conf/config.yaml and its groups).
-    hashed=False: where a run lives and how it is launched never changes what it computes."""
+    RUN_ROLE: where a run lives and how it is launched never changes what it computes."""
 
     # The root keys of conf/config.yaml (between its "generated root keys" lines) come from the
     # leaf fields here and `prompts`; the other nodes are groups or blocks of their own.

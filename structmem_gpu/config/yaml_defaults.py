@@ -117,7 +117,7 @@ def _field_lines(model: type[Settings], name: str, f: Any, indent: int) -> list[
 
 def yaml_fields(model: type[Settings]) -> dict[str, Any]:
     """The fields a generated block of `model` writes: not read from another node (external),
-    not left out (in_yaml=False), and at the root not a node of its own (a config group such as
+    not left out (NOT_IN_YAML), and at the root not a node of its own (a config group such as
     llm, or a block such as report: each generated where it lives)."""
     return {name: f for name, f in fields(model).items()
             if not external(f) and in_yaml(f)
