@@ -46,7 +46,7 @@ def cfg(**toy: Any) -> dict[str, Any]:
 def test_built_settings_are_typed_and_read_external_keys() -> None:
     s = Outer.from_cfg(cfg(items=[1, 2], extra_inner={"k": 4}))
     assert (s.size, s.inner.k, s.flag, s.items) == (2, 1, True, (1, 2))
-    # hashed=False fields (connection settings) never reach a fingerprint; open keys do.
+    # RUN_ROLE fields (connection settings) never reach a fingerprint; open keys do.
     assert identity(s) == {"size": 2, "inner": {"k": 1}, "flag": True, "items": [1, 2],
                                    "extra_inner": {"k": 4}}
 
