@@ -27,9 +27,9 @@ class PanelMember(Settings):
 
 class JudgeSettings(Settings):
     """The `judge` config (conf/judge/*.yaml). `llm: null` = the answer model; a `panel`
-    judges with every member; `*_llm` keys hold llm configs the panel refers to. The default
-    judge's file (conf/judge/same_as_llm.yaml) is generated from these fields below its
-    header; the other judge files are hand-written choices of the group."""
+    judges with every member; `*_llm` keys hold llm configs the panel refers to. The group's
+    base (conf/judge/_base.yaml) is generated from these fields below its header; each judge
+    file lists it first and states only what differs."""
 
     node: ClassVar[str] = "judge"
     yaml_home: ClassVar[str | None] = "judge/_base.yaml"
