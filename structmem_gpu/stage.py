@@ -73,6 +73,13 @@ class Stage:
     # What the stage loads itself besides the backends of `uses` (LOADS): the GPU memory plan
     # (node/gpu_plan.py) counts the compression model and FAISS-GPU scratch where they are.
     loads: tuple[str, ...] = ()
+    # What the stage's work is for (PARTS): "input" loads the benchmark, "build" builds the
+    # memory (cost per turn, compared with a paper's build cost), "question" retrieves,
+    # answers or judges per question (cost per question), "audit" checks fidelity, "report"
+    # summarises the run.
+    # None = "question" when the stage reads the questions table, else "build". The cost
+    # tables (analysis/compare.py, eval/curves.py, bench/cost.py) group stages by it.
+    part: str | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.uses or ()) - set(ROLES))
@@ -81,6 +88,8 @@ class Stage:
         other = sorted(set(self.loads) - set(LOADS))
         if other:
             raise ValueError(f"stage {self.name!r}: unknown loads {other}; known: {LOADS}")
+        if self.part is not None and self.part not in PARTS:
+            raise ValueError(f"stage {self.name!r}: unknown part {self.part!r}; parts are {PARTS}")
 
     @property
     def sends_llm_requests(self) -> bool:
@@ -89,11 +98,23 @@ class Stage:
         return self.uses is None or bool({"llm", "judges"} & set(self.uses))
 
     @property
+    def kind(self) -> str:
+        """Its part (PARTS), the stated one or the one its reads imply."""
+        if self.part is not None:
+            return self.part
+        return QUESTION if "questions" in self.reads else BUILD
+
+    @property
     def per_question(self) -> bool:
-        """Whether the stage's work is per question of the benchmark (it reads the questions
-        table: answer, judge, the retrieve stages) rather than per turn (a memory's build):
-        bench/cost.py scales the one by questions, the other by turns."""
-        return "questions" in self.reads
+        """Whether the stage's work is per question of the benchmark (answer, judge, report,
+        the retrieve stages) rather than per turn (a memory's build): bench/cost.py scales the
+        one by questions, the other by turns."""
+        return self.kind == QUESTION
+
+    @property
+    def builds_memory(self) -> bool:
+        """Whether its requests are a memory's construction (the build cost)."""
+        return self.kind == BUILD
 
     def describe(self, inputs: "EstimateInputs") -> "StageEstimate":
         """The stage's dry-run row: its estimate hook, else 0 requests for a stage without
@@ -174,6 +195,10 @@ LOADS = ("compression_model", "faiss", "window_tokenizer")
 # llm = the answer/build model; judges = every judge of `judge` (panel members included; one
 # with `llm: null` is the answer model's backend); encoder = the sentence encoder.
 ROLES = ("llm", "judges", "encoder")
+# What a stage's work is for (Stage.part): the benchmark's input, a memory's build, a
+# question's retrieval, answer or judgment, a fidelity audit, the run's report.
+INPUT, BUILD, QUESTION, AUDIT, REPORT = "input", "build", "question", "audit", "report"
+PARTS = (INPUT, BUILD, QUESTION, AUDIT, REPORT)
 
 
 # The model that wrote a stage's rows and the encoder behind its vectors, as `depends` keys:

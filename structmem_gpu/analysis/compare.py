@@ -38,7 +38,6 @@ from structmem_gpu.config.result_keys import changes_result, split_override
 log = logging.getLogger(__name__)
 
 REPORT = Path("report") / "report.json"
-QUERY_STAGES = frozenset({"load", "retrieve", "answer", "judge", "report"})  # not memory building
 COST_KEYS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s", "batches")
 METRICS = ("f1_locomo", "f1_mem0", "bleu1", "evidence_recall")
 
@@ -74,12 +73,18 @@ def slug(name: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
 
 
-def build_cost(manifest: Mapping[str, Any]) -> dict[str, float]:
-    """Sum of the build stages' manifest build_cost, plus the answer stage's calls/tokens."""
+def build_cost(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, float]:
+    """Sum of the build stages' manifest build_cost (memory building and audits: Stage.kind
+    as the run's method declared it, methods/registry.RunStages), plus the answer stage's
+    calls/tokens."""
+    from structmem_gpu.methods.registry import RunStages
+    from structmem_gpu.stage import AUDIT, BUILD
+
+    parts = RunStages(run_dir)
     stages = manifest.get("stages") or {}
     out: dict[str, float] = {f"build_{k}": 0 for k in COST_KEYS}
     for name, entry in stages.items():
-        if name in QUERY_STAGES:
+        if parts.part(name) not in (BUILD, AUDIT):
             continue
         cost = entry.get("build_cost") or {}
         for k in COST_KEYS:
@@ -181,7 +186,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     for cid in sorted(cats, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c)):
         row[f"acc_{slug(cats[cid].get('name') or cid)}"] = cats[cid].get("judge_accuracy")
     row.update({m: overall.get(m) for m in METRICS})
-    row.update(build_cost(manifest))
+    row.update(build_cost(manifest, run_dir))
     return row
 
 

@@ -19,6 +19,7 @@ import polars as pl
 from structmem_gpu.analysis.compare import compare_runs, label_columns
 from structmem_gpu.analysis.inspect import Run, load_run, request_events
 from structmem_gpu.eval.curves import NothingToPlot, cumulative_build_tokens
+from structmem_gpu.methods.registry import RunStages
 from structmem_gpu.eval.plots import (
     SWEEP_PLOTS,
     plot_accuracy_vs,
@@ -69,7 +70,7 @@ def write_sweep_plots(run_dirs: Iterable[Path], out_dir: Path) -> list[Path]:
         if r.has("requests") and r.has("turns"):
             try:
                 curves[run_label(r, finished)] = cumulative_build_tokens(
-                    r.requests, r.turns, request_events(r)
+                    r.requests, r.turns, request_events(r), RunStages(r.root)
                 )
             except NothingToPlot as err:
                 log.info("%s: %s", r.root, err)

@@ -214,7 +214,7 @@ def run_metrics(run_dir: Path) -> dict[str, float]:
         _group(out, "overall_without_adversarial", report["overall_without_adversarial"])
     for k, v in (report.get("longmemeval") or {}).items():
         _put(out, f"longmemeval/{k}", v)
-    for k, v in build_cost(manifest).items():
+    for k, v in build_cost(manifest, run_dir).items():
         _put(out, f"cost/{k}", v)
     for stage, entry in (manifest.get("stages") or {}).items():
         for k, v in (entry.get("build_cost") or {}).items():

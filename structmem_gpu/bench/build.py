@@ -42,7 +42,16 @@ from structmem_gpu.core.errors import StructMemError
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_STAGES = ("load", "extract", "embed", "consolidate")
+
+def schedule_stages() -> tuple[str, ...]:
+    """StructMem's build (its input and build stages, as they declare themselves): what the
+    batched and reference schedules both run."""
+    from structmem_gpu.methods.registry import method_stages
+    from structmem_gpu.stage import BUILD, INPUT
+
+    return method_stages("structmem", INPUT, BUILD)
+
+
 OVERHEAD_TARGET = 0.05
 _COST_KEYS = (
     "calls",
@@ -195,7 +204,7 @@ def _load1() -> float:
 def run_schedule(settings: BenchSettings, dataset: Sequence[str]) -> dict[str, Any]:
     """Batched vs reference schedule on the same conversations (caches off for both), the two
     legs back to back so that both see the same machine load (recorded per leg)."""
-    stages = list(SCHEDULE_STAGES)
+    stages = list(schedule_stages())
     load: dict[str, list[float]] = {"batched": [_load1()]}
     batched_run = Path(run_build(settings, dataset, stages, name="schedule-batched")["run_dir"])
     load["batched"].append(_load1())

@@ -38,34 +38,14 @@ from structmem_gpu.core.artifacts import RunDir
 
 
 
-def shared_question_stages() -> frozenset[str]:
-    """The per-question stages every method shares (the evaluation's answer and judge), by
-    their declarations: the basis when a run directory holds no saved config."""
-    from structmem_gpu.eval.answer import STAGE as ANSWER
-    from structmem_gpu.eval.judge import STAGE as JUDGE
+def question_stages(run_dir: Path | None = None) -> frozenset[str]:
+    """Stages whose requests are per question (Stage.per_question), as the run's method
+    declares them (methods/registry.RunStages: the config the run saved, then the packaged
+    methods' stages of those names; None = the packaged methods')."""
+    from structmem_gpu.methods.registry import RunStages
+    from structmem_gpu.stage import QUESTION
 
-    return frozenset(s.name for s in (ANSWER, JUDGE) if s.per_question)
-
-
-def question_stages(run_dir: Path) -> frozenset[str]:
-    """Stages of the run's method whose requests are per question (Stage.per_question), from
-    the config the run saved (.hydra/config.yaml: method.implementations); without one, or
-    with a stage that no longer imports, the shared answer and judge stages answer for it."""
-    from structmem_gpu.config.run_changes import previous_config
-    from structmem_gpu.core.errors import ConfigError
-    from structmem_gpu.methods.registry import implementations
-
-    saved = previous_config(run_dir) or {}
-    refs = (saved.get("method") or {}).get("implementations") or {}
-    out = set(shared_question_stages())
-    stages = implementations(refs, f"{run_dir}/.hydra/config.yaml")
-    for name in stages:
-        try:
-            if stages[name].per_question:
-                out.add(name)
-        except ConfigError:  # a stage moved or renamed since the run: its row scales by turns
-            continue
-    return frozenset(out)
+    return RunStages(run_dir).names(QUESTION)
 
 
 @dataclass(frozen=True)
@@ -132,8 +112,8 @@ def extrapolate(
     per_question: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """Scale each stage's calls and tokens to `target` (build stages by turns, the stages of
-    `per_question` by questions; None = the shared answer and judge stages)."""
-    qa_stages = shared_question_stages() if per_question is None else per_question
+    `per_question` by questions; None = the packaged methods' per-question stages)."""
+    qa_stages = question_stages() if per_question is None else per_question
     rows = []
     for r in stage_rows:
         qa = r["stage"] in qa_stages

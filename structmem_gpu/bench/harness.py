@@ -143,8 +143,10 @@ def llm_endpoint(job: JobConfig, log_dir: Path) -> Iterator[tuple[str | None, An
     vllm_offline), which each pipeline run then opens itself."""
     from structmem_gpu.llm.factory import open_llm
 
+    from structmem_gpu.llm.backends import backend
+
     llm = job.root.llm
-    if llm.backend in ("scripted", "vllm_offline"):
+    if not backend(llm.backend).http:
         yield None, None
         return
     with open_llm(

@@ -62,6 +62,8 @@ from structmem_gpu.bench.harness import (BenchSettings, HashingModel, compose, h
 from structmem_gpu.bench.paced_model import busy_shares, not_busy_seconds, timelines
 from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
 from structmem_gpu.bench.synthetic import SyntheticSpec, write_locomo
+from structmem_gpu.methods.registry import method_stages
+from structmem_gpu.stage import BUILD, INPUT, QUESTION
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +95,20 @@ SIZES: dict[str, SyntheticSpec | HaystackFileSpec] = {
                                                  questions_per_conversation=1,
                                                  shared_pool=20000),
 }
-BUILDS: dict[str, tuple[str, ...]] = {
-    "structmem": ("load", "extract", "embed", "consolidate"),
-    "seem": ("load", "frames", "fusion", "graph"),
-}
-# Stages run after the build and reported as the run's evaluation phase (the LongMemEval-S
-# target is build + evaluation); SEEM's evaluation is not run here (its build alone is long).
-EVALUATION: dict[str, tuple[str, ...]] = {"structmem": ("retrieve", "answer", "judge")}
+# The methods whose builds are paced (a build = the method's input and build stages, as its
+# stages declare them: methods/registry.method_stages).
+PACED_METHODS = ("structmem", "seem")
+# Methods whose per-question stages also run, reported as the evaluation phase (the
+# LongMemEval-S target is build + evaluation); SEEM's is not run here (its build alone is long).
+EVALUATED = ("structmem",)
+
+
+def build_stages(method: str) -> tuple[str, ...]:
+    return method_stages(method, INPUT, BUILD)
+
+
+def evaluation_stages(method: str) -> tuple[str, ...]:
+    return method_stages(method, QUESTION) if method in EVALUATED else ()
 GRID_S = 0.0005  # resolution of the busy-fraction timeline (real seconds)
 
 
@@ -276,7 +285,7 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
             f"method={method}", f"benchmark={'longmemeval' if lme else 'locomo'}",
             f"benchmark.path={data}",
             "benchmark.conversations=null", "benchmark.max_sessions=null",
-            f"stages=[{','.join((*BUILDS[method], *EVALUATION.get(method, ())))}]",
+            f"stages=[{','.join((*build_stages(method), *evaluation_stages(method)))}]",
             "llm=external",
             f"llm.base_url={srv.base_url}", "llm.served_name=mock", "llm.model=mock",
             f"llm.max_in_flight={max_in_flight}", "llm.repair_attempts=0",
@@ -288,7 +297,7 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
         srv.stop()
     server = json.loads(stats.read_text())
     out = analyse(calls, stages, server,
-                  {"build": BUILDS[method], "evaluation": EVALUATION.get(method, ())})
+                  {"build": build_stages(method), "evaluation": evaluation_stages(method)})
     row = {"build": method, "size": size, "time_scale": time_scale,
            "max_num_seqs": max_num_seqs, "max_in_flight": max_in_flight,
            "prefix_caching": prefix_caching,
@@ -302,7 +311,7 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
 
 
 def run_paced(settings: BenchSettings, *, sizes: Sequence[str] = tuple(SIZES),
-              methods: Sequence[str] = tuple(BUILDS), time_scale: float = 10.0,
+              methods: Sequence[str] = PACED_METHODS, time_scale: float = 10.0,
               prefix_caching: bool = True, warm_up: bool = True) -> dict[str, Any]:
     rows = []
     if warm_up:

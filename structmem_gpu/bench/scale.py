@@ -34,11 +34,20 @@ import polars as pl
 from structmem_gpu.bench.fit import scaling_summary
 from structmem_gpu.bench.harness import BenchSettings
 from structmem_gpu.bench.synthetic import SyntheticSpec, unique_pool_sessions, write_locomo
+from structmem_gpu.methods.registry import method_stages
+from structmem_gpu.stage import BUILD, INPUT, QUESTION
 
 log = logging.getLogger(__name__)
 
-SCRIPTED_STAGES = ("load", "extract", "embed", "consolidate", "retrieve", "answer", "judge")
-REAL_STAGES = ("load", "extract", "embed", "consolidate")
+
+def scripted_stages() -> tuple[str, ...]:
+    """StructMem's stages up to the judge (its report aside): the scripted scale points."""
+    return method_stages("structmem", INPUT, BUILD, QUESTION)
+
+
+def real_stages() -> tuple[str, ...]:
+    """StructMem's build (input and build stages): the real-model scale points."""
+    return method_stages("structmem", INPUT, BUILD)
 
 
 def run_worker(
@@ -141,7 +150,7 @@ def run_scripted_scale(
         )
         data = write_locomo(s, settings.path("data", f"synthetic-{n}.json"))
         ov = settings.overrides_for(
-            [*_dataset(data), f"stages=[{','.join(SCRIPTED_STAGES)}]"],
+            [*_dataset(data), f"stages=[{','.join(scripted_stages())}]"],
             cache_off=True,
             cache_dir=settings.out_dir / "cache" / f"scale-{n}",
             scripted=True,
@@ -161,7 +170,7 @@ def run_scripted_scale(
         },
         "encoder": encoder,
         "points": points,
-        "fit": _fit_rows(points, SCRIPTED_STAGES),
+        "fit": _fit_rows(points, scripted_stages()),
     }
 
 
@@ -176,7 +185,7 @@ def run_real_slice(
             settings.path("data", f"synthetic-real-{n}.json"),
         )
         ov = settings.overrides_for(
-            [*_dataset(data), f"stages=[{','.join(REAL_STAGES)}]"],
+            [*_dataset(data), f"stages=[{','.join(real_stages())}]"],
             cache_off=True,
             cache_dir=settings.out_dir / "cache" / f"real-{n}",
         )
@@ -191,7 +200,7 @@ def run_real_slice(
         "spec": {"sessions": 1, "turns_per_session": 4},
         "encoder": "hashing",
         "points": points,
-        "fit": _fit_rows(points, REAL_STAGES),
+        "fit": _fit_rows(points, real_stages()),
     }
 
 

@@ -271,7 +271,7 @@ class Suite:
     def part_build(self) -> dict[str, Any]:
         from structmem_gpu.bench import build
 
-        stages = list(build.SCHEDULE_STAGES) if self.opts.tiny else None
+        stages = list(build.schedule_stages()) if self.opts.tiny else None
         out = build.run_build(self.settings, self.dataset, stages)
         out["encoder_import_s"] = self.bench["meta"].get("encoder_import_s")
         self.build_run = Path(out["run_dir"])

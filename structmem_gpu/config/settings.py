@@ -369,7 +369,10 @@ def _leaf(tp: Any, value: Any, path: str) -> tuple[Any, list[str]]:
         return None, [f"{path}=None: a value is required: {describe(tp)}"]
     try:
         return _adapter(tp).validate_python(tuple(value) if isinstance(value, list) else value), []
-    except ValidationError:
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err.get("type") == "value_error":  # a validator's own words (llm.backend: the registry's)
+            return None, [f"{path}={value!r}: {(err.get('ctx') or {}).get('error', err['msg'])}"]
         return None, [f"{path}={value!r}: expected {describe(tp)}"]
 
 

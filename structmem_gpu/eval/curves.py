@@ -28,27 +28,11 @@ from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.published import PublishedRow, load_published
 from structmem_gpu.eval.recall import TURN_CIRCUITS, EvidenceIndex
+from structmem_gpu.methods.registry import RunStages
+from structmem_gpu.stage import BUILD
 
 log = logging.getLogger(__name__)
 
-# Stages that answer questions rather than build memory (same split as analysis/compare.py).
-QUERY_STAGES = frozenset({"load", "retrieve", "answer", "judge", "report"})
-# Every method's stages in pipeline order (conf/method/*.yaml), for figures without a config.
-PIPELINE_ORDER = (
-    "load",
-    "frames",
-    "fusion",
-    "extract",
-    "embed",
-    "graph",
-    "consolidate",
-    "audit_extraction",
-    "audit_consolidation",
-    "retrieve",
-    "answer",
-    "judge",
-    "report",
-)
 
 
 class NothingToPlot(StructMemError, ValueError):
@@ -107,8 +91,8 @@ def build_cost_frame(manifest: Mapping[str, Any], order: Sequence[str] = ()) -> 
     """stage, calls, cache_hits, prompt_tokens, completion_tokens, wall_s from manifest.json."""
     stages = manifest.get("stages") or {}
     # Manifest keys are sorted alphabetically and start times tie at one-second resolution:
-    # the given order first, then the pipeline's, then anything else by start time.
-    known = list(dict.fromkeys([*order, *PIPELINE_ORDER]))
+    # the given order (the method's `stages`) first, then anything else by start time.
+    known = list(dict.fromkeys(order))
     rest = sorted(
         (s for s in stages if s not in known),
         key=lambda s: (str(stages[s].get("started") or ""), s),
@@ -206,11 +190,14 @@ def _scan(run: RunDir, name: str) -> pl.LazyFrame:
 
 
 def cumulative_build_tokens(
-    requests: pl.DataFrame, turns: pl.DataFrame, links: pl.DataFrame | None = None
+    requests: pl.DataFrame, turns: pl.DataFrame, links: pl.DataFrame | None = None,
+    stages: "RunStages | None" = None,
 ) -> pl.DataFrame:
     """Build tokens spent by the time the dialogue reaches turn t, as an online agent would.
 
-    Every memory-building request (stages outside QUERY_STAGES; audits excluded) is charged,
+    Every memory-building request (a stage whose part is "build" as the run's method declared
+    it: `stages`, methods/registry.RunStages; None = the packaged methods'; audits, input and
+    per-question stages excluded) is charged,
     prompt + completion tokens (cache hits keep their counts), at the LAST turn it covers: the
     moment it could first be sent. `links` (request_id, event_id) says which turns a request
     covered (request_events: an extraction request covers the events of the entries
@@ -220,9 +207,9 @@ def cumulative_build_tokens(
     conversation; conversations are summed at equal t. Returns turn, stage, tokens,
     cumulative_tokens (one row per turn and stage).
     """
-    build = requests.filter(
-        ~pl.col("stage").is_in(sorted(QUERY_STAGES)) & ~pl.col("stage").str.starts_with("audit")
-    )
+    parts = stages if stages is not None else RunStages()
+    names = requests["stage"].unique().to_list() if requests.height else []
+    build = requests.filter(pl.col("stage").is_in(sorted(n for n in names if parts.part(n) == BUILD)))
     if build.height == 0:
         raise NothingToPlot("no memory-building requests in requests.parquet: nothing to plot")
     pos = turn_positions(turns)

@@ -43,8 +43,6 @@ from structmem_gpu.core.errors import InputError
 # Re-exported: the frames behind the figures live in curves.py (no matplotlib); callers keep
 # using plots.recall_at_k, plots.NothingToPlot, ... (notebooks, tests, jobs/report.py).
 from structmem_gpu.eval.curves import (
-    PIPELINE_ORDER,
-    QUERY_STAGES,
     NothingToPlot,
     _distinct_published,
     _published_sweep,
@@ -56,13 +54,13 @@ from structmem_gpu.eval.curves import (
     turn_positions,
 )
 from structmem_gpu.eval.published import PublishedRow, load_published, matching_rows
+from structmem_gpu.methods.registry import RunStages
+from structmem_gpu.stage import INPUT, QUESTION, REPORT
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
-    "PIPELINE_ORDER",
-    "QUERY_STAGES",
     "SWEEP_PLOTS",
     "NothingToPlot",
     "build_cost_frame",
@@ -136,14 +134,17 @@ def plot_accuracy_by_category(
 
 # ---- build cost per stage -------------------------------------------------------------------
 def plot_build_cost(
-    manifest: Mapping[str, Any], path: Path, order: Sequence[str] = (), title: str = ""
+    manifest: Mapping[str, Any], path: Path, order: Sequence[str] = (), title: str = "",
+    stages: RunStages | None = None,
 ) -> Path:
     """Three panels per stage: LLM calls (cache hits shaded), prompt/completion tokens, seconds.
-    Stages that answer rather than build memory (QUERY_STAGES) are hatched."""
+    Stages that do not build memory (Stage.kind input or question, as the run's method
+    declares them: `stages`; None = the packaged methods') are hatched."""
+    parts = stages if stages is not None else RunStages()
     df = build_cost_frame(manifest, order)
     fig, (a1, a2, a3) = _figure(min(16.0, max(9.0, 1.1 * df.height)), 3.8, ncols=3)
     x, names = np.arange(df.height), df["stage"].to_list()
-    hatch = ["//" if n in QUERY_STAGES else "" for n in names]
+    hatch = ["//" if parts.part(n) in (INPUT, QUESTION, REPORT) else "" for n in names]
     a1.bar(x, df["calls"], color="tab:blue", label="calls", hatch=hatch)
     a1.bar(x, df["cache_hits"], color="tab:gray", alpha=0.7, label="of which cache hits")
     a2.bar(x, df["prompt_tokens"], color="tab:orange", label="prompt", hatch=hatch)
@@ -349,13 +350,14 @@ def write_run_plots(
             f"Judge accuracy by category: {title} (judge {judge})",
         )
 
-    order = list(job.root.method.stages) if job is not None else []
+    stages = RunStages(run.root)
+    order = list(job.root.method.stages) if job is not None else list(stages.order)
     if judgments is not None:
         try_draw("accuracy_by_category", accuracy, written)
     try_draw(
         "build_cost",
         lambda: plot_build_cost(
-            manifest, out / "build_cost.png", order, f"Build cost per stage: {title}"
+            manifest, out / "build_cost.png", order, f"Build cost per stage: {title}", stages
         ),
         written,
     )
@@ -364,7 +366,8 @@ def write_run_plots(
             "cumulative_build_tokens",
             lambda: plot_cumulative_build_tokens(
                 cumulative_build_tokens(
-                    run.read_table("requests"), run.read_table("turns"), request_events(run)
+                    run.read_table("requests"), run.read_table("turns"), request_events(run),
+                    stages,
                 ),
                 out / "cumulative_build_tokens.png",
                 f"Cumulative build tokens: {title}",

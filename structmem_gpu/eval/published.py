@@ -175,11 +175,22 @@ def run_categories(facts: Facts) -> tuple[int, ...]:
     return tuple(sorted(LOCOMO_CATEGORIES))
 
 
+def _harness_backend(name: Any) -> bool:
+    """Whether backend `name` says its replies are scripted (Backend.harness); a backend no
+    longer registered is judged by its own run's other facts."""
+    from structmem_gpu.llm.backends import backend
+
+    try:
+        return backend(str(name)).harness
+    except ValueError:
+        return False
+
+
 def harness_run(facts: Facts) -> str | None:
     """Why a run can never be compared with a paper (None = it can)."""
     get = _lookup(facts)
-    if get("llm.backend") == "scripted":
-        return "llm=scripted (scripted replies, not a model)"
+    if _harness_backend(get("llm.backend")):
+        return f"llm={get('llm.backend')} (scripted replies, not a model)"
     profile = get("debug_profile")
     if profile:
         return f"debug={profile} (shrunk settings)"

@@ -57,7 +57,7 @@ from structmem_gpu.eval.published import (
 )
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.config.schema import ReportSettings  # the root node report: (config/schema.py)
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.stage import REPORT, Stage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -433,4 +433,5 @@ STAGE = Stage(
     # 4: protocols.texts (official checkouts or ours) and protocols.qa_store (offline update).
     version="4",
     uses=(),
+    part=REPORT,  # reads the questions but answers none: neither a build nor a question cost
 )

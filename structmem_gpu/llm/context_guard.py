@@ -4,7 +4,8 @@
 `max_tokens` exceed the model's context is not sent; it comes back failed with
 finish_reason `over_context` (counted per stage in the manifest notes and report.json,
 `over_context`), never silently dropped and never a server's HTTP 400 counted as a parse
-failure. The context is `llm.n_ctx` (llama.cpp), `llm.max_model_len` (vLLM, external), or
+failure. The context is the backend's context knob (llm/backends/: `llm.n_ctx` for llama.cpp,
+`llm.max_model_len` for vLLM and external endpoints), or
 what an attached server reports (`/v1/models` max_model_len, llama.cpp `/props` n_ctx):
 
     >>> limit = context_limit(LLMSettings(backend="llamacpp", n_ctx=8192))
@@ -67,11 +68,14 @@ def count_prompt(counter: TextCounter, messages: Sequence[Message]) -> int:
 
 
 def configured_limit(c: LLMSettings) -> ContextLimit:
-    """The context the config states: llama.cpp `n_ctx`, else `max_model_len` when set."""
-    if c.backend == "llamacpp" and c.n_ctx:
-        return ContextLimit(int(c.n_ctx), "llm.n_ctx")
-    if c.backend != "llamacpp" and c.max_model_len:
-        return ContextLimit(int(c.max_model_len), "llm.max_model_len")
+    """The context the config states in its backend's context knob (Backend.context_knob:
+    llama.cpp `n_ctx`, vLLM and external `max_model_len`), when set."""
+    from structmem_gpu.llm.backends import backend
+
+    knob = backend(c.backend).context_knob
+    value = getattr(c, knob)
+    if value:
+        return ContextLimit(int(value), f"llm.{knob}")
     return ContextLimit(None, "unknown")
 
 

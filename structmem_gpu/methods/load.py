@@ -30,7 +30,7 @@ import polars as pl
 from structmem_gpu.data.locomo import LOCOMO_SHA256
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.core.hashing import file_sha256
-from structmem_gpu.stage import Stage, StageContext
+from structmem_gpu.stage import INPUT, Stage, StageContext
 from structmem_gpu.core.turns_store import CompactTurns
 
 if TYPE_CHECKING:
@@ -222,4 +222,5 @@ STAGE = Stage(
     # 2: shard assignment by unique-session volume (a rerun must not mix old and new shards).
     version="2",
     uses=(),
+    part=INPUT,  # reads no questions, builds no memory: no cost table counts it
 )

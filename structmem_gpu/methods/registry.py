@@ -10,6 +10,7 @@ so a method's stages load only when used. Adding a method = adding a YAML file.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -82,3 +83,98 @@ def stage_registry(job: JobConfig | Mapping[str, Any]) -> Mapping[str, Stage]:
             f"{where}: method.stages names {missing}, which method.implementations does not map"
         )
     return registry
+
+
+# ---- a finished run's stages, for readers without a job (cost tables, figures) -------------
+
+
+def packaged_stages() -> dict[str, Stage]:
+    """Stage name -> Stage over every packaged method (conf/method/*.yaml `implementations`;
+    the first method naming a stage wins: same-named stages share their part). For a run
+    directory without a saved config, and for a stage its saved config no longer imports."""
+    from structmem_gpu.config.yaml_defaults import CONF_DIR
+
+    out: dict[str, Stage] = {}
+    import yaml
+
+    for path in sorted((CONF_DIR / "method").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        refs = (data.get("method") or {}).get("implementations") or {}
+        for name, stage in _importable(implementations(refs, str(path))).items():
+            out.setdefault(name, stage)
+    return out
+
+
+def _importable(stages: Mapping[str, Stage]) -> dict[str, Stage]:
+    out = {}
+    for name in stages:
+        try:
+            out[name] = stages[name]
+        except ConfigError:  # moved or renamed since the run: the packaged methods answer
+            continue
+    return out
+
+
+class RunStages:
+    """A finished run's stages as its method declared them: their order (`method.stages` of
+    .hydra/config.yaml) and each stage's part (Stage.kind), from the saved config's
+    `method.implementations`, else the packaged methods' stage of that name, else "build"
+    (an unknown stage's requests are counted, never dropped from a cost)."""
+
+    def __init__(self, run_dir: Any = None) -> None:
+        from pathlib import Path
+
+        from structmem_gpu.config.run_changes import previous_config
+
+        # None = no run directory: the packaged methods' declarations alone.
+        saved = (previous_config(Path(run_dir)) if run_dir is not None else None) or {}
+        method = saved.get("method") or {}
+        self.order: tuple[str, ...] = tuple(str(s) for s in method.get("stages") or ())
+        refs = method.get("implementations") or {}
+        self._own = _importable(implementations(refs, f"{run_dir}/.hydra/config.yaml"))
+        self._packaged: dict[str, Stage] | None = None
+
+    def stage(self, name: str) -> Stage | None:
+        if name in self._own:
+            return self._own[name]
+        if self._packaged is None:
+            self._packaged = packaged_stages()
+        return self._packaged.get(name)
+
+    def part(self, name: str) -> str:
+        from structmem_gpu.stage import BUILD
+
+        stage = self.stage(name)
+        return BUILD if stage is None else stage.kind
+
+    def names(self, *parts: str) -> frozenset[str]:
+        """The stages of the method (its own and the packaged ones) whose part is in `parts`."""
+        if self._packaged is None:
+            self._packaged = packaged_stages()
+        every = {**self._packaged, **self._own}
+        return frozenset(n for n, s in every.items() if s.kind in parts)
+
+
+def method_stages(method: str, *parts: str) -> tuple[str, ...]:
+    """The packaged method's run order (`method.stages` of conf/method/<method>.yaml, composed)
+    restricted to stages whose part (Stage.kind) is in `parts`, e.g. the stages of a StructMem
+    build: method_stages("structmem", INPUT, BUILD). For the benchmarks' schedules."""
+    return _method_stages(method, tuple(parts))
+
+
+@functools.lru_cache(maxsize=32)
+def _method_stages(method: str, parts: tuple[str, ...]) -> tuple[str, ...]:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from structmem_gpu.config.yaml_defaults import CONF_DIR
+
+    overrides = [f"method={method}"]
+    if GlobalHydra.instance().is_initialized():  # inside a Hydra job: its config dir is ours
+        cfg = compose(config_name="config", overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    job = JobConfig.from_cfg(cfg)
+    registry = stage_registry(job)
+    return tuple(n for n in job.root.method.stages if registry[n].kind in parts)

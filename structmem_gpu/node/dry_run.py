@@ -82,10 +82,11 @@ def token_counter(llm: LLMSettings) -> TokenCounter:
     another matter: extract.window_tokenizer)."""
     from structmem_gpu.llm.tokens import CHARS_COUNTER, optional_counter
 
-    if llm.backend == "llamacpp" and llm.tokenizer in (None, "chars"):
-        gguf = gguf_counter(llm.model)
-        if gguf is not None:
-            return gguf
+    from structmem_gpu.llm.backends import backend
+
+    own = backend(llm.backend).token_counter(llm)  # llama.cpp: the GGUF's own
+    if own is not None:
+        return own
     spec = llm.tokenizer if llm.tokenizer is not None else llm.model
     found = None
     if spec not in (None, "chars"):

@@ -6,10 +6,10 @@ server starts (docs/performance.md "GPU memory plan").
     p.refusal                      # None, or one line: stage, sum, device size, the fixing knob
 
 Residents follow the pipeline's release schedule (a backend stays open only while a
-remaining stage uses it, Stage.uses): a launched vLLM server (`vllm_server` without
-`base_url`, or `vllm_offline`) reserves `gpu_memory_utilization` x device memory on each of
-its tensor x data parallel GPUs, and its weights (per tensor-parallel rank) plus
-`gpu.headroom_gb` must fit inside that share; the encoder (embedder.device auto/cuda) holds its
+remaining stage uses it, Stage.uses): a launched backend that says it sits on a GPU
+(llm/backends/ Backend.gpu_kind: `vllm_server` without `base_url`, `vllm_offline`) reserves
+`gpu_memory_utilization` x device memory on each of its tensor x data parallel GPUs, and its
+weights (per tensor-parallel rank) plus `gpu.headroom_gb` must fit inside that share; the encoder (embedder.device auto/cuda) holds its
 weights in its dtype (fp16 on CUDA when embedder.fp16, else float32); FAISS-GPU (index.use_gpu)
 holds its scratch memory from the first retrieve stage to the end of the process. Per GPU,
 shares + encoder + FAISS + headroom must fit the device. Where a backend opened earlier and
@@ -40,13 +40,13 @@ from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import open_values
+from structmem_gpu.llm.backends import backend
 from structmem_gpu.node.model_refs import cached_snapshot
 from structmem_gpu.stage import Stage, backend_keys, judge_key, judge_members
 
 log = logging.getLogger(__name__)
 
 GB = 1e9
-_GPU_LLM_BACKENDS = ("vllm_server", "vllm_offline")
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 # FAISS StandardGpuResources' default temporary memory on a large GPU (1.5 GiB; faiss
@@ -258,15 +258,15 @@ def resident(job: JobConfig, key: str, device_gb: float | None) -> Resident | st
                         weights(encoder_model(emb.model), emb.weights_gb, runtime_bytes=nbytes),
                         knob="embedder")
     node, knob = _llm_node(job, key)
-    if node is None or node.backend not in _GPU_LLM_BACKENDS:
+    spec = None if node is None else backend(node.backend)
+    if node is None or spec is None or spec.gpu_kind is None:  # its backend holds no GPU memory
         return None
-    if node.base_url and node.backend == "vllm_server":
+    if node.base_url and spec.attaches:
         return f"{key}: attached server {node.base_url} (not ours: not planned, never stopped)"
     tp, dp = node.tensor_parallel_size, node.data_parallel_size
     w = weights(node.model, node.weights_gb, revision=node.revision)
     per_rank = Weights(None if w.gb is None else w.gb / tp, w.source)
-    kind = "vLLM server" if node.backend == "vllm_server" else "vLLM engine (in process)"
-    return Resident(key, f"{kind} {node.model}", tuple(range(tp * dp)), per_rank,
+    return Resident(key, f"{spec.gpu_kind} {node.model}", tuple(range(tp * dp)), per_rank,
                     node.gpu_memory_utilization, knob, tp)
 
 

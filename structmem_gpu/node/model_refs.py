@@ -40,8 +40,6 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # A job's overrides that `jobs/data.py models` leaves out: Hydra's own node (it does not
 # compose outside a job) and switches that name no model.
 NOT_FOR_MODELS = ("hydra.", "dry_run=", "force=")
-# Backends that load weights we must find: a launched llama.cpp / vLLM server, offline vLLM.
-LAUNCHED = ("llamacpp", "vllm_server", "vllm_offline")
 
 
 @dataclass(frozen=True)
@@ -54,8 +52,11 @@ class NamedLLM:
 
     @property
     def launched(self) -> bool:
-        """True when the job starts this model itself (not attached, external or scripted)."""
-        return self.cfg.backend in LAUNCHED and not self.cfg.base_url
+        """True when the job starts this model itself (not attached, external or scripted):
+        its backend says so (llm/backends/, Backend.launched)."""
+        from structmem_gpu.llm.backends import backend
+
+        return backend(self.cfg.backend).launched(self.cfg)
 
 
 @dataclass(frozen=True)
@@ -117,21 +118,16 @@ def named_llms(job: JobConfig, stages: Sequence[Any]) -> list[NamedLLM]:
 
 
 def _llm_model(llm: NamedLLM) -> ModelRef | None:
-    c = llm.cfg
+    """The weights a launched backend loads, as it states them (Backend.weights)."""
+    from structmem_gpu.llm.backends import backend
+
     if not llm.launched:
         return None
-    if c.backend == "llamacpp":
-        if c.model is None:
-            from structmem_gpu.llm.server import packaged_smollm2_gguf
-
-            name = str(packaged_smollm2_gguf())  # ConfigError naming the package when absent
-        else:
-            name = str(c.model)
-        return ModelRef(llm.role, f"{llm.key}.model", name, gguf=True, weights_gb=c.weights_gb)
-    if not c.model:
+    w = backend(llm.cfg.backend).weights(llm.cfg)
+    if w is None:
         return None  # the factory refuses it with its own line (llm.model must name ...)
-    return ModelRef(llm.role, f"{llm.key}.model", str(c.model), revision=c.revision,
-                    convert_from_gguf=c.convert_from_gguf, weights_gb=c.weights_gb)
+    return ModelRef(llm.role, f"{llm.key}.model", w.name, revision=w.revision, gguf=w.gguf,
+                    convert_from_gguf=w.convert_from_gguf, weights_gb=llm.cfg.weights_gb)
 
 
 def _encoder_model(job: JobConfig) -> ModelRef:

@@ -30,7 +30,6 @@ import logging
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from typing import Any
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.schema import PreflightSettings
 from structmem_gpu.core.errors import StructMemError
+from structmem_gpu.llm.backends.spec import SETUP_GPU
 from structmem_gpu.node.model_refs import (
     NOT_FOR_MODELS,
     ModelRef,
@@ -53,8 +53,6 @@ from structmem_gpu.node.model_refs import (
 )
 
 log = logging.getLogger(__name__)
-
-SETUP_GPU = "make setup-gpu"
 
 
 class PreflightError(StructMemError):
@@ -187,62 +185,15 @@ def _module_present(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _llama_server_missing() -> str:
-    """'' when `python -m llama_cpp.server` can run here (its package and server extras)."""
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or not spec.submodule_search_locations:
-        return "llama_cpp (llama-cpp-python) is not installed"
-    base = Path(next(iter(spec.submodule_search_locations)))
-    if not ((base / "server").is_dir() or (base / "server.py").is_file()):
-        return "llama_cpp has no server module"
-    absent = [m for m in ("uvicorn", "fastapi", "sse_starlette", "starlette_context",
-                          "pydantic_settings") if not _module_present(m)]
-    return f"llama_cpp.server lacks {', '.join(absent)}" if absent else ""
-
-
-def _python_has_vllm(python: str) -> bool:
-    if Path(python).absolute() == Path(sys.executable).absolute():  # a venv is its bin path
-        return _module_present("vllm")
-    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    try:
-        return subprocess.run([python, "-c", code], timeout=20, capture_output=True).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def _engine_finding(llm: NamedLLM) -> Finding | None:
-    c = llm.cfg
-    backend = c.backend
-    who = f"{llm.role} ({llm.key}.backend={backend})"
-    if backend == "llamacpp":
-        missing = _llama_server_missing()
-        fix = "make setup (the cpu extra: llama-cpp-python[server])"
-        return Finding(missing, fix, subject=who) if missing else None
-    if backend == "vllm_offline":
-        return None if _module_present("vllm") else Finding(
-            f"vllm is not importable in {sys.executable}", SETUP_GPU, subject=who)
-    # vllm_server: the command factory._launch would run (llm/server.py vllm_command)
-    python = c.server_python
-    if python and not Path(str(python)).is_file():
-        return Finding(f"llm.server_python {python} does not exist",
-                       f"make vllm-cpu (llm=vllm_cpu), {SETUP_GPU}, or set {llm.key}.server_python",
-                       subject=who)
-    if c.vllm_entrypoint == "module":
-        interp = str(python or sys.executable)
-        return None if _python_has_vllm(interp) else Finding(
-            f"vllm is not importable by {interp}", "make vllm-cpu" if python else SETUP_GPU,
-            subject=who)
-    if python:
-        exe = Path(str(python)).parent / "vllm"
-        return None if exe.is_file() else Finding(
-            f"no vllm executable {exe}", f"{SETUP_GPU} in that environment", subject=who)
-    from structmem_gpu.llm.server import vllm_executable
+    """What this machine lacks to launch `llm`, as its backend checks it (Backend.engine_problem)."""
+    from structmem_gpu.llm.backends import backend
 
-    exe = vllm_executable()
-    if Path(exe).is_file() or shutil.which(exe):
+    c = llm.cfg
+    found = backend(c.backend).engine_problem(c, llm.key)
+    if found is None:
         return None
-    return Finding(f"no `vllm` executable beside {sys.executable} or on PATH", SETUP_GPU,
-                   subject=who)
+    return Finding(found.problem, found.fix, subject=f"{llm.role} ({llm.key}.backend={c.backend})")
 
 
 def check_engines(job: Job) -> list[Finding]:

@@ -240,7 +240,9 @@ def test_config_composes_and_resolves(name: str) -> None:
     c = resolve_config(cfg.llm)
     assert set(c) == set(LLMSettings.model_fields)
     if name.startswith("vllm_") and name not in ("vllm_server", "vllm_offline"):
-        assert c["backend"] == "vllm_server" and c["model"] and c["served_name"]
+        # GPU presets serve through vllm_server; the CPU engine is its own backend (nothing on a GPU).
+        assert c["backend"] == ("vllm_cpu" if name == "vllm_cpu" else "vllm_server")
+        assert c["model"] and c["served_name"]
 
 
 @pytest.mark.parametrize("name", LLM_FILES)

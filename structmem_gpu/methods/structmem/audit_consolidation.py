@@ -56,6 +56,7 @@ from structmem_gpu.methods.structmem.prompts import audit_consolidation as promp
 from structmem_gpu.methods.structmem.prompts import synthesis
 from structmem_gpu.config.settings import External
 from structmem_gpu.stage import (
+    AUDIT,
     EMBEDDER_IDENTITY,
     LLM_IDENTITY,
     EstimateInputs,
@@ -334,4 +335,5 @@ STAGE = Stage(
     extra_fingerprint=judge_panel_identity,
     uses=("llm", "judges"),
     estimate=estimate_audit_consolidation,
+    part=AUDIT,
 )

@@ -48,7 +48,7 @@ from structmem_gpu.methods.structmem.audit_api import (
 )
 from structmem_gpu.methods.structmem.prompts import audit_extraction as prompt
 from structmem_gpu.config.settings import External
-from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
+from structmem_gpu.stage import AUDIT, LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
@@ -256,4 +256,5 @@ STAGE = Stage(
     uses=("judges",),
     estimate=estimate_audit_extraction,
     loads=("window_tokenizer",),  # replans extract's windows by extract.window_tokenizer
+    part=AUDIT,
 )

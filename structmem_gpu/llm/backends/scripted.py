@@ -1,0 +1,30 @@
+"""The scripted LLM (llm/scripted.py): deterministic, schema-valid, input-derived replies in
+this process; the unit tests' and `debug=scripted` harness runs' backend, never a result."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from structmem_gpu.llm.backends import register
+from structmem_gpu.llm.backends.spec import Backend
+
+if TYPE_CHECKING:
+    from structmem_gpu.config.schema import LLMSettings
+
+
+@register
+class Scripted(Backend):
+    name = "scripted"
+    attaches = False
+    http = False
+    harness = True
+
+    def open(self, s: "LLMSettings", stack: contextlib.ExitStack, log_dir: Path, name: str,
+             http_backend: Callable[["LLMSettings", str], Any]) -> Any:
+        from structmem_gpu.llm.factory import model_id
+        from structmem_gpu.llm.scripted import ScriptedLLM
+
+        return ScriptedLLM(model_id=model_id(s), repair_attempts=s.repair_attempts)
