@@ -24,3 +24,10 @@ if _find_spec("omegaconf") is not None:
     # module outside config/ that touches OmegaConf, so prompts/ stays free of it).
     if not _OmegaConf.has_resolver(_pinned.RESOLVER):
         _OmegaConf.register_new_resolver(_pinned.RESOLVER, _pinned.source)
+
+# `llm.backend` names a module of llm/backends/ (each registers itself there); the settings
+# (config/, a lower layer) validate it through this one connection.
+from structmem_gpu.config import choices as _choices  # noqa: E402
+from structmem_gpu.llm import backends as _backends  # noqa: E402
+
+_choices.provide("llm.backend", _backends.names)

@@ -146,7 +146,7 @@ class StageEstimate:
 
 
 class MessageCounter(Protocol):
-    """Counts the prompt tokens of one chat request (node/dry_run.TokenCounter)."""
+    """Counts the prompt tokens of one chat request (llm/prompt_counter.TokenCounter)."""
 
     name: str
 

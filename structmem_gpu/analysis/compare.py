@@ -75,9 +75,9 @@ def slug(name: str) -> str:
 
 def build_cost(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, float]:
     """Sum of the build stages' manifest build_cost (memory building and audits: Stage.kind
-    as the run's method declared it, methods/registry.RunStages), plus the answer stage's
+    as the run's method declared it, stage_lookup.RunStages), plus the answer stage's
     calls/tokens."""
-    from structmem_gpu.methods.registry import RunStages
+    from structmem_gpu.stage_lookup import RunStages
     from structmem_gpu.stage import AUDIT, BUILD
 
     parts = RunStages(run_dir)

@@ -19,7 +19,7 @@ import polars as pl
 from structmem_gpu.analysis.compare import compare_runs, label_columns
 from structmem_gpu.analysis.inspect import Run, load_run, request_events
 from structmem_gpu.eval.curves import NothingToPlot, cumulative_build_tokens
-from structmem_gpu.methods.registry import RunStages
+from structmem_gpu.stage_lookup import RunStages
 from structmem_gpu.eval.plots import (
     SWEEP_PLOTS,
     plot_accuracy_vs,

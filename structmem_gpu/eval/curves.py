@@ -28,7 +28,7 @@ from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.published import PublishedRow, load_published
 from structmem_gpu.eval.recall import TURN_CIRCUITS, EvidenceIndex
-from structmem_gpu.methods.registry import RunStages
+from structmem_gpu.stage_lookup import RunStages
 from structmem_gpu.stage import BUILD
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def cumulative_build_tokens(
     """Build tokens spent by the time the dialogue reaches turn t, as an online agent would.
 
     Every memory-building request (a stage whose part is "build" as the run's method declared
-    it: `stages`, methods/registry.RunStages; None = the packaged methods'; audits, input and
+    it: `stages`, stage_lookup.RunStages; None = the packaged methods'; audits, input and
     per-question stages excluded) is charged,
     prompt + completion tokens (cache hits keep their counts), at the LAST turn it covers: the
     moment it could first be sent. `links` (request_id, event_id) says which turns a request

@@ -54,7 +54,7 @@ from structmem_gpu.eval.curves import (
     turn_positions,
 )
 from structmem_gpu.eval.published import PublishedRow, load_published, matching_rows
-from structmem_gpu.methods.registry import RunStages
+from structmem_gpu.stage_lookup import RunStages
 from structmem_gpu.stage import INPUT, QUESTION, REPORT
 
 if TYPE_CHECKING:

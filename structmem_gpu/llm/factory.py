@@ -21,7 +21,7 @@ from structmem_gpu.config.identity import reply_params
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import to_plain
 from structmem_gpu.core.errors import ConfigError
-from structmem_gpu.llm.backends import backend
+from structmem_gpu.llm.backends import OpenContext, backend
 from structmem_gpu.llm.backends.vllm_server import server_env
 from structmem_gpu.llm.types import LLMBackend
 
@@ -134,7 +134,7 @@ def _launch(c: LLMSettings, log_dir: Path, name: str) -> contextlib.AbstractCont
 def _offline_backend(c: LLMSettings) -> Any:
     from structmem_gpu.llm.backends.vllm_offline import offline_backend
 
-    return offline_backend(c)
+    return offline_backend(c, model_id(c))
 
 
 @contextlib.contextmanager
@@ -146,7 +146,7 @@ def open_llm(
     c = llm_settings(cfg)
     _ensure_model(c)
     with contextlib.ExitStack() as stack:
-        inner = backend(c.backend).open(c, stack, Path(log_dir), name, _http_backend)
+        inner = backend(c.backend).open(c, OpenContext(stack, Path(log_dir), name, model_id(c), _http_backend))
         guard = context_guard(c, getattr(getattr(inner, "server", None), "base_url", None))
         if cache_dir is not None:
             from structmem_gpu.llm.cache import CachedBackend, ResponseCache

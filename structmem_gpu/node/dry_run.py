@@ -25,10 +25,8 @@ plan that cannot fit ends the dry run with its one-line refusal (exit 2).
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -38,13 +36,12 @@ from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.eval.selection import selected_questions
+from structmem_gpu.llm.prompt_counter import TokenCounter
 from structmem_gpu.llm.types import Message
 from structmem_gpu.stage import EstimateInputs, StageEstimate
 
 log = logging.getLogger(__name__)
 
-# A single newline between two non-blank characters: where gguf_counter cuts a prompt.
-_LINE_START = re.compile(r"(?<=\S\n)(?=\S)")
 # StructMem paper, LoCoMo build of the 10 conversations (gpt-4o-mini): calls, input, output.
 PAPER_BUILD = {"requests": 1056, "prompt_tokens": 1_501_000, "completion_tokens": 436_000}
 
@@ -62,17 +59,6 @@ class ContextCheck:
 
     def over(self, messages: Sequence[Message], max_tokens: int) -> bool:
         return not self.guard.fits(messages, max_tokens)
-
-
-class TokenCounter:
-    """Counts the tokens of a chat request: a HF tokenizer with its chat template, or chars/4."""
-
-    def __init__(self, name: str, count: Callable[[Sequence[Message]], int]) -> None:
-        self.name = name
-        self._count = count
-
-    def messages(self, messages: Sequence[Message]) -> int:
-        return self._count(messages)
 
 
 def token_counter(llm: LLMSettings) -> TokenCounter:
@@ -94,59 +80,6 @@ def token_counter(llm: LLMSettings) -> TokenCounter:
     if found is None:
         return TokenCounter("chars/4", CHARS_COUNTER.messages)
     return TokenCounter(f"tokenizer:{spec}", found.messages)
-
-
-def gguf_counter(model: str | None) -> TokenCounter | None:
-    """Prompt tokens as llama.cpp counts them (llama-cpp-python's usage.prompt_tokens): the
-    GGUF's chat template rendered (Jinja2ChatFormatter, as the server does) and tokenized with
-    special tokens and no extra BOS, from the GGUF's vocabulary alone (no weights loaded).
-    None when llama_cpp or the file is not on this machine (model null = the packaged SmolLM2)."""
-    try:
-        return _gguf_counter(model)
-    except (ImportError, OSError, ValueError, RuntimeError) as err:
-        log.debug("dry run: no GGUF tokenizer for %r (%s); characters / 4", model, err)
-        return None
-
-
-@functools.lru_cache(maxsize=4)
-def _gguf_counter(model: str | None) -> TokenCounter:
-    from pathlib import Path
-
-    from llama_cpp import Llama
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    if model is None:
-        from structmem_gpu.llm.server import packaged_smollm2_gguf
-
-        model = str(packaged_smollm2_gguf())
-    if not Path(model).is_file():
-        raise OSError(f"{model}: no such GGUF file")
-    vocab = Llama(model_path=model, vocab_only=True, verbose=False)
-    template = vocab.metadata.get("tokenizer.chat_template")
-    if not template:
-        raise ValueError(f"{model}: the GGUF has no chat template")
-
-    def text(token: int) -> str:
-        return vocab._model.token_get_text(token) if token != -1 else ""
-
-    fmt = Jinja2ChatFormatter(template=template, eos_token=text(vocab.token_eos()),
-                              bos_token=text(vocab.token_bos()))
-
-    @functools.lru_cache(maxsize=1 << 18)
-    def line_tokens(line: str) -> int:
-        return len(vocab.tokenize(line.encode("utf-8"), add_bos=False, special=True))
-
-    def count(messages: Sequence[Message]) -> int:
-        result = fmt(messages=[{"role": m.role, "content": m.content} for m in messages])
-        bos = 0 if result.added_special or vocab.token_bos() == -1 else 1
-        # Line by line, each line's count cached: the same memory lines recur in thousands of
-        # reader prompts, and tokenizing whole prompts took 50 s on LoCoMo's 1,540 questions
-        # (2 cores). Cut only at a single newline between non-blank characters, which the
-        # pre-tokenizer splits anyway (runs of newlines and indents stay in one piece, as
-        # they tokenize differently alone), so the sum is the whole prompt's count.
-        return bos + sum(line_tokens(piece) for piece in _LINE_START.split(result.prompt))
-
-    return TokenCounter(f"gguf:{Path(model).name}", count)
 
 
 def load_turns_questions(job: JobConfig) -> tuple[pl.DataFrame, pl.DataFrame]:

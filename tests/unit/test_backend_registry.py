@@ -6,7 +6,7 @@ Nothing outside this file names either."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +35,16 @@ class FixtureEngine(Backend):
         return EngineProblem("the fixture engine is not installed", "pip install fixture-engine")
 
     def token_counter(self, s: Any) -> Any:
-        from structmem_gpu.node.dry_run import TokenCounter
+        from structmem_gpu.llm.prompt_counter import TokenCounter
 
         # One token per word: a count no packaged counter gives.
         return TokenCounter("fixture:words",
                             lambda msgs: sum(len(m.content.split()) for m in msgs))
 
-    def open(self, s: Any, stack: Any, log_dir: Path, name: str, http_backend: Any) -> Any:
+    def open(self, s: Any, ctx: Any) -> Any:
         from structmem_gpu.llm.scripted import ScriptedLLM
 
-        return ScriptedLLM(model_id="fixture", repair_attempts=s.repair_attempts)
+        return ScriptedLLM(model_id=ctx.model_id, repair_attempts=s.repair_attempts)
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_a_per_question_stage_is_costed_per_question(tmp_path: Path) -> None:
 
 
 def test_stage_order_and_parts_come_from_the_saved_method(tmp_path: Path) -> None:
-    from structmem_gpu.methods.registry import RunStages
+    from structmem_gpu.stage_lookup import RunStages
 
     stages = RunStages(_finished_run(tmp_path))
     assert stages.order == ("load", "extract", "fixture_rerank", "answer")
@@ -176,7 +176,7 @@ def test_stage_order_and_parts_come_from_the_saved_method(tmp_path: Path) -> Non
 
 
 def test_every_packaged_stage_states_or_implies_its_part() -> None:
-    from structmem_gpu.methods.registry import packaged_stages
+    from structmem_gpu.stage_lookup import packaged_stages
 
     parts = {n: s.kind for n, s in packaged_stages().items()}
     assert parts["load"] == "input" and parts["report"] == "report"

@@ -137,7 +137,7 @@ def test_gguf_counter_counts_as_llama_cpp_does() -> None:
 
     from structmem_gpu.llm.server import packaged_smollm2_gguf
     from structmem_gpu.llm.types import Message
-    from structmem_gpu.node.dry_run import gguf_counter
+    from structmem_gpu.llm.prompt_counter import gguf_counter
 
     counter = token_counter(LLMSettings(backend="llamacpp", model=None, tokenizer="chars"))
     assert counter.name.startswith("gguf:") and gguf_counter("/nonexistent.gguf") is None

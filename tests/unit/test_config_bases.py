@@ -58,9 +58,9 @@ def _parts(tp: Any) -> tuple[Any, dict[str, float]]:
 
 
 def other_value(f: Any, current: Any) -> Any:
-    registry = [m.choices for m in f.metadata if hasattr(m, "choices")]  # llm.backend
+    registry = [m for m in f.metadata if hasattr(m, "choices")]  # llm.backend: registered names
     if registry:
-        return next(c for c in registry[0]() if c != current)
+        return next(c for c in registry[0].choices() if c != current)
     tp, b = _parts(field_type(f))
     if typing.get_origin(tp) is Literal:
         choices = [c for c in typing.get_args(tp) if c != current and not isinstance(c, bool)]

@@ -28,8 +28,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     # backends and inputs: LLM clients, encoders, indexes, benchmark loaders, official texts
     ("llm", "embed", "index", "data", "prompts"),
-    # the stage contract (opens the LLM and encoder backends a stage asks for)
-    ("stage",),
+    # the stage contract (opens the LLM and encoder backends a stage asks for), and stages
+    # looked up by reference (a method's implementations, a finished run's saved method)
+    ("stage", "stage_lookup"),
     # evaluation: answer -> judge -> metrics -> report (and what the report draws)
     ("eval",),
     # memory methods: load, StructMem, SEEM, baselines, each with its prompts (may use eval's
@@ -38,8 +39,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # notebook-side analysis of finished runs (imported by nothing in a stage)
     ("analysis",),
     # drivers: run (stages, shard merge, sweep summary), node readiness (the models a job names,
-    # its preflight, the GPU plan, the dry run), benchmarks
-    ("run", "node", "bench"),
+    # its preflight, the GPU plan, the dry run), what jobs/data.py fetches, benchmarks
+    ("run", "node", "fetch", "bench"),
 )
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 

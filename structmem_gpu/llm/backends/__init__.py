@@ -20,7 +20,7 @@ import importlib
 import pkgutil
 from collections.abc import Iterator
 
-from structmem_gpu.llm.backends.spec import Backend
+from structmem_gpu.llm.backends.spec import Backend, OpenContext
 
 _REGISTRY: dict[str, Backend] = {}
 _loaded = False
@@ -65,12 +65,6 @@ def backend(name: str) -> Backend:
         raise ValueError(f"unknown llm.backend {name!r}; registered: {', '.join(names())}") from None
 
 
-def known_backend(name: str) -> str:
-    """Pydantic validator of `llm.backend`: the name of a registered backend."""
-    backend(name)
-    return name
-
-
 @contextlib.contextmanager
 def registered(cls: type[Backend]) -> Iterator[Backend]:
     """Register `cls` for the duration of a `with` block (tests: a fixture backend)."""
@@ -84,4 +78,4 @@ def registered(cls: type[Backend]) -> Iterator[Backend]:
         _REGISTRY.pop(cls.name, None)
 
 
-__all__ = ["Backend", "backend", "known_backend", "names", "register", "registered"]
+__all__ = ["Backend", "OpenContext", "backend", "names", "register", "registered"]

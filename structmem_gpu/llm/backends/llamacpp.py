@@ -13,7 +13,7 @@ from structmem_gpu.llm.backends.spec import Backend, EngineProblem, WeightsRef
 
 if TYPE_CHECKING:
     from structmem_gpu.config.schema import LLMSettings
-    from structmem_gpu.node.dry_run import TokenCounter
+    from structmem_gpu.llm.prompt_counter import TokenCounter
 
 
 def server_missing() -> str:
@@ -59,7 +59,7 @@ class LlamaCpp(Backend):
     def token_counter(self, s: "LLMSettings") -> "TokenCounter | None":
         if s.tokenizer not in (None, "chars"):
             return None
-        from structmem_gpu.node.dry_run import gguf_counter
+        from structmem_gpu.llm.prompt_counter import gguf_counter
 
         return gguf_counter(s.model)  # the GGUF's own template and vocabulary
 

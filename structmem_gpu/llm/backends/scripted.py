@@ -3,13 +3,10 @@ this process; the unit tests' and `debug=scripted` harness runs' backend, never 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from structmem_gpu.llm.backends import register
-from structmem_gpu.llm.backends.spec import Backend
+from structmem_gpu.llm.backends.spec import Backend, OpenContext
 
 if TYPE_CHECKING:
     from structmem_gpu.config.schema import LLMSettings
@@ -22,9 +19,7 @@ class Scripted(Backend):
     http = False
     harness = True
 
-    def open(self, s: "LLMSettings", stack: contextlib.ExitStack, log_dir: Path, name: str,
-             http_backend: Callable[["LLMSettings", str], Any]) -> Any:
-        from structmem_gpu.llm.factory import model_id
+    def open(self, s: "LLMSettings", ctx: OpenContext) -> Any:
         from structmem_gpu.llm.scripted import ScriptedLLM
 
-        return ScriptedLLM(model_id=model_id(s), repair_attempts=s.repair_attempts)
+        return ScriptedLLM(model_id=ctx.model_id, repair_attempts=s.repair_attempts)

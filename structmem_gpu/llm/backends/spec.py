@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from structmem_gpu.config.schema import LLMSettings
-    from structmem_gpu.node.dry_run import TokenCounter
+    from structmem_gpu.llm.prompt_counter import TokenCounter
 
 SETUP_GPU = "make setup-gpu"  # what installs vLLM and faiss-gpu on a GPU node
 
@@ -28,6 +28,17 @@ class WeightsRef:
     revision: str | None = None
     gguf: bool = False  # a llama.cpp GGUF file: must be a local file
     convert_from_gguf: str | None = None  # vllm_cpu: the folder is made from a GGUF on first use
+
+
+@dataclass(frozen=True)
+class OpenContext:
+    """What `Backend.open` gets from the factory (llm/factory.py open_llm)."""
+
+    stack: contextlib.ExitStack  # closes what the backend opens, when the job's use ends
+    log_dir: Path  # server logs: <log_dir>/<name>.server.log
+    name: str  # the role ("llm", a judge's name): one server each
+    model_id: str  # what identifies the weights (factory.model_id): cache keys, result rows
+    http_backend: Callable[["LLMSettings", str], Any]  # the HTTP client for a base URL
 
 
 @dataclass(frozen=True)
@@ -89,23 +100,22 @@ class Backend:
         configured tokenizer, else characters / 4."""
         return None
 
-    def open(self, s: "LLMSettings", stack: contextlib.ExitStack, log_dir: Path, name: str,
-             http_backend: Callable[["LLMSettings", str], Any]) -> Any:
+    def open(self, s: "LLMSettings", ctx: OpenContext) -> Any:
         """The inner backend (before cache, dedup and guard): attached when `base_url` is set,
         else launched under a supervisor that replaces a dead server."""
         if s.base_url:
-            return http_backend(s, str(s.base_url))
+            return ctx.http_backend(s, str(s.base_url))
         from structmem_gpu.core.errors import ConfigError
 
         if not self.launches:
             raise ConfigError(f"llm.backend={self.name} needs llm.base_url (http://HOST:PORT/v1)")
         from structmem_gpu.llm.supervisor import ServerSupervisor, SupervisedBackend
 
-        sup = stack.enter_context(ServerSupervisor(
-            lambda: self.launch(s, Path(log_dir), name), name=name, max_restarts=s.max_restarts
+        sup = ctx.stack.enter_context(ServerSupervisor(
+            lambda: self.launch(s, ctx.log_dir, ctx.name), name=ctx.name, max_restarts=s.max_restarts
         ))
         srv = sup.start()
-        http = http_backend(s, srv.base_url)
+        http = ctx.http_backend(s, srv.base_url)
         http.server = srv  # the client fails fast once this process is gone
         return SupervisedBackend(http, sup)  # ... and a dead server is replaced
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from structmem_gpu.llm.backends import register
-from structmem_gpu.llm.backends.spec import SETUP_GPU, Backend, EngineProblem
+from structmem_gpu.llm.backends.spec import SETUP_GPU, Backend, EngineProblem, OpenContext
 from structmem_gpu.llm.backends.vllm_server import server_env
 
 if TYPE_CHECKING:
@@ -31,18 +28,16 @@ class VLLMOffline(Backend):
             return None
         return EngineProblem(f"vllm is not importable in {sys.executable}", SETUP_GPU)
 
-    def open(self, s: "LLMSettings", stack: contextlib.ExitStack, log_dir: Path, name: str,
-             http_backend: Callable[["LLMSettings", str], Any]) -> Any:
-        inner = offline_backend(s)
-        stack.callback(inner.close)
+    def open(self, s: "LLMSettings", ctx: OpenContext) -> Any:
+        inner = offline_backend(s, ctx.model_id)
+        ctx.stack.callback(inner.close)
         return inner
 
 
-def offline_backend(c: "LLMSettings") -> Any:
+def offline_backend(c: "LLMSettings", model_id: str) -> Any:
     """The in-process engine for llm settings `c` (llm/vllm_offline.py)."""
     from structmem_gpu.config.identity import reply_params
     from structmem_gpu.core.errors import ConfigError
-    from structmem_gpu.llm.factory import model_id
     from structmem_gpu.llm.vllm_offline import VLLMOfflineBackend
 
     if not c.model:
@@ -63,7 +58,7 @@ def offline_backend(c: "LLMSettings") -> Any:
     return VLLMOfflineBackend(
         model=str(c.model),
         served_name=str(c.served_name),
-        model_id=model_id(c),
+        model_id=model_id,
         engine_kwargs=engine,
         chat_template_kwargs=c.chat_template_kwargs,
         repair_attempts=c.repair_attempts,

@@ -28,7 +28,7 @@ from structmem_gpu.methods.baselines.graph_state import (
     NewRelation,
     normalize,
 )
-from structmem_gpu.methods.structmem.extract import ExtractionWindow, plan_windows
+from structmem_gpu.methods.structmem.extraction_windows import ExtractionWindow, plan_windows
 from structmem_gpu.methods.baselines.prompts import graph_entities, graph_relations
 from structmem_gpu.prompts import render_window
 

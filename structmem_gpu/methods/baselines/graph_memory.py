@@ -49,7 +49,7 @@ from structmem_gpu.methods.baselines.graph_state import (
     Mention,
     NewRelation,
 )
-from structmem_gpu.methods.structmem.extract import ExtractionWindow
+from structmem_gpu.methods.structmem.extraction_windows import ExtractionWindow
 from structmem_gpu.stage import (
     EMBEDDER_IDENTITY,
     LLM_IDENTITY,

@@ -25,12 +25,8 @@ from structmem_gpu.methods.structmem.consolidate import (
     stand_in_synthesis,
     stand_in_windows,
 )
-from structmem_gpu.methods.structmem.extract import (
-    ExtractionWindow,
-    ExtractSettings,
-    plan_from_settings,
-    plan_windows,
-)
+from structmem_gpu.methods.structmem.extract import ExtractSettings, plan_from_settings
+from structmem_gpu.methods.structmem.extraction_windows import ExtractionWindow, plan_windows
 
 __all__ = [
     "SYNTHESIS_COMPLETION",
