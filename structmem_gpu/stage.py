@@ -34,6 +34,7 @@ import polars as pl
 from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.core.stage_parts import BUILD, PARTS, QUESTION
 
 if TYPE_CHECKING:
     from structmem_gpu.config.job import JobConfig
@@ -73,7 +74,8 @@ class Stage:
     # What the stage loads itself besides the backends of `uses` (LOADS): the GPU memory plan
     # (node/gpu_plan.py) counts the compression model and FAISS-GPU scratch where they are.
     loads: tuple[str, ...] = ()
-    # What the stage's work is for (PARTS): "input" loads the benchmark, "build" builds the
+    # What the stage's work is for (core/stage_parts.py PARTS; the manifest records it):
+    # "input" loads the benchmark, "build" builds the
     # memory (cost per turn, compared with a paper's build cost), "question" retrieves,
     # answers or judges per question (cost per question), "audit" checks fidelity, "report"
     # summarises the run.
@@ -195,10 +197,6 @@ LOADS = ("compression_model", "faiss", "window_tokenizer")
 # llm = the answer/build model; judges = every judge of `judge` (panel members included; one
 # with `llm: null` is the answer model's backend); encoder = the sentence encoder.
 ROLES = ("llm", "judges", "encoder")
-# What a stage's work is for (Stage.part): the benchmark's input, a memory's build, a
-# question's retrieval, answer or judgment, a fidelity audit, the run's report.
-INPUT, BUILD, QUESTION, AUDIT, REPORT = "input", "build", "question", "audit", "report"
-PARTS = (INPUT, BUILD, QUESTION, AUDIT, REPORT)
 
 
 # The model that wrote a stage's rows and the encoder behind its vectors, as `depends` keys:

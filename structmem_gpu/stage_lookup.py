@@ -11,7 +11,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from structmem_gpu.core.errors import ConfigError
-from structmem_gpu.stage import BUILD, Stage
+from structmem_gpu.core.stage_parts import BUILD
+from structmem_gpu.stage import Stage
 
 
 class _LazyStages(Mapping[str, Stage]):
@@ -82,22 +83,37 @@ def _importable(stages: Mapping[str, Stage]) -> dict[str, Stage]:
 
 class RunStages:
     """A finished run's stages as its method declared them: their order (`method.stages` of
-    .hydra/config.yaml) and each stage's part (Stage.kind), from the saved config's
-    `method.implementations`, else the packaged methods' stage of that name, else "build"
-    (an unknown stage's requests are counted, never dropped from a cost)."""
+    .hydra/config.yaml) and each stage's part: the one manifest.json records (`part`, written
+    since issue 41; read without importing a stage), else Stage.kind of the saved config's
+    `method.implementations` (imported), else of the packaged methods' stage of that name,
+    else "build" (an unknown stage's requests are counted, never dropped from a cost)."""
 
     def __init__(self, run_dir: Any = None) -> None:
+        import json
         from pathlib import Path
 
         from structmem_gpu.config.run_changes import previous_config
 
         # None = no run directory: the packaged methods' declarations alone.
-        saved = (previous_config(Path(run_dir)) if run_dir is not None else None) or {}
+        root = None if run_dir is None else Path(run_dir)
+        saved = (previous_config(root) if root is not None else None) or {}
         method = saved.get("method") or {}
         self.order: tuple[str, ...] = tuple(str(s) for s in method.get("stages") or ())
-        refs = method.get("implementations") or {}
-        self._own = _importable(implementations(refs, f"{run_dir}/.hydra/config.yaml"))
+        self._refs = {str(k): str(v) for k, v in (method.get("implementations") or {}).items() if v}
+        self._where = f"{run_dir}/.hydra/config.yaml"
+        manifest = root / "manifest.json" if root is not None else None
+        entries = (json.loads(manifest.read_text()).get("stages") or {}) if manifest and manifest.is_file() else {}
+        self._recorded = {n: e["part"] for n, e in entries.items() if isinstance(e, dict) and e.get("part")}
+        self._own_stages: dict[str, Stage] | None = None
         self._packaged: dict[str, Stage] | None = None
+
+    @property
+    def _own(self) -> dict[str, Stage]:
+        """The saved config's stages, imported on first need (a run older than the recorded
+        parts, or a stage that did not run)."""
+        if self._own_stages is None:
+            self._own_stages = _importable(implementations(self._refs, self._where))
+        return self._own_stages
 
     def stage(self, name: str) -> Stage | None:
         if name in self._own:
@@ -107,12 +123,15 @@ class RunStages:
         return self._packaged.get(name)
 
     def part(self, name: str) -> str:
+        if name in self._recorded:
+            return str(self._recorded[name])
         stage = self.stage(name)
         return BUILD if stage is None else stage.kind
 
     def names(self, *parts: str) -> frozenset[str]:
-        """The stages of the method (its own and the packaged ones) whose part is in `parts`."""
+        """The stages of the run (recorded in its manifest, its method's, the packaged ones)
+        whose part is in `parts`."""
         if self._packaged is None:
             self._packaged = packaged_stages()
-        every = {**self._packaged, **self._own}
-        return frozenset(n for n, s in every.items() if s.kind in parts)
+        every = {**{n: s.kind for n, s in {**self._packaged, **self._own}.items()}, **self._recorded}
+        return frozenset(n for n, part in every.items() if part in parts)

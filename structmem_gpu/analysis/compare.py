@@ -78,7 +78,7 @@ def build_cost(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, float]:
     as the run's method declared it, stage_lookup.RunStages), plus the answer stage's
     calls/tokens."""
     from structmem_gpu.stage_lookup import RunStages
-    from structmem_gpu.stage import AUDIT, BUILD
+    from structmem_gpu.core.stage_parts import AUDIT, BUILD
 
     parts = RunStages(run_dir)
     stages = manifest.get("stages") or {}

@@ -47,7 +47,7 @@ def schedule_stages() -> tuple[str, ...]:
     """StructMem's build (its input and build stages, as they declare themselves): what the
     batched and reference schedules both run."""
     from structmem_gpu.methods.registry import method_stages
-    from structmem_gpu.stage import BUILD, INPUT
+    from structmem_gpu.core.stage_parts import BUILD, INPUT
 
     return method_stages("structmem", INPUT, BUILD)
 

@@ -43,7 +43,7 @@ def question_stages(run_dir: Path | None = None) -> frozenset[str]:
     declares them (stage_lookup.RunStages: the config the run saved, then the packaged
     methods' stages of those names; None = the packaged methods')."""
     from structmem_gpu.stage_lookup import RunStages
-    from structmem_gpu.stage import QUESTION
+    from structmem_gpu.core.stage_parts import QUESTION
 
     return RunStages(run_dir).names(QUESTION)
 

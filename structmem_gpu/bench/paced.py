@@ -63,7 +63,7 @@ from structmem_gpu.bench.paced_model import busy_shares, not_busy_seconds, timel
 from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
 from structmem_gpu.bench.synthetic import SyntheticSpec, write_locomo
 from structmem_gpu.methods.registry import method_stages
-from structmem_gpu.stage import BUILD, INPUT, QUESTION
+from structmem_gpu.core.stage_parts import BUILD, INPUT, QUESTION
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from structmem_gpu.bench.fit import scaling_summary
 from structmem_gpu.bench.harness import BenchSettings
 from structmem_gpu.bench.synthetic import SyntheticSpec, unique_pool_sessions, write_locomo
 from structmem_gpu.methods.registry import method_stages
-from structmem_gpu.stage import BUILD, INPUT, QUESTION
+from structmem_gpu.core.stage_parts import BUILD, INPUT, QUESTION
 
 log = logging.getLogger(__name__)
 

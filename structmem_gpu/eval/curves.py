@@ -29,7 +29,7 @@ from structmem_gpu.eval.bootstrap import bootstrap_ci
 from structmem_gpu.eval.published import PublishedRow, load_published
 from structmem_gpu.eval.recall import TURN_CIRCUITS, EvidenceIndex
 from structmem_gpu.stage_lookup import RunStages
-from structmem_gpu.stage import BUILD
+from structmem_gpu.core.stage_parts import BUILD
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ from structmem_gpu.eval.curves import (
 )
 from structmem_gpu.eval.published import PublishedRow, load_published, matching_rows
 from structmem_gpu.stage_lookup import RunStages
-from structmem_gpu.stage import INPUT, QUESTION, REPORT
+from structmem_gpu.core.stage_parts import INPUT, QUESTION, REPORT
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -57,7 +57,8 @@ from structmem_gpu.eval.published import (
 )
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.config.schema import ReportSettings  # the root node report: (config/schema.py)
-from structmem_gpu.stage import REPORT, Stage, StageContext
+from structmem_gpu.core.stage_parts import REPORT
+from structmem_gpu.stage import Stage, StageContext
 
 log = logging.getLogger(__name__)
 

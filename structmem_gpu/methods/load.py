@@ -30,7 +30,8 @@ import polars as pl
 from structmem_gpu.data.locomo import LOCOMO_SHA256
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.core.hashing import file_sha256
-from structmem_gpu.stage import INPUT, Stage, StageContext
+from structmem_gpu.core.stage_parts import INPUT
+from structmem_gpu.stage import Stage, StageContext
 from structmem_gpu.core.turns_store import CompactTurns
 
 if TYPE_CHECKING:

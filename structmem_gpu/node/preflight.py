@@ -11,8 +11,9 @@ job's stages use:
   Hugging Face cache; else, unless HF_HUB_OFFLINE is set, ONE probe of the hub with a short
   timeout (`preflight.hub_timeout_s`) says whether the job could download it. The tokenizer
   must be local in any case (packing loads it with local_files_only);
-- the engine each launched LLM needs: the `vllm` executable (or llm.server_python's vLLM) for
-  vllm_server, an importable vllm for vllm_offline, llama_cpp.server for llamacpp;
+- the engine each launched LLM needs, as its backend checks it (llm/backends/,
+  `Backend.engine_problem`): the `vllm` executable (or llm.server_python's vLLM) for
+  vllm_server and vllm_cpu, an importable vllm for vllm_offline, llama_cpp.server for llamacpp;
 - CUDA where the config asks for it (embedder.device=cuda..., index.use_gpu=true) and a
   FAISS with GPU support for index.use_gpu=true;
 - free disk under the run directory and paths.cache_dir (`preflight.min_free_gb`).

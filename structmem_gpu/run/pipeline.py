@@ -286,8 +286,8 @@ def _run_one(stage: Stage, job: JobConfig, run: RunDir, backends: Backends,
     busy = ctx.llm_wall_s + ctx.encoder_wall_s + ctx.index_wall_s  # LLM server, encoder, FAISS
     cost["overhead_share"] = round(max(wall - busy, 0.0) / wall, 4) if wall > 0 else 0.0
     run.record_stage(stage.name, {
-        "status": "done", "fingerprint": fp, "version": stage.version, "started": started,
-        "finished": now_iso(), "config": stage_config(stage, job),
+        "status": "done", "fingerprint": fp, "version": stage.version, "part": stage.kind,
+        "started": started, "finished": now_iso(), "config": stage_config(stage, job),
         "outputs": run.output_info(list(stage.writes)), "build_cost": cost, "notes": ctx.notes,
     }, header)
     log.info("stage %-12s done in %.1fs (%d LLM calls, %d cached)", stage.name, wall, cost["calls"], cost["cache_hits"])
@@ -305,8 +305,8 @@ def _record_incomplete(stage: Stage, job: JobConfig, run: RunDir, ctx: StageCont
     errors = lost["error"].head(3).to_list()
     endpoints = sorted(ctx.unanswered_endpoints)
     run.record_stage(stage.name, {
-        "status": "incomplete", "fingerprint": fp, "version": stage.version, "started": started,
-        "finished": now_iso(), "config": stage_config(stage, job),
+        "status": "incomplete", "fingerprint": fp, "version": stage.version, "part": stage.kind,
+        "started": started, "finished": now_iso(), "config": stage_config(stage, job),
         "unanswered": len(ids), "requests": log_rows.height, "unanswered_request_ids": ids[:100],
         "errors": errors, "endpoints": endpoints, "notes": ctx.notes,
     }, header)

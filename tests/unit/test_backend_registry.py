@@ -16,7 +16,8 @@ import yaml
 
 from structmem_gpu.llm.backends import Backend, backend, names, registered
 from structmem_gpu.llm.backends.spec import EngineProblem
-from structmem_gpu.stage import QUESTION, Stage
+from structmem_gpu.core.stage_parts import QUESTION
+from structmem_gpu.stage import Stage
 from tests.fixtures.pipeline import compose_job
 
 FIXTURE = "fixture_engine"
@@ -173,6 +174,24 @@ def test_stage_order_and_parts_come_from_the_saved_method(tmp_path: Path) -> Non
     assert stages.order == ("load", "extract", "fixture_rerank", "answer")
     assert [stages.part(n) for n in stages.order] == ["input", "build", "question", "question"]
     assert stages.part("never_declared") == "build"  # an unknown stage's cost is counted, not dropped
+
+
+def test_the_manifest_records_each_stage_part_for_readers_that_import_no_stage(tmp_path: Path) -> None:
+    from structmem_gpu.stage_lookup import RunStages
+    from tests.fixtures.pipeline import run_pipeline
+
+    run = tmp_path / "sample"
+    run_pipeline(["debug=scripted", "stages=[load,extract,embed,consolidate,retrieve,answer,judge,report]"], run)
+    recorded = {n: e["part"] for n, e in json.loads((run / "manifest.json").read_text())["stages"].items()}
+    assert recorded == {"load": "input", "extract": "build", "embed": "build", "consolidate": "build",
+                        "retrieve": "question", "answer": "question", "judge": "question",
+                        "report": "report"}
+    # A stage the saved config can no longer import keeps the part its run recorded.
+    saved = run / ".hydra" / "config.yaml"
+    saved.parent.mkdir(exist_ok=True)
+    saved.write_text(yaml.safe_dump({"method": {"stages": ["load", "retrieve"], "implementations": {
+        "retrieve": "structmem_gpu.methods.moved_away:STAGE"}}}))
+    assert RunStages(run).part("retrieve") == "question"
 
 
 def test_every_packaged_stage_states_or_implies_its_part() -> None:

@@ -133,7 +133,7 @@ BAD = [
     (["method=seem", "seem.ablation.ppr=maybe"], "seem.ablation.ppr", "true or false"),
     (["method=seem", "seem.retrieve.p_ret_k=-1"], "seem.retrieve.p_ret_k", ">= 0"),
     (["llm.max_in_flight=0"], "llm.max_in_flight", ">= 1"),
-    (["llm.backend=openai"], "llm.backend", "'llamacpp'"),
+    (["llm.backend=openai"], "llm.backend", "registered: external, llamacpp, scripted, vllm_cpu"),
     (["llm.max_restarts=-1"], "llm.max_restarts", ">= 0"),
     (["llm.request_timeout_s=0"], "llm.request_timeout_s", "> 0"),
     (["embedder.batch_size=0"], "embedder.batch_size", ">= 1"),

@@ -24,6 +24,10 @@ changed them once, on purpose:
   what it replies): they left every fingerprint, the config hash and the run-directory key
   (SERVING_KEYS lists them). `llm.request_seed` and `llm.repair_attempts` are role "reply": in
   every LLM stage's fingerprint (LLM_IDENTITY is now the whole "llm" node's identity).
+Issue 41 changed one configuration's entry, on purpose:
+- `llm=vllm_cpu`: its backend is `vllm_cpu` (llm/backends/vllm_cpu.py: vllm_server's command,
+  nothing on a GPU), no longer `vllm_server`, so its config hash and LLM stage fingerprints
+  moved; its response-cache key holds no backend and is unchanged (the test above).
 """
 
 from __future__ import annotations

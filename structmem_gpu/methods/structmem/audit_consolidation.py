@@ -55,8 +55,8 @@ from structmem_gpu.methods.structmem.audit_api import (
 from structmem_gpu.methods.structmem.prompts import audit_consolidation as prompt
 from structmem_gpu.methods.structmem.prompts import synthesis
 from structmem_gpu.config.settings import External
+from structmem_gpu.core.stage_parts import AUDIT
 from structmem_gpu.stage import (
-    AUDIT,
     EMBEDDER_IDENTITY,
     LLM_IDENTITY,
     EstimateInputs,

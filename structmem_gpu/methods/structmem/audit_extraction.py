@@ -48,7 +48,8 @@ from structmem_gpu.methods.structmem.audit_api import (
 )
 from structmem_gpu.methods.structmem.prompts import audit_extraction as prompt
 from structmem_gpu.config.settings import External
-from structmem_gpu.stage import AUDIT, LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
+from structmem_gpu.core.stage_parts import AUDIT
+from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate
 
 log = logging.getLogger(__name__)
 
