@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.sweep_points import sweep_points
 from structmem_gpu.core.errors import StructMemError
 from structmem_gpu.fetch.datasets import ROOT
@@ -39,8 +40,6 @@ def job_models(overrides: Sequence[str]) -> list[Any]:
     from structmem_gpu.methods.registry import stage_registry
     from structmem_gpu.node.model_refs import named_models
     from structmem_gpu.run.pipeline import job_stage_names
-
-    from structmem_gpu.config.job import JobConfig
 
     job = JobConfig.from_cfg(compose_job(overrides))
     registry = stage_registry(job)
@@ -91,7 +90,7 @@ def fetch_job_models(overrides: Sequence[str], *, multirun: bool = False, check:
         for point in points:
             for ref in job_models(point):
                 refs.setdefault((ref.name, ref.revision), ref)
-            official.update(job_official(compose_job(point)))
+            official.update(job_official(JobConfig.from_cfg(compose_job(point))))
     except (HydraException, StructMemError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

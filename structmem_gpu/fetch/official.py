@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import StructMemError
 
 
@@ -45,14 +44,12 @@ def fetch_official(where: Path, source: Path | None = None, *, check_only: bool 
     return 0
 
 
-def job_official(cfg: Any) -> dict[str, Path]:
+def job_official(job: JobConfig) -> dict[str, Path]:
     """The pinned checkouts a job's config names (prompts.sources.* at a pinned repository of
     paths.official_dir), by source name."""
-    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.prompts import pinned
     from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
 
-    job = JobConfig.from_cfg(cfg)  # the entry point's config, read typed from here on
     folder = str(job.root.paths.official_dir) if job.root.paths is not None else "None"
     out = {}
     for name in SOURCE_NAMES:

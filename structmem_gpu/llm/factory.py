@@ -5,9 +5,11 @@
     # the server (if this call launched one) is stopped here, also on exceptions and Ctrl-C
 
 `cfg` is one `conf/llm/*.yaml` group: the typed LLMSettings (a dict or DictConfig is checked into
-one first). A job that needs two models (answer
-and judge) calls `open_llm` twice with different `name`s; each gets its own server or URL and
-its own log file `<log_dir>/<name>.server.log`.
+one first). How the model opens (a launched server, an attached URL, an in-process engine,
+the scripted LLM) is its backend's own (llm/backends/, `Backend.open`); here every backend
+gets the same wrappers: the context guard, the response cache or in-batch dedup, the seed.
+A job that needs two models (answer and judge) calls `open_llm` twice with different `name`s;
+each gets its own server or URL and its own log file `<log_dir>/<name>.server.log`.
 """
 
 from __future__ import annotations
