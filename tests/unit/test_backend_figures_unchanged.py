@@ -59,17 +59,29 @@ def compute() -> dict[str, Any]:
     is what another test tier may have left in this one."""
     from tests.unit.test_identity_unchanged import _in_fixture_env
 
+    # The data and official texts are read where this machine has them (CI's ../shared may lie
+    # elsewhere): no figure holds a path.
+    live = {k: os.environ.get(k) for k in ("STRUCTMEM_LOCOMO_PATH", "STRUCTMEM_OFFICIAL_DIR")}
+
+    def figures() -> dict[str, Any]:
+        os.environ.update({k: v for k, v in live.items() if v})
+        return {c: _figures(c) for c in CONFIGS}
+
     here = os.getcwd()
     with tempfile.TemporaryDirectory() as empty:
         os.chdir(empty)
         try:
-            return _in_fixture_env(lambda: {c: _figures(c) for c in CONFIGS})
+            return _in_fixture_env(figures)
         finally:
             os.chdir(here)
 
 
 @pytest.fixture(scope="module")
 def now() -> dict[str, Any]:
+    for key in ("STRUCTMEM_LOCOMO_PATH", "STRUCTMEM_OFFICIAL_DIR"):
+        if not os.environ.get(key):
+            pytest.skip(f"{key} not set: the reference experiment reads the real LoCoMo file and "
+                        "the official checkouts (CI sets both)")
     return compute()
 
 
