@@ -12,6 +12,12 @@ REPORT_GROUP_KEYS = frozenset(
         # the judged-only accuracy and the unjudged count stand beside it.
         "judge_accuracy_judged",
         "unjudged",
+        # docs/evaluation.md "Intervals": every interval names its resampling unit; the cluster
+        # interval over conversations, their count, and the minimum detectable difference.
+        "judge_accuracy_ci95_unit",
+        "judge_accuracy_ci95_conversations",
+        "conversations",
+        "mde_paired",
         "f1_locomo",
         "f1_mem0",
         "bleu1",

@@ -181,6 +181,11 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         "acc_overall": overall.get("judge_accuracy"),
         "acc_overall_ci_low": ci[0],
         "acc_overall_ci_high": ci[1],
+        # Every interval names its resampling unit: the CI above resamples questions; this one
+        # whole conversations (null in a report from before it existed).
+        "ci_unit": "questions",
+        "ci_conv_low": (overall.get("judge_accuracy_ci95_conversations") or [None, None])[0],
+        "ci_conv_high": (overall.get("judge_accuracy_ci95_conversations") or [None, None])[1],
     }
     cats = report.get("by_category") or {}
     for cid in sorted(cats, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c)):
@@ -209,6 +214,9 @@ def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
         "acc_overall",
         "acc_overall_ci_low",
         "acc_overall_ci_high",
+        "ci_unit",
+        "ci_conv_low",
+        "ci_conv_high",
     ]
     order = head + acc + [c for c in cols if c not in head and c not in acc]
     return pl.DataFrame(
@@ -216,7 +224,7 @@ def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
         schema_overrides={
             c: pl.Float64
             for c in order
-            if c.startswith("acc_") or c in METRICS or c == "build_wall_s"
+            if c.startswith("acc_") or c in METRICS or c in ("build_wall_s", "ci_conv_low", "ci_conv_high")
         },
         infer_schema_length=None,
     )
@@ -335,7 +343,9 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
     labels = label_columns(df)
     note = (
         "Scores in percent (judge accuracy per category, unjudged counted as wrong; n = scored "
-        "questions; overall with its 95% bootstrap CI). Rows are labelled by the overrides "
+        "questions; overall with its 95% bootstrap CI resampling questions, and, where the "
+        "report has it, the interval resampling whole conversations: LoCoMo's 10 make it "
+        "cover less than 95%, docs/evaluation.md \"Intervals\"). Rows are labelled by the overrides "
         "that vary across the compared runs. Protocols = reader/judge protocol; a row marked "
         "(differs) used other protocols than the rest and is not comparable with them. "
         "Published = the overall judge accuracy of the first published row matching the run's "
@@ -352,7 +362,8 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
         "judge",
         "protocols",
         "n",
-        "overall (95% CI)",
+        "overall (95% CI, questions)",
+        "by conversation",
         *(c.removeprefix("acc_") for c in acc),
         *metrics,
         "published",
@@ -371,6 +382,8 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
             f"**{proto} (differs)**" if r.get("protocols_differ") else proto,
             _num(r["n"]),
             _pct(r["acc_overall"]) + ci,
+            (f"[{_pct(r['ci_conv_low'])}, {_pct(r['ci_conv_high'])}]"
+             if r.get("ci_conv_low") is not None else "–"),
             *(_pct(r[c]) for c in acc),
             *(_pct(r[c]) for c in metrics),
             _published_cell(r),

@@ -37,7 +37,7 @@ from typing import Any
 import polars as pl
 
 from structmem_gpu.core.errors import InputError
-from structmem_gpu.eval.bootstrap import bootstrap_ci
+from structmem_gpu.eval.bootstrap import bootstrap_ci, cluster_bootstrap_ci, min_detectable_difference
 
 LEXICAL = ("f1_locomo", "f1_mem0", "bleu1")
 DEFAULT_RESAMPLES, DEFAULT_SEED = 1000, 0
@@ -76,16 +76,25 @@ def paired_diff(
 def paired_accuracy(
     ref: Sequence[bool | None], run: Sequence[bool | None], *,
     resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+    clusters: Sequence[object] | None = None,
 ) -> dict[str, Any]:
-    """Paired judge accuracy of two label lists aligned by question (None = unjudged)."""
-    both = [(bool(a), bool(b)) for a, b in zip(ref, run, strict=True)
-            if a is not None and b is not None]
+    """Paired judge accuracy of two label lists aligned by question (None = unjudged).
+    `clusters` (each question's conversation) adds the cluster bootstrap interval of the
+    difference, resampling whole conversations (`ci_low_conv`, `ci_high_conv`)."""
+    keep = [i for i, (a, b) in enumerate(zip(ref, run, strict=True)) if a is not None and b is not None]
+    both = [(bool(ref[i]), bool(run[i])) for i in keep]
     a = [float(x) for x, _ in both]
     r = [float(y) for _, y in both]
     diff, ci = paired_diff(a, r, resamples=resamples, seed=seed)
     b_count = sum(1 for x, y in both if x and not y)
     c_count = sum(1 for x, y in both if y and not x)
     n = len(both)
+    conv = None if clusters is None or not n else cluster_bootstrap_ci(
+        [y - x for x, y in zip(a, r, strict=True)], [clusters[i] for i in keep],
+        resamples=resamples, seed=seed)
+    # The smallest difference these pairs could show at alpha 0.05 / power 0.8 (McNemar, the
+    # observed discordant share); whether the observed one clears it.
+    mde = min_detectable_difference(n, (b_count + c_count) / n) if n else None
     return {
         "n": n,
         "unjudged_pairs": len(ref) - n,
@@ -94,9 +103,15 @@ def paired_accuracy(
         "diff": diff,
         "ci_low": ci[0] if ci else None,
         "ci_high": ci[1] if ci else None,
+        "ci_unit": "questions",
+        "ci_low_conv": conv[0] if conv else None,
+        "ci_high_conv": conv[1] if conv else None,
+        "conversations": None if clusters is None else len({clusters[i] for i in keep}),
         "b_ref_only": b_count,
         "c_run_only": c_count,
         "mcnemar_p": mcnemar_exact(b_count, c_count),
+        "mde": mde,
+        "clears_mde": None if mde is None or diff is None else abs(diff) >= mde,
     }
 
 
@@ -134,7 +149,8 @@ def load_scored(run_dir: Path) -> ScoredRun:
         if not (tables / f"{name}.parquet").is_file():
             raise InputError(tables / f"{name}.parquet", "missing; pairing needs the run's "
                              "per-question tables")
-    questions = pl.read_parquet(tables / "questions.parquet", columns=["question_id", "category"])
+    questions = pl.read_parquet(tables / "questions.parquet")
+    questions = questions.select([c for c in ("question_id", "conv_id", "category") if c in questions.columns])
     scope = report.get("category_scope") or report.get("categories")
     if scope:
         questions = questions.filter(pl.col("category").is_in([int(c) for c in scope]))
@@ -166,9 +182,10 @@ def _group_rows(
                        joined.filter(pl.col("category") == cat)))
     out = []
     for gid, gname, g in groups:
+        clusters = g["conv_id"].to_list() if "conv_id" in g.columns else None
         row = {"group": gid, "group_name": gname,
                **paired_accuracy(g["label"].to_list(), g["label_run"].to_list(),
-                                 resamples=resamples, seed=seed)}
+                                 resamples=resamples, seed=seed, clusters=clusters)}
         if lexical:
             for m in LEXICAL:
                 if m not in g.columns or f"{m}_run" not in g.columns:
@@ -197,7 +214,7 @@ def pair_runs(ref: ScoredRun, run: ScoredRun) -> list[dict[str, Any]]:
         b = run.rows.filter(pl.col("judge_name") == judge)
         models_a = sorted(set(a["judge_model"].drop_nulls().to_list()))
         models_b = sorted(set(b["judge_model"].drop_nulls().to_list()))
-        b = b.select([c for c in b.columns if c != "category"])
+        b = b.select([c for c in b.columns if c not in ("category", "conv_id")])
         for row in _group_rows(a, b, names, resamples, seed, lexical=judge == shared[0]):
             out.append({"run_dir": str(run.root), "reference": str(ref.root), "judge": judge,
                         "headline": judge == head, "judge_models_differ": models_a != models_b,
@@ -239,6 +256,14 @@ def _pp(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:+.1f}"
 
 
+def _interval(lo: float | None, hi: float | None) -> str:
+    return "–" if lo is None or hi is None else f"[{_pp(lo)}, {_pp(hi)}]"
+
+
+def _mde(mde: float | None, clears: bool | None) -> str:
+    return "–" if mde is None else f"{100 * mde:.1f}" + ("*" if clears else "")
+
+
 def _p(x: float | None) -> str:
     if x is None:
         return "–"
@@ -255,11 +280,16 @@ def paired_markdown(
              "(unjudged pairs left out and counted), per judge: accuracy difference in points "
              "(run − reference) with its paired bootstrap 95% CI, McNemar's exact p over the "
              "discordant pairs (b: only the reference right, c: only the run right); lexical "
-             "metrics: paired bootstrap of the per-question difference (headline judge's rows).",
+             "metrics: paired bootstrap of the per-question difference (headline judge's rows). "
+             "`by conversation`: the same difference's interval resampling whole conversations "
+             "(with LoCoMo's 10 it covers less than 95%); `MDE`: the smallest difference these "
+             "pairs detect (McNemar, alpha 0.05, power 0.8, their discordant share), marked * "
+             "when the observed difference clears it (docs/evaluation.md \"Intervals\").",
              ""]
     if rows:
         head = ["run", "judge", "group", "n", "unjudged pairs", "reference", "run acc",
-                "diff (95% CI)", "b / c", "McNemar p", "F1 diff (95% CI)", "BLEU-1 diff (95% CI)"]
+                "diff (95% CI, questions)", "by conversation", "MDE", "b / c", "McNemar p",
+                "F1 diff (95% CI)", "BLEU-1 diff (95% CI)"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             def ci(prefix: str) -> str:
@@ -274,6 +304,8 @@ def paired_markdown(
             acc_run = "–" if r["acc_run"] is None else f"{100 * r['acc_run']:.1f}"
             cells = [labels.get(r["run_dir"], r["run_dir"]), judge, str(r["group_name"]),
                      str(r["n"]), str(r["unjudged_pairs"]), acc_ref, acc_run, ci(""),
+                     _interval(r.get("ci_low_conv"), r.get("ci_high_conv")),
+                     _mde(r.get("mde"), r.get("clears_mde")),
                      f"{r['b_ref_only']} / {r['c_run_only']}", _p(r["mcnemar_p"]),
                      ci("f1_locomo_"), ci("bleu1_")]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

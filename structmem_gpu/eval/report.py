@@ -43,7 +43,7 @@ from structmem_gpu.data.categories import (
     LONGMEMEVAL_TYPES,
 )
 from structmem_gpu.core.errors import StructMemError
-from structmem_gpu.eval.bootstrap import bootstrap_ci
+from structmem_gpu.eval.bootstrap import bootstrap_ci, cluster_bootstrap_ci, min_detectable_difference
 from structmem_gpu.eval.answer import answer_protocol
 from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.eval.judge import judge_identity, judge_protocol
@@ -83,11 +83,25 @@ def group_summary(rows: pl.DataFrame, name: str, st: ReportSettings) -> dict[str
     scored = rows["label"].fill_null(False).cast(pl.Float64)
     judged = rows["label"].drop_nulls().cast(pl.Float64)
     ci = bootstrap_ci(scored.to_list(), resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
+    convs = rows["conv_id"].to_list() if "conv_id" in rows.columns else None
+    conv_ci = None if convs is None else cluster_bootstrap_ci(
+        scored.to_list(), convs, resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
+    acc = float(scored.mean()) if scored.len() else None  # type: ignore[arg-type]
     return {
         "name": name,
         "n": scored.len(),
-        "judge_accuracy": float(scored.mean()) if scored.len() else None,  # type: ignore[arg-type]
+        "judge_accuracy": acc,
         "judge_accuracy_ci95": list(ci) if ci else None,
+        # Every interval names what it resamples (docs/evaluation.md "Intervals"): questions as
+        # if independent, and whole conversations (LoCoMo's 10; a LongMemEval question is its
+        # own haystack, so there the two coincide).
+        "judge_accuracy_ci95_unit": "questions",
+        "judge_accuracy_ci95_conversations": list(conv_ci) if conv_ci else None,
+        "conversations": None if convs is None else len(set(convs)),
+        # The smallest paired difference detectable at this n (alpha 0.05, power 0.8) against a
+        # run of the same accuracy whose errors are independent of this one's (discordant
+        # share 2p(1-p)); a sweep's observed differences are checked against their own pairs.
+        "mde_paired": None if acc is None else min_detectable_difference(scored.len(), 2 * acc * (1 - acc)),
         "judge_accuracy_judged": (
             float(judged.mean()) if judged.len() else None  # type: ignore[arg-type]
         ),
@@ -235,7 +249,7 @@ def build_costs(
 
 # ---- assembly --------------------------------------------------------------------------------
 def scored_rows(questions: pl.DataFrame, judgments: pl.DataFrame) -> pl.DataFrame:
-    q = questions.select("question_id", "category", "category_name", "is_abstention")
+    q = questions.select("question_id", "conv_id", "category", "category_name", "is_abstention")
     return judgments.join(q, on="question_id", how="inner")
 
 

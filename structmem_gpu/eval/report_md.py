@@ -44,6 +44,8 @@ def _score_row(label: str, g: Mapping[str, Any]) -> list[str]:
         str(g["n"]),
         pct(g["judge_accuracy"]),
         _ci(g["judge_accuracy_ci95"]),
+        _ci(g.get("judge_accuracy_ci95_conversations")),
+        pct(g.get("mde_paired")),
         pct(g.get("judge_accuracy_judged")),
         str(g.get("unjudged", 0)),
         pct(g["f1_locomo"]),
@@ -51,6 +53,16 @@ def _score_row(label: str, g: Mapping[str, Any]) -> list[str]:
         pct(g["bleu1"]),
         pct(g["evidence_recall"]),
     ]
+
+
+def _few_clusters(rep: Mapping[str, Any]) -> str:
+    """The caveat of a cluster interval from few clusters (LoCoMo: 10 conversations)."""
+    k = rep["overall"].get("conversations")
+    if not k or k >= 30 or k == rep["overall"].get("n"):
+        return ""
+    return (f"With {k} conversations the cluster interval covers less than 95% (a percentile "
+            f"bootstrap over few clusters is too narrow; a t interval on conversation means "
+            f"with {k - 1} degrees of freedom is the usual fix). ")
 
 
 def score_groups(rep: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], bool]]:
@@ -67,7 +79,9 @@ def scores_section(rep: Mapping[str, Any]) -> list[str]:
         "category",
         "n",
         "judge acc.",
-        "95% CI",
+        "95% CI (questions)",
+        "95% CI (conversations)",
+        "MDE (paired)",
         "judge acc. (judged only)",
         "unjudged",
         "F1 (LoCoMo)",
@@ -84,7 +98,12 @@ def scores_section(rep: Mapping[str, Any]) -> list[str]:
         f"`judge acc. (judged only)`. "
         f"Evidence recall excludes {rep['evidence_recall_excluded']} questions without resolvable "
         f"evidence or retrievals. CI: {rep['settings']['bootstrap_resamples']} bootstrap "
-        f"resamples, seed {rep['settings']['bootstrap_seed']}."
+        f"resamples, seed {rep['settings']['bootstrap_seed']}; `(questions)` resamples questions "
+        f"as if independent, `(conversations)` resamples whole conversations "
+        f"({rep['overall'].get('conversations') or '–'} here). {_few_clusters(rep)}`MDE (paired)`: "
+        f"the smallest accuracy difference a paired comparison at this n detects (McNemar, "
+        f"alpha 0.05, power 0.8) against a run of equal accuracy with independent errors "
+        f"(docs/evaluation.md \"Intervals\")."
     )
     return out + [""]
 
