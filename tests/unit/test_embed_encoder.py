@@ -142,8 +142,6 @@ class RecordingModel(CountingModel):
 
 
 def test_instructions_reach_the_encoder_per_use(tmp_path: Path) -> None:
-    from omegaconf import OmegaConf
-
     from structmem_gpu.embed.encoder import instruction
     from structmem_gpu.stage import Backends, StageContext
     from tests.fixtures.pipeline import job_with

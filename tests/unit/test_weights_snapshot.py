@@ -103,7 +103,7 @@ def test_the_manifest_and_the_report_name_the_snapshots(
     hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from structmem_gpu.embed.encoder import resolve_model
-    from structmem_gpu.eval.report_md import render_markdown, weights_line
+    from structmem_gpu.eval.report_md import weights_line
     from structmem_gpu.methods.registry import stage_registry
     from structmem_gpu.run.pipeline import run_header, weights
 
