@@ -108,15 +108,10 @@ class Stage:
 
     @property
     def per_question(self) -> bool:
-        """Whether the stage's work is per question of the benchmark (answer, judge, report,
-        the retrieve stages) rather than per turn (a memory's build): bench/cost.py scales the
+        """Whether the stage's work is per question of the benchmark (answer, judge, the
+        retrieve stages) rather than per turn (a memory's build): bench/cost.py scales the
         one by questions, the other by turns."""
         return self.kind == QUESTION
-
-    @property
-    def builds_memory(self) -> bool:
-        """Whether its requests are a memory's construction (the build cost)."""
-        return self.kind == BUILD
 
     def describe(self, inputs: "EstimateInputs") -> "StageEstimate":
         """The stage's dry-run row: its estimate hook, else 0 requests for a stage without

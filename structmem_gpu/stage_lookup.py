@@ -6,6 +6,7 @@ tables, the figures and the cost report, which have a run directory and no job).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -54,10 +55,13 @@ def implementations(refs: Mapping[str, Any], where: str) -> Mapping[str, Stage]:
 # ---- a finished run's stages, for readers without a job (cost tables, figures) -------------
 
 
+@functools.lru_cache(maxsize=1)
 def packaged_stages() -> dict[str, Stage]:
     """Stage name -> Stage over every packaged method (conf/method/*.yaml `implementations`;
     the first method naming a stage wins: same-named stages share their part). For a run
-    directory without a saved config, and for a stage its saved config no longer imports."""
+    directory without a saved config, and for a stage its saved config no longer imports.
+    Read once per process (conf/method/ does not change under a running process); not to be
+    mutated."""
     import yaml
 
     from structmem_gpu.config.yaml_defaults import CONF_DIR
@@ -88,39 +92,42 @@ class RunStages:
     `method.implementations` (imported), else of the packaged methods' stage of that name,
     else "build" (an unknown stage's requests are counted, never dropped from a cost)."""
 
-    def __init__(self, run_dir: Any = None) -> None:
+    def __init__(self, run_dir: Any = None, manifest: Mapping[str, Any] | None = None) -> None:
+        """`run_dir` None = no run directory: the packaged methods' declarations alone.
+        `manifest`: the run's manifest.json when the caller has read it already."""
         import json
         from pathlib import Path
 
+        self._root = None if run_dir is None else Path(run_dir)
+        if manifest is None and self._root is not None and (self._root / "manifest.json").is_file():
+            manifest = json.loads((self._root / "manifest.json").read_text())
+        entries = (manifest or {}).get("stages") or {}
+        self._recorded = {n: e["part"] for n, e in entries.items() if isinstance(e, dict) and e.get("part")}
+
+    @functools.cached_property
+    def _method(self) -> Mapping[str, Any]:
+        """The saved config's `method` node, read on first need: a run older than the recorded
+        parts, a stage that did not run, or the order."""
         from structmem_gpu.config.run_changes import previous_config
 
-        # None = no run directory: the packaged methods' declarations alone.
-        root = None if run_dir is None else Path(run_dir)
-        saved = (previous_config(root) if root is not None else None) or {}
-        method = saved.get("method") or {}
-        self.order: tuple[str, ...] = tuple(str(s) for s in method.get("stages") or ())
-        self._refs = {str(k): str(v) for k, v in (method.get("implementations") or {}).items() if v}
-        self._where = f"{run_dir}/.hydra/config.yaml"
-        manifest = root / "manifest.json" if root is not None else None
-        entries = (json.loads(manifest.read_text()).get("stages") or {}) if manifest and manifest.is_file() else {}
-        self._recorded = {n: e["part"] for n, e in entries.items() if isinstance(e, dict) and e.get("part")}
-        self._own_stages: dict[str, Stage] | None = None
-        self._packaged: dict[str, Stage] | None = None
+        saved = (previous_config(self._root) if self._root is not None else None) or {}
+        return saved.get("method") or {}
 
     @property
+    def order(self) -> tuple[str, ...]:
+        """The method's `stages`, in run order (() without a saved config)."""
+        return tuple(str(s) for s in self._method.get("stages") or ())
+
+    @functools.cached_property
     def _own(self) -> dict[str, Stage]:
-        """The saved config's stages, imported on first need (a run older than the recorded
-        parts, or a stage that did not run)."""
-        if self._own_stages is None:
-            self._own_stages = _importable(implementations(self._refs, self._where))
-        return self._own_stages
+        """The saved config's stages (`method.implementations`), imported on first need."""
+        refs = {str(k): str(v) for k, v in (self._method.get("implementations") or {}).items() if v}
+        return _importable(implementations(refs, f"{self._root}/.hydra/config.yaml"))
 
     def stage(self, name: str) -> Stage | None:
         if name in self._own:
             return self._own[name]
-        if self._packaged is None:
-            self._packaged = packaged_stages()
-        return self._packaged.get(name)
+        return packaged_stages().get(name)
 
     def part(self, name: str) -> str:
         if name in self._recorded:
@@ -131,7 +138,5 @@ class RunStages:
     def names(self, *parts: str) -> frozenset[str]:
         """The stages of the run (recorded in its manifest, its method's, the packaged ones)
         whose part is in `parts`."""
-        if self._packaged is None:
-            self._packaged = packaged_stages()
-        every = {**{n: s.kind for n, s in {**self._packaged, **self._own}.items()}, **self._recorded}
+        every = {**{n: s.kind for n, s in {**packaged_stages(), **self._own}.items()}, **self._recorded}
         return frozenset(n for n, part in every.items() if part in parts)

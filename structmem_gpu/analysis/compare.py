@@ -80,7 +80,7 @@ def build_cost(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, float]:
     from structmem_gpu.stage_lookup import RunStages
     from structmem_gpu.core.stage_parts import AUDIT, BUILD
 
-    parts = RunStages(run_dir)
+    parts = RunStages(run_dir, manifest)
     stages = manifest.get("stages") or {}
     out: dict[str, float] = {f"build_{k}": 0 for k in COST_KEYS}
     for name, entry in stages.items():

@@ -350,7 +350,7 @@ def write_run_plots(
             f"Judge accuracy by category: {title} (judge {judge})",
         )
 
-    stages = RunStages(run.root)
+    stages = RunStages(run.root, manifest)
     order = list(job.root.method.stages) if job is not None else list(stages.order)
     if judgments is not None:
         try_draw("accuracy_by_category", accuracy, written)

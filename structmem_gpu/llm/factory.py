@@ -24,7 +24,7 @@ from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import to_plain
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.backends import OpenContext, backend
-from structmem_gpu.llm.backends.vllm_server import server_env
+from structmem_gpu.llm.backends.spec import server_env
 from structmem_gpu.llm.types import LLMBackend
 
 # What the public functions here take: the typed settings (what the package passes), or a

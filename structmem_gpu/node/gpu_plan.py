@@ -261,7 +261,7 @@ def resident(job: JobConfig, key: str, device_gb: float | None) -> Resident | st
     spec = None if node is None else backend(node.backend)
     if node is None or spec is None or spec.gpu_kind is None:  # its backend holds no GPU memory
         return None
-    if node.base_url and spec.attaches:
+    if node.base_url and spec.http:
         return f"{key}: attached server {node.base_url} (not ours: not planned, never stopped)"
     tp, dp = node.tensor_parallel_size, node.data_parallel_size
     w = weights(node.model, node.weights_gb, revision=node.revision)

@@ -26,7 +26,6 @@ torch unless CUDA is asked for, no faiss unless a GPU index is.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shlex
@@ -179,11 +178,6 @@ def check_models(job: Job) -> list[Finding]:
 
 
 # ---- engines ------------------------------------------------------------------------------
-
-
-def _module_present(name: str) -> bool:
-    """True when top-level module `name` can be imported (found, not imported)."""
-    return importlib.util.find_spec(name) is not None
 
 
 def _engine_finding(llm: NamedLLM) -> Finding | None:

@@ -29,7 +29,6 @@ class FixtureEngine(Backend):
     name = FIXTURE
     launches = True
     gpu_kind = "fixture engine"
-    attaches = False
     http = False
 
     def engine_problem(self, s: Any, key: str) -> EngineProblem | None:

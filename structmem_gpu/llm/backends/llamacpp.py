@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from structmem_gpu.llm.backends import register
 from structmem_gpu.llm.backends.spec import Backend, EngineProblem, WeightsRef
@@ -14,6 +13,7 @@ from structmem_gpu.llm.backends.spec import Backend, EngineProblem, WeightsRef
 if TYPE_CHECKING:
     from structmem_gpu.config.schema import LLMSettings
     from structmem_gpu.llm.prompt_counter import TokenCounter
+    from structmem_gpu.llm.server import CommandBuilder
 
 
 def server_missing() -> str:
@@ -34,6 +34,10 @@ class LlamaCpp(Backend):
     name = "llamacpp"
     launches = True
     context_knob = "n_ctx"
+    # llama.cpp has no /health (404); no child processes to clean up, and SIGTERM would wait
+    # for a running generation.
+    ready_path = "/v1/models"
+    death_signal = signal.SIGKILL
     body_chat_template_kwargs = False  # the server applies the GGUF's own template
 
     def flavor(self, s: "LLMSettings") -> str:
@@ -63,22 +67,8 @@ class LlamaCpp(Backend):
 
         return gguf_counter(s.model)  # the GGUF's own template and vocabulary
 
-    def launch(self, s: "LLMSettings", log_dir: Path, name: str) -> contextlib.AbstractContextManager[Any]:
-        from structmem_gpu.llm import server
+    def command(self, s: "LLMSettings") -> "CommandBuilder":
+        from structmem_gpu.llm.server import llamacpp_command
 
-        cmd = server.llamacpp_command(
-            s.model,
-            served_name=s.served_name,
-            n_ctx=s.n_ctx,
-            n_threads=s.n_threads,
-            extra_args=[str(a) for a in s.extra_args or ()],
-        )
-        # No child processes to clean up, and SIGTERM would wait for a running generation.
-        return server.launch_server(
-            cmd,
-            ready_path="/v1/models",
-            log_dir=log_dir,
-            name=name,
-            startup_timeout_s=s.startup_timeout_s,
-            death_signal=signal.SIGKILL,
-        )
+        return llamacpp_command(s.model, served_name=s.served_name, n_ctx=s.n_ctx,
+                                n_threads=s.n_threads, extra_args=[str(a) for a in s.extra_args or ()])

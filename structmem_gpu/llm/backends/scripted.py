@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 @register
 class Scripted(Backend):
     name = "scripted"
-    attaches = False
     http = False
     harness = True
 

@@ -8,6 +8,7 @@ engine; a method that needs one imports it when called.
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from structmem_gpu.config.schema import LLMSettings
     from structmem_gpu.llm.prompt_counter import TokenCounter
+    from structmem_gpu.llm.server import CommandBuilder
 
 SETUP_GPU = "make setup-gpu"  # what installs vLLM and faiss-gpu on a GPU node
 
@@ -58,15 +60,17 @@ class Backend:
     launches: ClassVar[bool] = False
     # What holds GPU memory when launched ("vLLM server"); None = nothing of it on a GPU.
     gpu_kind: ClassVar[str | None] = None
-    # `llm.base_url` attaches to a running server (not ours: never planned on our GPUs).
-    attaches: ClassVar[bool] = True
     # The llm key stating the model's context in tokens (the context guard, the dry run).
     context_knob: ClassVar[str] = "max_model_len"
     # The job loads Hugging Face weights itself (vLLM): the weights version is the resolved
     # snapshot, and `convert_from_gguf` makes the folder first.
     hf_weights: ClassVar[bool] = False
-    # Requests go to an HTTP endpoint the benchmarks can time (False: in-process engines).
+    # It serves over HTTP: `llm.base_url` attaches to a running server (not ours: never planned
+    # on our GPUs), and the benchmarks can time its endpoint. False: in-process engines.
     http: ClassVar[bool] = True
+    # A launched server: the path that answers 200 once it is ready, and the signal that stops it.
+    ready_path: ClassVar[str] = "/health"
+    death_signal: ClassVar[int] = signal.SIGTERM
     # Replies are scripted, not a model's: never compared with a paper (eval/published.py).
     harness: ClassVar[bool] = False
     # `llm.chat_template_kwargs` travel in the request body (servers that template themselves).
@@ -119,6 +123,23 @@ class Backend:
         http.server = srv  # the client fails fast once this process is gone
         return SupervisedBackend(http, sup)  # ... and a dead server is replaced
 
-    def launch(self, s: "LLMSettings", log_dir: Path, name: str) -> contextlib.AbstractContextManager[Any]:
-        """Start its server (llm/server.py launch_server); only backends that launch one."""
+    def command(self, s: "LLMSettings") -> "CommandBuilder":
+        """Its server command (llm/server.py); only backends that launch a server."""
         raise NotImplementedError(f"llm.backend={self.name} launches no server")
+
+    def launch_env(self, s: "LLMSettings") -> dict[str, str] | None:
+        """The launched server's environment additions (None = this process's as is)."""
+        return None
+
+    def launch(self, s: "LLMSettings", log_dir: Path, name: str) -> contextlib.AbstractContextManager[Any]:
+        """Start its server (llm/server.py launch_server), stopped with the block."""
+        from structmem_gpu.llm.server import launch_server
+
+        return launch_server(self.command(s), ready_path=self.ready_path, log_dir=log_dir,
+                             name=name, startup_timeout_s=s.startup_timeout_s,
+                             death_signal=self.death_signal, env=self.launch_env(s))
+
+
+def server_env(s: "LLMSettings") -> dict[str, str]:
+    """`llm.server_env` as strings: a launched vLLM server's environment, offline vLLM's."""
+    return {str(k): str(v) for k, v in dict(s.server_env or {}).items()}

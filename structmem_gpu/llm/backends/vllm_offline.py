@@ -7,8 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from structmem_gpu.llm.backends import register
-from structmem_gpu.llm.backends.spec import SETUP_GPU, Backend, EngineProblem, OpenContext
-from structmem_gpu.llm.backends.vllm_server import server_env
+from structmem_gpu.llm.backends.spec import SETUP_GPU, Backend, EngineProblem, OpenContext, server_env
 
 if TYPE_CHECKING:
     from structmem_gpu.config.schema import LLMSettings
@@ -19,7 +18,6 @@ class VLLMOffline(Backend):
     name = "vllm_offline"
     launches = True
     gpu_kind = "vLLM engine (in process)"
-    attaches = False
     hf_weights = True
     http = False
 

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from structmem_gpu.llm.backends import register
-from structmem_gpu.llm.backends.spec import SETUP_GPU, Backend, EngineProblem
+from structmem_gpu.llm.backends.spec import SETUP_GPU, Backend, EngineProblem, server_env
 
 if TYPE_CHECKING:
     from structmem_gpu.config.schema import LLMSettings
+    from structmem_gpu.llm.server import CommandBuilder
 
 
 def python_has_vllm(python: str) -> bool:
@@ -27,10 +26,6 @@ def python_has_vllm(python: str) -> bool:
         return subprocess.run([python, "-c", code], timeout=20, capture_output=True).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def server_env(s: "LLMSettings") -> dict[str, str]:
-    return {str(k): str(v) for k, v in dict(s.server_env or {}).items()}
 
 
 @register
@@ -64,13 +59,16 @@ class VLLMServer(Backend):
             return None
         return EngineProblem(f"no `vllm` executable beside {sys.executable} or on PATH", SETUP_GPU)
 
-    def launch(self, s: "LLMSettings", log_dir: Path, name: str) -> contextlib.AbstractContextManager[Any]:
-        from structmem_gpu.llm import server
+    def launch_env(self, s: "LLMSettings") -> dict[str, str] | None:
+        return server_env(s)
+
+    def command(self, s: "LLMSettings") -> "CommandBuilder":
+        from structmem_gpu.llm.server import vllm_command
 
         extra = [str(a) for a in s.extra_args or ()]
         if s.revision:
             extra = ["--revision", str(s.revision), *extra]
-        cmd = server.vllm_command(
+        return vllm_command(
             s.model,
             served_name=s.served_name,
             python=s.server_python,
@@ -82,13 +80,4 @@ class VLLMServer(Backend):
             max_num_seqs=s.max_num_seqs,
             seed=s.seed,
             extra_args=extra,
-        )
-        return server.launch_server(
-            cmd,
-            ready_path="/health",
-            log_dir=log_dir,
-            name=name,
-            startup_timeout_s=s.startup_timeout_s,
-            death_signal=signal.SIGTERM,
-            env=server_env(s),
         )
