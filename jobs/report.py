@@ -16,6 +16,9 @@
     python jobs/report.py protocols outputs/runs/locomo/structmem
     # predictions in the files an official scorer reads (LongMemEval, mem0, LightMem)
     python jobs/report.py export outputs/runs/locomo/structmem --format mem0
+    # the judge's false-accept / false-reject rates on dial481/locomo-audit's answer sets
+    # (stored per judge identity; report.md and compare show them beside the judge)
+    python jobs/report.py judge-audit judge=same_as_llm [eval.judge_audit.per_set=null] [--force]
 
 A folder that is not itself a run directory (a multirun sweep dir) stands for the run
 directories below it. Expected errors (a missing shard, shards of different configs) print
@@ -153,6 +156,14 @@ def cmd_protocols(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_judge_audit(args: argparse.Namespace) -> int:
+    from structmem_gpu.config.job import JobConfig
+    from structmem_gpu.eval.judge_audit import print_audits
+
+    print_audits(JobConfig.from_cfg(_compose(list(args.overrides))), args.force, args.judge)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from structmem_gpu.eval.export import export_run
 
@@ -211,6 +222,13 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--format", required=True, choices=("longmemeval", "mem0", "lightmem"))
     e.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report/export/FORMAT")
     e.set_defaults(fn=cmd_export)
+    j = sub.add_parser("judge-audit", help="the judge's error rates on answer sets of known truth")
+    j.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of the "
+                   "job whose judge is audited, e.g. eval.judge_audit.per_set=null")
+    j.add_argument("--judge", default=None, help="one judge of the panel (default: every one)")
+    j.add_argument("--force", action="store_true",
+                   help="judge again (replies still come from the response cache)")
+    j.set_defaults(fn=cmd_judge_audit)
     return ap
 
 

@@ -311,10 +311,13 @@ class Backends:
 
     def judges(self) -> list[tuple[str, "LLMBackend"]]:
         """(judge_name, backend) for every configured judge; `llm: null` reuses the answer model."""
+        return [(name, self.judge(name, llm_cfg)) for name, llm_cfg in judge_members(self.job)]
+
+    def judge(self, name: str, llm_cfg: LLMSettings | None) -> "LLMBackend":
+        """The backend of one judge (`llm_cfg` None: the answer model's)."""
         self._judging = True  # a judge on the answer model is the "judges" role here
         try:
-            return [(name, self.llm(judge_key(name, llm_cfg), llm_cfg))
-                    for name, llm_cfg in judge_members(self.job)]
+            return self.llm(judge_key(name, llm_cfg), llm_cfg)
         finally:
             self._judging = False
 

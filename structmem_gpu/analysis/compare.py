@@ -156,6 +156,14 @@ def _published_overall(report: Mapping[str, Any]) -> tuple[str | None, float | N
     return (ids[0] if ids else None), None, (notes.get(ids[0]) if ids else None)
 
 
+def _audit_cell(report: Mapping[str, Any], judge: str | None) -> str:
+    from structmem_gpu.eval.judge_audit import short_line
+
+    if "judge_audit" not in report:  # a report written before judge audits existed
+        return "not audited"
+    return short_line((report.get("judge_audit") or {}).get(judge or ""))
+
+
 def run_row(run_dir: Path) -> dict[str, Any]:
     """One comparison row from a run directory's report.json and manifest.json."""
     report, manifest = _load_json(run_dir / REPORT), _load_json(run_dir / MANIFEST)
@@ -171,6 +179,8 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         "answer_model": answer_model(run_dir),
         "judge": judge,
         "judge_models": _model_names((report.get("judge_models") or {}).get(judge or "", [])),
+        # The judge's own error rates (eval/judge_audit.py), or "not audited".
+        "judge_audit_rates": _audit_cell(report, judge),
         "published_id": published_id,
         "published_acc": published_acc,
         "published_note": published_note,
@@ -207,6 +217,7 @@ def _frame(rows: Sequence[Mapping[str, Any]]) -> pl.DataFrame:
         "answer_model",
         "judge",
         "judge_models",
+        "judge_audit_rates",
         "protocols",
         "protocols_differ",
         "n",
@@ -350,7 +361,10 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
         "(differs) used other protocols than the rest and is not comparable with them. "
         "Published = the overall judge accuracy of the first published row matching the run's "
         "configuration, with the row's note when the run is not the configuration that "
-        "produced the number (e.g. paper text configuration, number from the code's). Build cost sums every memory-building stage; calls include cache hits "
+        "produced the number (e.g. paper text configuration, number from the code's). Judge "
+        "audit = the judge's false accepts (FA) on locomo-audit's wrong answer sets v1 / v2 and "
+        "false rejects (FR) of gold answers and their paraphrases, on the slice named "
+        "(docs/evaluation.md \"Judge audit\"). Build cost sums every memory-building stage; calls include cache hits "
         "(the method's cost), wall seconds are as measured."
     )
     lines = ["# Method comparison", "", note, ""]
@@ -360,6 +374,7 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
         "benchmark",
         "answer model",
         "judge",
+        "judge audit",
         "protocols",
         "n",
         "overall (95% CI, questions)",
@@ -379,6 +394,7 @@ def render_markdown(df: pl.DataFrame, reference: str | None = "structmem") -> st
             str(r["benchmark"]),
             _cell(r.get("answer_model")),
             _models(r),
+            _cell(r.get("judge_audit_rates") or "not audited"),
             f"**{proto} (differs)**" if r.get("protocols_differ") else proto,
             _num(r["n"]),
             _pct(r["acc_overall"]) + ci,

@@ -433,6 +433,50 @@ class ReportSettings(Settings):
         "1-2 s a run; false skips matplotlib (e.g. thousands of sweep jobs)."))
 
 
+# eval.cat5 values: rule = LoCoMo's "not mentioned" rule on a free answer (the published
+# pipelines' scoring); forced_choice = LoCoMo's paper protocol, two options (eval/cat5_choice.py).
+CAT5_PROTOCOLS = ("rule", "forced_choice")
+
+
+class JudgeAuditSettings(Settings):
+    """eval.judge_audit: the judge's own error rates on answer sets whose truth is known
+    (eval/judge_audit.py; `python jobs/report.py judge-audit`)."""
+
+    source: str | None = Field(None, description=(
+        "The dial481/locomo-audit checkout (PATH | PATH@COMMIT, read at run time, never copied: "
+        "CC BY-NC 4.0); null = <paths.official_dir>/locomo-audit.git at the pinned commit "
+        "(`python jobs/data.py official` fetches it)."))
+    per_set: Annotated[int, Field(ge=1)] | None = Field(60, description=(
+        "Items per answer set: a seeded slice of the same questions in every set (60 x 4 sets = "
+        "240 judge requests, minutes on the CPU profile); null = all 1,540 (a GPU or an "
+        "endpoint). The report names the slice."))
+    seed: Annotated[int, Field(ge=0)] = Field(0, description=(
+        "Seed of the slice: the same seed audits the same questions for every judge."))
+
+
+class EvalSettings(Settings):
+    """`eval:` of conf/config.yaml: scoring protocols beside the published one (docs/evaluation.md
+    "Judge audit", "Corrected golds", "Category 5 as a forced choice")."""
+
+    node: ClassVar[str] = "eval"
+    yaml_home: ClassVar[str | None] = "config.yaml"
+
+    errata: str | None = Field(None, description=(
+        "null = off | PATH | PATH@COMMIT of a dial481/locomo-audit checkout (read at run time, "
+        "never copied: CC BY-NC 4.0): a LoCoMo run is also scored against its corrected golds "
+        "(score-changing entries only; ambiguous ones reported, not applied), beside the "
+        "official score, which stays unchanged."))
+    cat5: Literal[CAT5_PROTOCOLS] = Field("rule", description=(
+        "LoCoMo category 5: rule = the free answer scored by LoCoMo's 'not mentioned' rule "
+        "(published pipelines); forced_choice = asked as LoCoMo's paper asks it, two options "
+        "(not mentioned / the adversarial answer, order by cat5_seed), scored by the chosen "
+        "option and reported apart from categories 1-4, never in a published-comparable number."))
+    cat5_seed: Annotated[int, Field(ge=0)] = Field(0, description=(
+        "Seed of the option order under cat5=forced_choice (per question)."))
+    judge_audit: JudgeAuditSettings = Field(JudgeAuditSettings(), description=(
+        "The judge audit (eval/judge_audit.py)."))
+
+
 class JobSettings(Settings):
     """The nodes of every job's config that no stage owns (conf/config.yaml and its groups).
     RUN_ROLE: where a run lives and how it is launched never changes what it computes."""
@@ -475,6 +519,7 @@ class JobSettings(Settings):
     embedder: EmbedderSettings
     index: IndexSettings
     report: ReportSettings | None = None
+    eval: EvalSettings | None = None
     gpu: Annotated[GpuSettings | None, RUN_ROLE] = None
     tracking: Annotated[TrackingSettings | None, RUN_ROLE] = None
 

@@ -139,10 +139,38 @@ def register_context_builder(name: str, builder: ContextBuilder) -> None:
     _REGISTERED[name] = builder
 
 
+def forced_choice_questions(job: JobConfig, questions: pl.DataFrame) -> pl.DataFrame:
+    """The questions as the reader sees them: under eval.cat5=forced_choice each category-5
+    question carries its two options (eval/cat5_choice.py); otherwise unchanged."""
+    from structmem_gpu.config.schema import EvalSettings
+    from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
+    from structmem_gpu.eval import cat5_choice as C
+
+    ev = job.settings(EvalSettings)
+    if ev.cat5 != C.FORCED_CHOICE or questions.height == 0:
+        return questions
+    texts = [
+        C.ask(q, C.options(qid, adv or gold or "", ev.cat5_seed)) if cat == LOCOMO_ADVERSARIAL
+        else q
+        for qid, q, cat, adv, gold in questions.select(
+            "question_id", "question", "category", "adversarial_answer", "answer").iter_rows()
+    ]
+    return questions.with_columns(pl.Series("question", texts, dtype=pl.String()))
+
+
 def builder_fingerprint(job: JobConfig) -> Any:
     """Extra fingerprint material of the configured builder: a "module:function" builder may
     define `<function>_fingerprint(job)` beside it (e.g. the commit and hash of an official
-    reader text it reads from a checkout); None when it does not."""
+    reader text it reads from a checkout); None when it does not. With eval.cat5 away from
+    its default, that too (so the default leaves every fingerprint as it was)."""
+    from structmem_gpu.config.schema import EvalSettings
+
+    ev = job.settings(EvalSettings)
+    fp = _builder_fingerprint(job)
+    return fp if ev.cat5 == "rule" else {"builder": fp, "cat5": [ev.cat5, ev.cat5_seed]}
+
+
+def _builder_fingerprint(job: JobConfig) -> Any:
     name = job.settings(AnswerSettings).prompt if job.has("answer") else ""
     module, sep, attr = name.partition(":")
     if not sep or name in _REGISTERED:
@@ -314,7 +342,8 @@ def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     tables = _LazyTables(ctx, OPTIONAL_TABLES)
     s: AnswerSettings = ctx.settings
     prompt, protocol = s.prompt, s.protocol
-    prompts = context_builder(prompt)(AnswerInputs(ctx.job, questions, tables))
+    asked = forced_choice_questions(ctx.job, questions)  # eval.cat5=forced_choice
+    prompts = context_builder(prompt)(AnswerInputs(ctx.job, asked, tables))
     requests = make_requests(questions, prompts, sampling(s))
     results = ctx.generate(requests, desc="answer")
     answers = answer_rows(questions, results, prompts, protocol)

@@ -119,3 +119,16 @@ def min_detectable_difference(
         mid = (lo + hi) / 2.0
         lo, hi = (mid, hi) if needed(mid) > n else (lo, mid)
     return hi
+
+
+def wilson_ci(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float] | None:
+    """Wilson score 95% interval of a proportion (None for n = 0). Used for the judge audit's
+    error rates: at 60 items a rate of 0/60 still gets an upper bound (about 6%), where a
+    percentile bootstrap would return [0, 0]."""
+    if n <= 0:
+        return None
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))

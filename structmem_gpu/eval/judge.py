@@ -44,7 +44,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -96,6 +96,8 @@ class JudgeItem:
     is_abstention: bool
     prediction: str  # the extracted answer: lexical metrics, stale-row check, rule verdicts
     judged: str = ""  # what the LLM judge sees (judge.input); "" = the prediction
+    # eval.cat5=forced_choice, category 5: the two options the reader was given (cat5_choice.py)
+    options: tuple[str, str] | None = None
 
     @property
     def judge_text(self) -> str:
@@ -198,6 +200,21 @@ def judge_items(
     ]
 
 
+def with_options(job: JobConfig, questions: pl.DataFrame, items: list[JudgeItem]
+                 ) -> list[JudgeItem]:
+    """Category-5 items with the options their reader was given (eval.cat5=forced_choice)."""
+    from structmem_gpu.config.schema import EvalSettings
+    from structmem_gpu.eval import cat5_choice as C
+
+    ev = job.settings(EvalSettings)
+    if ev.cat5 != C.FORCED_CHOICE:
+        return items
+    adv = {q: a or g or "" for q, a, g in
+           questions.select("question_id", "adversarial_answer", "answer").iter_rows()}
+    return [replace(it, options=C.options(it.question_id, adv[it.question_id], ev.cat5_seed))
+            if it.category == LOCOMO_ADVERSARIAL else it for it in items]
+
+
 def reasoning_chars(max_tokens: int) -> int:
     """maxLength of the reasoning field: 24 chars at 40 tokens (CI), 156 at 128."""
     return max(16, int((max_tokens - _JSON_OVERHEAD_TOKENS) * _CHARS_PER_TOKEN))
@@ -298,7 +315,15 @@ Verdict = tuple[str, str, bool | None, str | None]  # judge_model, prompt_versio
 
 def rule_verdict(item: JudgeItem, llm_cat5: bool = False) -> Verdict | None:
     """The verdict of an item that needs no LLM call, else None. `llm_cat5`: LoCoMo category 5
-    goes to the LLM judge too (eval/protocols.py scores that protocol beside the rule)."""
+    goes to the LLM judge too (eval/protocols.py scores that protocol beside the rule). An item
+    with `options` (eval.cat5=forced_choice) is scored by the option its answer names."""
+    if item.category == LOCOMO_ADVERSARIAL and item.options is not None:
+        from structmem_gpu.eval import cat5_choice as C
+
+        label = C.label(item.prediction, item.options)
+        if label is None and item.judged:  # the extracted line named no option: the reply
+            label = C.label(item.judged, item.options)
+        return C.RULE, C.VERSION, label, None
     if item.category == LOCOMO_ADVERSARIAL and not llm_cat5:
         return RULE_CAT5, RULE_CAT5_VERSION, says_not_mentioned(item.prediction), None
     if not item.prediction.strip():
@@ -359,7 +384,7 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     questions = selected_questions(ctx.job, ctx.read("questions"))
     answers = ctx.read("answers")
     s: JudgeSettings = ctx.settings
-    items = judge_items(questions, answers, s.input)
+    items = with_options(ctx.job, questions, judge_items(questions, answers, s.input))
     recall, unresolved = recall_by_question(
         questions,
         ctx.read_optional("retrievals"),
@@ -398,6 +423,7 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
     # Read unfingerprinted on purpose: it is this stage's own output (see STAGE below).
     kept = keep_other_judges(ctx.read_optional("judgments"), names, answers)
     new = schemas.frame([asdict(r) for r in rows], JUDGMENT_COLUMNS)
+    errata_rows = judge_errata(ctx, questions, items, judges, samp, protocol, texts)
     unjudged = int(new["label"].is_null().sum())
     ctx.notes.update(
         protocol=protocol,
@@ -410,6 +436,9 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
         unjudged=unjudged,
         kept_other_judges=kept.height,
         recall_unresolved_items=unresolved,
+        errata=None if errata_rows is None else {
+            "rows": errata_rows.height,
+            "applied": int(errata_rows["applied"].sum())},
     )
     if unjudged:
         log.warning(
@@ -418,7 +447,53 @@ def run_judge(ctx: StageContext) -> dict[str, pl.DataFrame]:
             unjudged,
             new.height,
         )
-    return {"judgments": pl.concat([kept, new])}
+    from structmem_gpu.eval.errata import ERRATA_COLUMNS
+
+    return {"judgments": pl.concat([kept, new]),
+            "errata_judgments": errata_rows if errata_rows is not None
+            else schemas.empty(ERRATA_COLUMNS)}
+
+
+def judge_errata(
+    ctx: StageContext, questions: pl.DataFrame, items: Sequence[JudgeItem],
+    judges: Sequence[tuple[str, LLMBackend]], samp: Sampling, protocol: str,
+    texts: OfficialJudges | None,
+) -> pl.DataFrame | None:
+    """eval.errata (eval/errata.py): each joined entry among the selected questions, per judge;
+    a score-changing entry's answer judged again against the corrected gold. None when off or
+    the benchmark is not LoCoMo-format."""
+    from structmem_gpu.eval import errata as E
+    from structmem_gpu.eval.locomo_audit import describe
+
+    src = E.configured(ctx.job)
+    if src is None or bool(questions["category"].is_in(list(LONGMEMEVAL_IDS)).any()):
+        return None
+    joined = E.join(src, E.load(src), ctx.read("questions"))
+    ctx.notes["errata_source"] = describe(src)
+    ctx.notes["errata_outside_run"] = joined.outside
+    selected = {it.question_id: it for it in items if it.question_id in joined.by_question}
+    fixed_q = E.corrected_questions(questions, joined)
+    recall, _ = recall_by_question(
+        fixed_q.filter(pl.col("question_id").is_in(list(selected))),
+        ctx.read_optional("retrievals"), ctx.read_optional("entries"),
+        ctx.read_optional("syntheses"))
+    applied = [q for q, e in joined.by_question.items() if q in selected and e.kind == E.SCORE]
+    rows = []
+    for name, backend in judges:
+        asked = [E.with_gold(selected[q], joined.by_question[q]) for q in applied]
+        verdicts = dict(zip(applied, judge_with(ctx, name, backend, asked, samp, protocol, texts)))
+        for qid in selected:
+            e = joined.by_question[qid]
+            model, version, label, raw = verdicts.get(qid, (None, None, None, None))
+            rows.append({
+                "question_id": qid, "judge_name": name, "audit_id": e.audit_id,
+                "error_type": e.error_type, "kind": e.kind, "applied": qid in verdicts,
+                "official_gold": e.official_gold, "corrected_gold": e.correct_answer,
+                "corrected_label": label, "judge_model": model, "prompt_version": version,
+                "reply_raw": raw,
+                "evidence_recall_corrected": recall.get(qid) if e.kind != E.AMBIGUOUS else None,
+            })
+    return schemas.frame(rows, E.ERRATA_COLUMNS)
 
 
 def official_judges(job: JobConfig) -> dict[str, dict[str, official.OfficialText]]:
@@ -434,6 +509,20 @@ def official_judges(job: JobConfig) -> dict[str, dict[str, official.OfficialText
     if lme is not None:
         out["longmemeval"] = official.longmemeval_judges(lme)
     return out
+
+
+def _fingerprint(job: JobConfig) -> Any:
+    """The official judge texts; with eval.errata (or eval.cat5 not its default) those too.
+    Unchanged when both are off, so that no finished judge stage reruns."""
+    from structmem_gpu.config.schema import EvalSettings
+    from structmem_gpu.eval.errata import fingerprint as errata_fingerprint
+
+    texts = judge_texts_fingerprint(job)
+    ev = job.settings(EvalSettings)
+    extra = {"errata": errata_fingerprint(job)} if ev.errata is not None else {}
+    if ev.cat5 != "rule":
+        extra["cat5"] = [ev.cat5, ev.cat5_seed]
+    return {"texts": texts, **extra} if extra else texts
 
 
 def judge_texts_fingerprint(job: JobConfig) -> str | None:
@@ -500,11 +589,12 @@ STAGE = Stage(
     name="judge",
     run=run_judge,
     reads=("questions", "answers"),
-    writes=("judgments",),
+    # errata_judgments: empty unless eval.errata is set (eval/errata.py).
+    writes=("judgments", "errata_judgments"),
     optional_reads=("retrievals", "entries", "syntheses"),
     settings=JudgeSettings,
     depends=("benchmark.name", "benchmark.categories", *LLM_IDENTITY),
-    extra_fingerprint=judge_texts_fingerprint,
+    extra_fingerprint=_fingerprint,
     # 2: judge.protocol (paper judges by default), protocol column, cat-5 lexical rule.
     # 3: judge.input (the reply by default) and the judge_input column.
     version="3",

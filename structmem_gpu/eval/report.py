@@ -273,8 +273,13 @@ def build_report(
     st: ReportSettings,
 ) -> dict[str, Any]:
     names = {int(k): v for k, v in category_names(questions).items()}
+    from structmem_gpu.eval.cat5_choice import RULE as CHOICE
+
     rows = scored_rows(questions, judgments)
-    judges = list(dict.fromkeys(rows["judge_name"].to_list()))
+    # eval.cat5=forced_choice: category 5 is reported on its own, in no overall (cat5_choice.py)
+    choice = rows.filter(pl.col("judge_model") == CHOICE)
+    rows = rows.filter(pl.col("judge_model") != CHOICE)
+    judges = list(dict.fromkeys(rows["judge_name"].to_list() + choice["judge_name"].to_list()))
     by_judge = {j: judge_summary(rows.filter(pl.col("judge_name") == j), names, st) for j in judges}
     head = headline_judge(job, judges)
     empty = judge_summary(rows.clear(), names, st)
@@ -322,7 +327,31 @@ def build_report(
     for key in ("overall_without_adversarial", "longmemeval"):
         if key in main:
             report[key] = main[key]
+    has_cat5 = LOCOMO_ADVERSARIAL in set(questions["category"].to_list())
+    report["category_5_rule"] = (None if not has_cat5 else
+                                 "forced_choice" if choice.height else "rule")
+    if choice.height:
+        report["category_5_forced_choice"] = {
+            j: group_summary(choice.filter(pl.col("judge_name") == j), "adversarial (forced "
+                             "choice)", st) for j in dict.fromkeys(choice["judge_name"].to_list())}
+    from structmem_gpu.eval.judge_audit import compact, run_audits
+
+    # The judge's own error rates where an audit of its identity is stored (eval/judge_audit.py).
+    audits = run_audits(job) if job.has("judge") else {}
+    report["judge_audit"] = {j: compact(audits.get(j)) for j in judges}
     return report
+
+
+def errata_section(job: JobConfig, questions: pl.DataFrame, judgments: pl.DataFrame,
+                   errata: pl.DataFrame | None, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """report.json `errata` (eval/errata.py) when the judge stage scored corrected golds."""
+    if errata is None or errata.height == 0:
+        return None
+    from structmem_gpu.eval.errata import summary
+
+    names = {int(k): v for k, v in category_names(questions).items()}
+    notes = ((manifest.get("stages") or {}).get("judge") or {}).get("notes") or {}
+    return summary(scored_rows(questions, judgments), errata, names, notes.get("errata_source"))
 
 
 def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]:
@@ -400,13 +429,22 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     requests = ctx.read_optional("requests")
     from structmem_gpu.eval.audit import audit_markdown, audit_summary
 
-    report = build_report(job, questions, answers, judgments, requests, ctx.run.load_manifest(), st)
+    manifest = ctx.run.load_manifest()
+    report = build_report(job, questions, answers, judgments, requests, manifest, st)
+    errata = errata_section(job, questions, judgments, ctx.read_optional("errata_judgments"),
+                            manifest)
+    if errata is not None:  # eval.errata: corrected golds beside the official ones
+        report["errata"] = errata
     audit = audit_summary(ctx.run.root, resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
     if audit:  # fidelity audits ran (stages audit_*): their rates go into both reports
         report["audit"] = audit
     out = ctx.run.report_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
     markdown = render_markdown(report, matching_rows(job))
+    if errata is not None:
+        from structmem_gpu.eval.errata import markdown as errata_markdown
+
+        markdown += "\n" + "\n".join(errata_markdown(errata, report["judge"]))
     atomic_write_text(out / "report.md", markdown + ("\n" + audit_markdown(audit) if audit else ""))
     if "longmemeval" in report:
         atomic_write_text(
@@ -431,7 +469,15 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
 def _report_fingerprint(job: JobConfig) -> Any:
     keys = sorted({k for r in load_published() if r.match for k in r.match})  # beside: a subset
     keys += ["llm.backend", "debug_profile", "answer.protocol"]
-    return {"published": {k: config_fact(job, k) for k in keys}, "judge": judge_identity(job)}
+    out = {"published": {k: config_fact(job, k) for k in keys}, "judge": judge_identity(job)}
+    from structmem_gpu.eval.judge_audit import run_audits
+
+    # A judge audit stored since the last report shows in the next one (only when one exists,
+    # so the fingerprint of a run without audits is what it was).
+    audits = {n: (a["key"], a["slice"]["name"]) for n, a in run_audits(job).items() if a}
+    if audits:
+        out["judge_audit"] = audits
+    return out
 
 
 STAGE = Stage(
@@ -439,7 +485,8 @@ STAGE = Stage(
     run=run_report,
     reads=("questions", "answers", "judgments"),
     writes=(),
-    optional_reads=("requests", "retrievals", "audit_extraction", "audit_consolidation"),
+    optional_reads=("requests", "retrievals", "audit_extraction", "audit_consolidation",
+                    "errata_judgments"),
     settings=ReportSettings,
     depends=("benchmark.name", "benchmark.categories", "method.name", "method.stages"),
     extra_fingerprint=_report_fingerprint,

@@ -91,7 +91,15 @@ def scores_section(rep: Mapping[str, Any]) -> list[str]:
     ]
     rows = [_score_row(f"**{label}**" if total else label, g) for label, g, total in score_groups(rep)]
     models = ", ".join(rep["judge_models"].get(rep["judge"] or "", [])) or "–"
-    out = [f"## Scores (judge `{rep['judge']}`: {models})", ""] + _table(head, rows)
+    out = [f"## Scores (judge `{rep['judge']}`: {models})", ""]
+    audits = rep.get("judge_audit") or {}
+    if rep.get("judge") in audits:  # eval/judge_audit.py: the judge's own error rates
+        from structmem_gpu.eval.judge_audit import one_line
+
+        audit = audits[rep["judge"]]
+        out += [f"Judge audit of `{rep['judge']}`: "
+                + (audit["line"] if audit else one_line(None)) + ".", ""]
+    out += _table(head, rows)
     out.append(
         f"Unjudged (judge reply without a readable label): {rep['unjudged']}; they count as "
         f"WRONG in `judge acc.`, as in the published pipelines, and are left out of "
@@ -186,9 +194,12 @@ def published_section(rep: Mapping[str, Any], rows: Sequence[PublishedRow]) -> l
     ours_cats = set(rep["categories"])
     notes = rep.get("published_notes")
     for row in rows:
+        cat5 = (" Their J includes category 5 (adversarial; this run scores it by "
+                f"{CAT5_RULES.get(rep.get('category_5_rule') or 'rule')})."
+                if 5 in row.categories else "")
         out.append(
             f"**{shown_label(row, notes)}** — {row.source}; {row.paper}; judge {row.judge_model}; "
-            f"categories {list(row.categories)}."
+            f"categories {list(row.categories)}.{cat5}"
         )
         out.append("")
         table: list[list[str]] = []
@@ -281,6 +292,29 @@ def structure_only_lines(rep: Mapping[str, Any]) -> list[str]:
     return [STRUCTURE_ONLY_LINE, ""] if rep.get("structure_only") else []
 
 
+# How a report says which category-5 rule it used (report.json category_5_rule).
+CAT5_RULES = {
+    "rule": "LoCoMo's \"not mentioned\" rule on the free answer, no LLM call (eval.cat5=rule)",
+    "forced_choice": "LoCoMo's paper protocol, a forced choice between \"Not mentioned in the "
+                     "conversation\" and the adversarial answer (eval.cat5=forced_choice)",
+}
+
+
+def category_5_lines(rep: Mapping[str, Any]) -> list[str]:
+    """Which category-5 rule the run used and, under forced choice, its own score."""
+    rule = rep.get("category_5_rule")
+    if rule is None:
+        return []
+    out = [f"Category 5 (adversarial): scored by {CAT5_RULES.get(rule, rule)}."]
+    block = (rep.get("category_5_forced_choice") or {}).get(rep.get("judge") or "")
+    if block:
+        out[0] += (f" Forced choice: {pct(block['judge_accuracy'])}% of {block['n']} "
+                   f"(95% CI {_ci(block['judge_accuracy_ci95'])}, questions; "
+                   f"{block['unjudged']} replies named no option), reported apart and in no "
+                   "overall or published-comparable number.")
+    return out + [""]
+
+
 def weights_line(rep: Mapping[str, Any]) -> list[str]:
     """Which weights produced the run: per role, the repository and its resolved snapshot."""
     parts = []
@@ -309,6 +343,7 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
         ),
         "",
         *weights_line(rep),
+        *category_5_lines(rep),
         *[f"{k.capitalize()}: {protocols[k]}." for k in ("compression", "segmentation") if k in protocols],
     ]
     if "texts" in protocols or "qa_store" in protocols:

@@ -45,6 +45,11 @@ PINNED: dict[str, Pin] = {
     # xiaowu0162/LongMemEval: get_anscheck_prompt's per-type judge templates.
     "longmemeval": Pin("longmemeval.git", "https://github.com/xiaowu0162/LongMemEval.git",
                        "9e0b455f4ef0e2ab8f2e582289761153549043fc"),
+    # dial481/locomo-audit (CC BY-NC 4.0: read at run time, never copied): LoCoMo's gold-answer
+    # errata (errors.json, eval.errata) and the judge-leniency answer sets (ap-baseline/,
+    # `jobs/report.py judge-audit`).
+    "locomo_audit": Pin("locomo-audit.git", "https://github.com/dial481/locomo-audit.git",
+                        "9493fb4b4af4256ed17a18e8fd0b3cfdeec29539"),
 }
 
 

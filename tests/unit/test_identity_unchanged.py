@@ -28,6 +28,13 @@ Issue 41 changed one configuration's entry, on purpose:
 - `llm=vllm_cpu`: its backend is `vllm_cpu` (llm/backends/vllm_cpu.py: vllm_server's command,
   nothing on a GPU), no longer `vllm_server`, so its config hash and LLM stage fingerprints
   moved; its response-cache key holds no backend and is unchanged (the test above).
+Issue 44 changed every config hash, on purpose, and no stage fingerprint:
+- the root `eval` node (config/schema.py EvalSettings: errata, cat5, judge_audit) is part of
+  every job's identity, and every method maps the new `judge_audit` stage (conf/method/
+  _answer.yaml), whose fingerprint is new. The answer and judge stages read `eval` only
+  through their extra fingerprints, which are unchanged while eval.errata is null and
+  eval.cat5 is rule (the defaults), so no finished stage reruns. Shard runs started before
+  this change carry the old config hash: merge them with shards of the same version.
 """
 
 from __future__ import annotations

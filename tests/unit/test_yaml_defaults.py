@@ -36,7 +36,7 @@ def test_the_stage_nodes_are_generated() -> None:
     """No hand-written list: the generator finds the root nodes and the stages' models itself."""
     homes = yaml_defaults.discover()
     # "" = the root keys (JobSettings' own leaves and prompts)
-    assert set(homes["config.yaml"]) == {"", "gpu", "cache", "preempt", "preflight", "report"}
+    assert set(homes["config.yaml"]) == {"", "gpu", "cache", "preempt", "preflight", "report", "eval"}
     # Each group's base is generated from its model; its profiles state only what differs.
     for group in ("llm", "embedder", "judge", "tracking"):
         assert set(homes[f"{group}/_base.yaml"]) == {group}
