@@ -168,7 +168,7 @@ def official_main(argv: Sequence[str]) -> int:
                         help="default: $STRUCTMEM_OFFICIAL_DIR, else <data dir>/official")
     parser.add_argument("--from", dest="source", type=Path, default=None,
                         help="a folder of local repositories lightmem.git, mem0.git, "
-                        "longmemeval.git to fetch from instead of the code host")
+                        "longmemeval.git, locomo-audit.git to fetch from instead of the code host")
     parser.add_argument("--check", action="store_true", help="only verify; fetch nothing")
     args = parser.parse_args(list(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")

@@ -152,7 +152,10 @@ def _published_overall(report: Mapping[str, Any]) -> tuple[str | None, float | N
     for rid in ids:
         row = rows.get(rid)
         if row is not None and "judge_accuracy" in row.overall:
-            return rid, row.overall["judge_accuracy"] / 100, notes.get(rid)
+            note = notes.get(rid)
+            if 5 in row.categories:  # SEEM's J: all 1,986 LoCoMo questions, category 5 included
+                note = "; ".join(x for x in (note, "includes category 5") if x)
+            return rid, row.overall["judge_accuracy"] / 100, note
     return (ids[0] if ids else None), None, (notes.get(ids[0]) if ids else None)
 
 

@@ -269,6 +269,20 @@ def check_inputs(job: Job) -> list[Finding]:
     return found
 
 
+def _errata_problem(job: Job) -> str | None:
+    """eval.errata (eval/errata.py) names a readable locomo-audit checkout, or one line why not."""
+    from structmem_gpu.config.schema import EvalSettings
+    from structmem_gpu.eval import errata
+
+    if job.config.settings(EvalSettings).errata is None:
+        return None
+    try:
+        errata.fingerprint(job.config)
+    except StructMemError as err:
+        return str(err)
+    return None
+
+
 def check_official(job: Job) -> list[Finding]:
     """Every configured official checkout (prompts.sources.*) exists and holds its commit,
     whichever stage reads it (the manifest records them all). Pinned checkouts missing from
@@ -291,6 +305,9 @@ def check_official(job: Job) -> list[Finding]:
             sources.resolved_commit(sources.parse(f"prompts.sources.{name}", spec))
         except StructMemError as err:
             found.append(Finding(str(err)))
+    errata = _errata_problem(job)
+    if errata:
+        found.append(Finding(errata))
     if unfetched:
         found.append(Finding(
             f"official texts not fetched: paths.official_dir={folder} lacks "

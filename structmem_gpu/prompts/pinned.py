@@ -9,7 +9,8 @@ experiments (conf/experiment/*.yaml) name them with
 which resolves to `<official_dir>/lightmem.git@<commit>` (prompts/sources.py reads files with
 `git show <commit>:<file>`). `paths.official_dir` defaults to the environment variable
 STRUCTMEM_OFFICIAL_DIR, else `<paths.data_dir>/official`: one variable names a folder holding
-lightmem.git, mem0.git and longmemeval.git (tests and CI point it at a shared copy).
+lightmem.git, mem0.git, longmemeval.git and locomo-audit.git (tests and CI point it at a shared
+copy).
 `prompts.sources.<name>=null` runs on our own wording instead (the report says which).
 """
 

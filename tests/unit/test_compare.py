@@ -120,7 +120,7 @@ def test_write_comparison_md_csv_json(runs: list[Path], tmp_path: Path) -> None:
     df = compare_runs(runs)
     paths = write_comparison(df, tmp_path / "out")
     md = paths["md"].read_text()
-    assert "| graph_memory | sample | – | same_as_llm | reasoned/reasoned | 4 | 50.0 [10.0, 90.0] |" in md
+    assert "| graph_memory | sample | – | same_as_llm | not audited | reasoned/reasoned | 4 | 50.0 [10.0, 90.0] |" in md
     assert "×1.88" in md and "## Build cost" in md
     assert pl.read_csv(paths["csv"])["method"].to_list() == df["method"].to_list()
     assert [r["build_calls"] for r in json.loads(paths["json"].read_text())] == [3, 15, 8]
@@ -163,8 +163,8 @@ def test_rows_with_other_protocols_are_marked(tmp_path: Path) -> None:
     assert df["protocols"].to_list() == ["paper/paper", "paper/paper", "paper/reasoned"]
     assert df["protocols_differ"].to_list() == [False, False, True]
     md = write_comparison(df, tmp_path / "out")["md"].read_text()
-    assert "| graph_memory | sample | – | same_as_llm | **paper/reasoned (differs)** |" in md
-    assert "| flat | sample | – | same_as_llm | paper/paper |" in md
+    assert "| graph_memory | sample | – | same_as_llm | not audited | **paper/reasoned (differs)** |" in md
+    assert "| flat | sample | – | same_as_llm | not audited | paper/paper |" in md
 
 
 def _launched(run: Path, overrides: list[str], model: str = "Qwen/Qwen2.5-7B-Instruct") -> Path:
@@ -193,7 +193,7 @@ def test_a_sweep_is_labelled_by_its_varied_key_and_sorted_numerically(tmp_path: 
     assert "| entries_k | method | benchmark | answer model | judge |" in md
     rows = [l for l in md.splitlines() if l.startswith("| ") and "structmem |" in l]
     assert [r.split(" | ")[0].strip("| ") for r in rows[:6]] == ["10", "20", "40", "60", "80", "100"]
-    assert "| 10 | structmem | sample | Qwen2.5-7B-Instruct | same_as_llm | reasoned/reasoned | 4 | 5.0 [10.0, 90.0] |" in md
+    assert "| 10 | structmem | sample | Qwen2.5-7B-Instruct | same_as_llm | not audited | reasoned/reasoned | 4 | 5.0 [10.0, 90.0] |" in md
     assert pl.read_csv(paths["csv"])["retrieve.entries_k"].to_list() == [10, 20, 40, 60, 80, 100]
     assert [r["retrieve.entries_k"] for r in json.loads(paths["json"].read_text())][:2] == [10, 20]
 

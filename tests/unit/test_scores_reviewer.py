@@ -121,6 +121,11 @@ def test_report_shows_the_audit_beside_the_judge(audit_job, tmp_path, hand_judge
     assert "Judge audit of `same_as_llm`: false accepts v1" in md and "slice of 12" in md
     rep = json.loads((run / "report" / "report.json").read_text())
     assert rep["judge_audit"]["same_as_llm"]["slice"]["per_set"] == 12
+    from structmem_gpu.analysis.compare import compare_runs, discover_runs, write_comparison
+
+    paths = write_comparison(compare_runs(discover_runs(run)), tmp_path / "cmp")
+    cell = rep["judge_audit"]["same_as_llm"]["sets"]["v2"]["rate"]
+    assert "FA v1 " in paths["md"].read_text() and f"v2 {100 * cell:.1f}%" in paths["md"].read_text()
 
 
 def test_judge_audit_without_checkout_is_one_line(tmp_path):
