@@ -115,7 +115,9 @@ class Joined:
 
 
 def join(src: S.Source, errata: Sequence[Erratum], questions: pl.DataFrame) -> Joined:
-    """Each entry to our question of the same text in its conversation (exactly one)."""
+    """Each entry to our question of the same text in its conversation (exactly one).
+    `questions`: every question of the conversations, as the benchmark file holds them
+    (`all_questions`: a run cut to its first sessions holds fewer)."""
     samples = LA.sample_ids(src)
     texts: dict[str, dict[str, list[str]]] = {}
     for qid, conv, q in questions.select("question_id", "conv_id", "question").iter_rows():
@@ -124,19 +126,29 @@ def join(src: S.Source, errata: Sequence[Erratum], questions: pl.DataFrame) -> J
     outside = 0
     for e in errata:
         if e.conversation >= len(samples):
-            raise InputError(f"{src.where()}: {LA.ERRORS}: entry {e.audit_id} names conversation "
-                             f"{e.conversation}, but {LA.CONVERSATIONS} has {len(samples)}")
+            raise InputError(f"{src.where()}: {LA.ERRORS}", f"conversation {e.conversation} is "
+                             f"not in {LA.CONVERSATIONS} ({len(samples)})", e.audit_id)
         conv = samples[e.conversation]
         if conv not in texts:
             outside += 1
             continue
         found = texts[conv].get(_norm(e.question), [])
         if len(found) != 1:
-            raise InputError(f"{src.where()}: {LA.ERRORS}: entry {e.audit_id} ({e.question!r}) "
-                             f"matches {len(found)} questions of conversation {conv}, expected "
-                             "exactly one")
+            raise InputError(f"{src.where()}: {LA.ERRORS}", f"{e.question!r} matches "
+                             f"{len(found)} questions of conversation {conv}, expected exactly "
+                             "one", e.audit_id)
         by_question[found[0]] = e
     return Joined(by_question, outside)
+
+
+def all_questions(job: JobConfig, questions: pl.DataFrame) -> pl.DataFrame:
+    """Every question of the run's conversations in the benchmark file (no session cut), with
+    the ids the loader gives them: what the join must find each entry in."""
+    from structmem_gpu.data.locomo import load_locomo
+
+    convs = list(dict.fromkeys(questions["conv_id"].to_list()))
+    _, full = load_locomo(str(job.root.benchmark.path), conversations=convs)
+    return full
 
 
 def corrected_questions(questions: pl.DataFrame, joined: Joined) -> pl.DataFrame:

@@ -468,7 +468,7 @@ def judge_errata(
     src = E.configured(ctx.job)
     if src is None or bool(questions["category"].is_in(list(LONGMEMEVAL_IDS)).any()):
         return None
-    joined = E.join(src, E.load(src), ctx.read("questions"))
+    joined = E.join(src, E.load(src), E.all_questions(ctx.job, ctx.read("questions")))
     ctx.notes["errata_source"] = describe(src)
     ctx.notes["errata_outside_run"] = joined.outside
     selected = {it.question_id: it for it in items if it.question_id in joined.by_question}

@@ -340,7 +340,7 @@ def audit_all(ctx: StageContext, backends: Backends, force: bool = False,
 def run_command(job: JobConfig, force: bool = False, judge: str | None = None
                 ) -> list[dict[str, Any]]:
     """`jobs/report.py judge-audit`: no run directory; servers log under the store."""
-    work = RunDir(store_root(job) / "logs")
+    work = RunDir(store_root(job))  # server logs go to <store>/logs
     with Backends(job, work) as backends:
         ctx = StageContext(job, work, STAGE, backends)
         return audit_all(ctx, backends, force, judge)

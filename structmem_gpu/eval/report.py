@@ -347,11 +347,13 @@ def errata_section(job: JobConfig, questions: pl.DataFrame, judgments: pl.DataFr
     """report.json `errata` (eval/errata.py) when the judge stage scored corrected golds."""
     if errata is None or errata.height == 0:
         return None
+    from structmem_gpu.eval.cat5_choice import RULE as CHOICE
     from structmem_gpu.eval.errata import summary
 
     names = {int(k): v for k, v in category_names(questions).items()}
     notes = ((manifest.get("stages") or {}).get("judge") or {}).get("notes") or {}
-    return summary(scored_rows(questions, judgments), errata, names, notes.get("errata_source"))
+    rows = scored_rows(questions, judgments).filter(pl.col("judge_model") != CHOICE)  # as overall
+    return summary(rows, errata, names, notes.get("errata_source"))
 
 
 def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]:

@@ -139,16 +139,6 @@ def test_judge_audit_without_checkout_is_one_line(tmp_path):
 
 
 # ---- corrected golds --------------------------------------------------------------------------
-@pytest.fixture
-def locomo_path():
-    import os
-
-    path = os.environ.get("STRUCTMEM_LOCOMO_PATH")
-    if not path:
-        pytest.skip("STRUCTMEM_LOCOMO_PATH not set: no LoCoMo file to join the errata with")
-    return path
-
-
 def test_errata_join_and_corrected_counts(tmp_path, locomo_path):
     repo = official_repos.repo("locomo_audit")
     base = ["debug=scripted", "benchmark=locomo", f"benchmark.path={locomo_path}",
