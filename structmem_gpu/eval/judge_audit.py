@@ -54,7 +54,8 @@ from structmem_gpu.eval import locomo_audit as LA
 from structmem_gpu.eval.bootstrap import wilson_ci
 from structmem_gpu.llm.types import LLMBackend, Sampling
 from structmem_gpu.prompts import sources as S
-from structmem_gpu.stage import Backends, Stage, StageContext, judge_members
+from structmem_gpu.stage import (Backends, EstimateInputs, Stage, StageContext, StageEstimate,
+                                 judge_members)
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +366,28 @@ def run_stage(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {}
 
 
+def estimate(inp: EstimateInputs) -> StageEstimate:
+    """Every judge without a stored audit of this slice judges every item: the real items'
+    prompts under the judge's own builder (J.build_request), one label of completion each."""
+    job = inp.job
+    st = job.settings(EvalSettings).judge_audit
+    src = LA.source(SOURCE_KEY, st.source, job)
+    commit = S.resolved_commit(src)
+    todo = [(n, c) for n, c in judge_members(job)
+            if not (store_root(job) / stable_hash(member_identity(job, c))
+                    / slice_name(st.per_set, st.seed, commit) / "audit.json").is_file()]
+    s = job.settings(JudgeSettings)
+    samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
+    reqs = [J.build_request(it.judge_item(), "audit", samp, s.protocol, None)
+            for it in audit_items(src, st.per_set, st.seed)]
+    prompt = sum(inp.counter.messages(r.messages) for r in reqs)
+    return StageEstimate(
+        STAGE.name, len(reqs) * len(todo), prompt * len(todo),
+        len(reqs) * len(todo) * min(s.max_tokens, J.JUDGE_PAPER_COMPLETION),
+        f"{len(reqs)} items x {len(todo)} judge(s) without a stored audit "
+        f"({slice_name(st.per_set, st.seed, commit)})")
+
+
 def _fingerprint(job: JobConfig) -> Any:
     st = job.settings(EvalSettings).judge_audit
     return {"members": [member_identity(job, c) for _, c in judge_members(job)],
@@ -378,5 +401,6 @@ STAGE = Stage(
     extra_fingerprint=_fingerprint,
     version=AUDIT_VERSION,
     uses=("judges",),
+    estimate=estimate,
     part=AUDIT,
 )

@@ -221,3 +221,15 @@ def test_judge_audit_stage_in_a_run(tmp_path, hand_judge):
     reqs = pl.read_parquet(run / "tables" / "requests.parquet")
     assert reqs.filter(pl.col("stage") == "judge_audit").height == 12
     assert "a slice of 3 of 1,540" in (run / "report" / "report.md").read_text()
+
+
+def test_judge_audit_dry_run_counts_its_requests(tmp_path):
+    repo = official_repos.repo("locomo_audit")
+    out = subprocess.run(
+        [sys.executable, "jobs/run.py", "dry_run=true", "stages=[judge_audit]", "debug=scripted",
+         f"paths.cache_dir={tmp_path}", f"eval.judge_audit.source={repo}",
+         "eval.judge_audit.per_set=5", f"hydra.run.dir={tmp_path}/run"],
+        cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = next(ln for ln in out.stdout.splitlines() if ln.startswith("judge_audit "))
+    assert row.split()[1] == "20" and "20 items x 1 judge(s)" in row
