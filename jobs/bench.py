@@ -6,13 +6,14 @@
     python jobs/bench.py --tiny llm.base_url=http://127.0.0.1:8080/v1     # CI smoke sizes
     python jobs/bench.py cost --run-dir outputs/runs/locomo/structmem
     python jobs/bench.py lme-load --lme-questions 100,500   # LongMemEval-M-shaped load memory
+    python jobs/bench.py lme-count --lme-file data/longmemeval_m_cleaned.json   # what repeats
     python jobs/bench.py --profile gpu llm=vllm_server llm.model=Qwen/Qwen2.5-7B-Instruct \\
         llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see README "Benchmarking")
 
     python jobs/bench.py paced                  # builds against a GPU-paced mock (simulation)
 
-Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-load (default: all of
-these), paced (only when named). Other arguments of the form key=value are Hydra overrides of
+Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-count, lme-load
+(default: all of these), paced (only when named). Other arguments of the form key=value are Hydra overrides of
 conf/ applied to every pipeline run. Writes bench.json and bench.md into --out; exit code 1 when
 a part failed. Logic lives in
 structmem_gpu/bench/; this is the CLI only.
@@ -88,6 +89,12 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
         help="`lme-load`: question counts of the LongMemEval-M-shaped files (500 sessions each "
         "from a pool of 20,000), e.g. 100,500 (default: 100; tiny: 4)",
     )
+    ap.add_argument("--lme-dates", default="per_haystack",
+                    help="`lme-load`: date shapes of the synthetic files, per_haystack "
+                         "(LongMemEval's recipe) and/or fixed, comma-separated")
+    ap.add_argument("--lme-file", type=Path, default=None,
+                    help="`lme-count`: a real LongMemEval file (default: benchmark=longmemeval's "
+                         "path when it exists)")
     ap.add_argument("--paced-sizes", default="locomo,longmemeval_s",
                     help="`paced`: comma-separated synthetic sizes, the names of bench/paced.py "
                          "SIZES (docs/performance.md \"GPU-paced builds\" describes them)")
@@ -136,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         lme_questions=tuple(int(x) for x in args.lme_questions.split(","))
         if args.lme_questions
         else None,
+        lme_dates=tuple(args.lme_dates.split(",")),
+        lme_file=args.lme_file,
         paced_sizes=tuple(args.paced_sizes.split(",")),
         paced_builds=tuple(args.paced_builds.split(",")),
         paced_time_scale=args.paced_time_scale,

@@ -6,7 +6,7 @@
     python jobs/data.py smollm2-hf                       # SmolLM2 GGUF -> HF folder (llm=vllm_cpu)
     python jobs/data.py models <the job's overrides>     # every model that job loads -> HF cache
     python jobs/data.py models --check <overrides>       # are they all here? download nothing
-    python jobs/data.py official                         # LightMem, mem0, LongMemEval checkouts
+    python jobs/data.py official                         # LightMem, mem0, LongMemEval, audit
     python jobs/data.py official --from /shared/official # from local mirrors (no network)
     python jobs/data.py cache compact [--cache-dir DIR]  # merge cache segments, convert SQLite
     python jobs/data.py cache verify [--cache-dir DIR]   # re-read and check every cached record
@@ -36,9 +36,9 @@ Exit codes: 0 every model present; 2 a model is missing (`--check`, or a path th
 downloaded) or a download failed. `models` also fetches the official checkouts the job names
 (below) when they are missing.
 
-`official` fetches the three reference repositories whose texts the replication experiments
+`official` fetches the reference repositories whose texts and data the replication experiments
 read at run time (structmem_gpu/prompts/pinned.py: zjunlp/LightMem 8fc9a91, mem0ai/mem0
-b3ede5b, xiaowu0162/LongMemEval 9e0b455) as bare git repositories into paths.official_dir
+b3ede5b, xiaowu0162/LongMemEval 9e0b455, dial481/locomo-audit 9493fb4) as bare git repositories into paths.official_dir
 (STRUCTMEM_OFFICIAL_DIR, else <data dir>/official), verifies that each holds its pinned commit
 and prints where. `--from DIR` fetches from local repositories DIR/lightmem.git, ... instead of
 the code host. Exit codes: 0 all present; 1 `--check` found one missing; 2 a fetch failed.

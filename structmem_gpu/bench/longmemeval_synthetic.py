@@ -8,8 +8,16 @@
 LongMemEval-M gives each of its 500 questions a haystack of ~500 sessions drawn from one
 shared pool, plus the question's own evidence session(s). Here: each question's haystack is
 its own evidence session plus `sessions - 1` sessions drawn (seeded, without replacement) from
-a pool of `pool` sessions, in time order; a pool session has the same id, date and turns in
-every haystack that draws it, so it gets one session_hash. Turns alternate user/assistant;
+a pool of `pool` sessions. A pool session has the same id and turns in every haystack that
+draws it; its date depends on `dates`:
+
+- `per_haystack` (default): as LongMemEval's own recipe builds single-session histories
+  (data/custom_history/sample_haystack_and_timestamp.py: the haystack shuffled, then
+  `get_random_same_day_timestamps(len(haystack) + 1)` on a day drawn from 2023/05/20-30, the
+  last timestamp being the question date), each haystack draws its dates afresh, so a pool
+  session carries another date in nearly every haystack that draws it;
+- `fixed`: the earlier shortcut, one date per pool session everywhere (haystacks in pool
+  order), so the loader's session_hash (turns + date) finds it again and stores it once. Turns alternate user/assistant;
 user turns tell news (synthetic.py's templates), assistant turns answer at LongMemEval's
 length (~1 kB; the real M file averages ~550 characters a turn over both roles), so a
 100-question file is ~280 MB like the issue's measurement. The evidence turn (the user's first
@@ -34,6 +42,9 @@ __all__ = ["HaystackFileSpec", "write_longmemeval"]
 
 DATE_FORMAT = "%Y/%m/%d (%a) %H:%M"  # LongMemEval's: "2023/04/10 (Mon) 23:07"
 BASE_TIME = datetime(2022, 1, 3, 8, 0)
+DATES = ("per_haystack", "fixed")
+# The recipe's random_date(2023, 2023, 5, 5, 20, 30): the day of a haystack's timestamps.
+RECIPE_FIRST_DAY, RECIPE_DAYS = datetime(2023, 5, 20), 11
 ADVICE = (
     "A good first step is to write down what you want to get out of it before you start.",
     "Many people find it easier to keep going when they pick a fixed day of the week for it.",
@@ -59,8 +70,13 @@ class HaystackFileSpec:
     pool: int = 20_000  # distinct shared sessions the haystacks draw from
     turns_per_session: int = 10
     seed: int = 0
+    # per_haystack = LongMemEval's recipe (dates drawn per haystack); fixed = one date per
+    # pool session in every haystack (the earlier shortcut, kept as a named variant)
+    dates: str = "per_haystack"
 
     def __post_init__(self) -> None:
+        if self.dates not in DATES:
+            raise ValueError(f"dates={self.dates!r}: expected one of {DATES}")
         if self.questions < 1 or self.sessions < 1 or self.turns_per_session < 1:
             raise ValueError(f"haystack spec needs >= 1 question, session and turn: {self}")
         if self.pool < self.sessions - 1:
@@ -90,6 +106,13 @@ def _pool_time(spec: HaystackFileSpec, p: int) -> datetime:
     return BASE_TIME + timedelta(hours=6 * p, minutes=_h(spec.seed, "pt", p) % 300)
 
 
+def _same_day_times(rng: random.Random, n: int) -> list[datetime]:
+    """The recipe's get_random_same_day_timestamps(n): n sorted random times of one day drawn
+    from 2023/05/20-30 (seeded here, where the recipe uses the global `random`)."""
+    day = RECIPE_FIRST_DAY + timedelta(days=rng.randrange(RECIPE_DAYS))
+    return sorted(day + timedelta(seconds=rng.randint(0, 86399)) for _ in range(n))
+
+
 def write_longmemeval(spec: HaystackFileSpec, path: Path) -> Path:
     """Write the file (a JSON list, one record per question); returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,25 +128,29 @@ def write_longmemeval(spec: HaystackFileSpec, path: Path) -> Path:
         f.write("[")
         for q in range(spec.questions):
             rng = random.Random(_h(spec.seed, "lme-draw", q))
-            picks = sorted(rng.sample(range(spec.pool), spec.sessions - 1))
+            picks = rng.sample(range(spec.pool), spec.sessions - 1)
             qid = f"syn_m_{q:05d}"
-            # The evidence session sits at a seeded place in the (time-ordered) haystack.
+            # The evidence session sits at a seeded place in the haystack.
             at = rng.randrange(spec.sessions)
-            slot_time = _pool_time(spec, picks[at - 1]) if at else BASE_TIME
-            ans_time = slot_time + timedelta(minutes=1 + rng.randrange(200))
             ans_turns, ans_raw = _turns(spec, (spec.seed, "lme-answer", q), True)
             ans_id = f"answer_{qid}_1"
+            if spec.dates == "fixed":
+                picks.sort()  # pool order is time order
+                slot_time = _pool_time(spec, picks[at - 1]) if at else BASE_TIME
+                dates = [_pool_time(spec, p) for p in picks]
+                dates.insert(at, slot_time + timedelta(minutes=1 + rng.randrange(200)))
+                asked = max(dates) + timedelta(days=1)
+            else:
+                dates = _same_day_times(rng, spec.sessions + 1)
+                asked = dates.pop()  # the recipe's question date: the last timestamp
             ids = [f"pool_{p:06d}" for p in picks]
-            dates = [_pool_time(spec, p) for p in picks]
             ids.insert(at, ans_id)
-            dates.insert(at, ans_time)
-            last = max(dates)
             head = {
                 "question_id": qid,
                 "question_type": "single-session-user",
                 "question": f"Where did I say I {ans_raw[0].activity}?",
                 "answer": ans_raw[0].place,
-                "question_date": (last + timedelta(days=1)).strftime(DATE_FORMAT),
+                "question_date": asked.strftime(DATE_FORMAT),
                 "haystack_session_ids": ids,
                 "haystack_dates": [d.strftime(DATE_FORMAT) for d in dates],
                 "answer_session_ids": [ans_id],

@@ -76,17 +76,24 @@ SIZES: dict[str, SyntheticSpec | HaystackFileSpec] = {
     # real file's), loaded like the real one: the compact turns layout, each distinct session
     # extracted once. 500 questions x 50 sessions drawn from a pool of 20,000, 18 turns a
     # session: ~119 k tokens (characters / 4) of history a question and ~256 MB, against
-    # ~115 k Llama-3 tokens and 278 MB for the real longmemeval_s.json.
+    # ~115 k Llama-3 tokens and 278 MB for the real longmemeval_s.json. Dates are drawn per
+    # haystack, as LongMemEval's recipe draws them: a shared pool session is a distinct
+    # (turns, date) session in nearly every haystack.
     "longmemeval_s": HaystackFileSpec(questions=500, sessions=50, pool=20000,
                                       turns_per_session=18),
-    # a tenth of it (50 questions, pool 2,000: the same share of repeated sessions), for a
-    # machine where the whole one does not fit the time
+    # The same with one date per pool session (the earlier shortcut): the shape every
+    # LongMemEval figure of docs/performance.md before 2026-12-04 was measured on
+    # (~14,700 distinct sessions for 25,000 haystack places).
+    "longmemeval_s_fixed_dates": HaystackFileSpec(questions=500, sessions=50, pool=20000,
+                                                  turns_per_session=18, dates="fixed"),
+    # a tenth of it (50 questions, pool 2,000), for a machine where the whole one does not
+    # fit the time
     "longmemeval_s_tenth": HaystackFileSpec(questions=50, sessions=50, pool=2000,
                                             turns_per_session=18),
     # The same with 10 turns a session (~66 k tokens a question, ~0.6 of the real history):
     # the size docs/performance.md's earlier LongMemEval-format figures were measured on.
     "longmemeval_s_short_sessions": HaystackFileSpec(questions=500, sessions=50, pool=20000,
-                                                     turns_per_session=10),
+                                                     turns_per_session=10, dates="fixed"),
     # The earlier stand-in: LongMemEval-S's shape in LoCoMo's format (~20-word turns, about a
     # tenth of the real tokens; every occurrence of a shared session planned, copies merged by
     # the client's in-batch dedup), kept to compare with the figures measured on it.

@@ -317,6 +317,12 @@ def _lme_load(part: Mapping[str, Any]) -> list[str]:
     return render(dict(part))
 
 
+def _lme_count(part: Mapping[str, Any]) -> list[str]:
+    from structmem_gpu.bench.lme_count import render
+
+    return render(list(part.get("rows", [])))
+
+
 def _paced(part: Mapping[str, Any]) -> list[str]:
     rows = [r for r in part.get("rows", []) if "error" not in r]
     out = [f"{part.get('simulation', '')}\n",
@@ -349,6 +355,7 @@ SECTIONS = (
     ("cost", "LLM cost", _cost),
     ("scale", "Scale", _scale),
     ("dry_run", "Dry-run estimates", _dry_run),
+    ("lme_count", "LongMemEval file: occurrences and distinct sessions", _lme_count),
     ("lme_load", "LongMemEval-M-shaped load (bounded memory)", _lme_load),
     ("paced", "GPU-paced builds (simulation)", _paced),
 )

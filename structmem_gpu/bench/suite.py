@@ -31,12 +31,13 @@ log = logging.getLogger(__name__)
 
 # Execution order: the cheap LLM-free parts first (a broken environment fails fast), the
 # longest (schedule: every build request again, one at a time) last.
-PARTS = ("components", "dry-run", "lme-load", "client", "llm", "build", "cost", "scale",
-         "schedule", "paced")
+PARTS = ("components", "dry-run", "lme-count", "lme-load", "client", "llm", "build", "cost",
+         "scale", "schedule", "paced")
 # What runs without named parts: `paced` (minutes of simulated GPU builds) only when named.
 DEFAULT_PARTS = tuple(p for p in PARTS if p != "paced")
 # Parts that never talk to the configured LLM: when only these run, no server is launched.
-NO_LLM_PARTS = frozenset({"components", "dry-run", "lme-load", "client", "cost", "paced"})
+NO_LLM_PARTS = frozenset({"components", "dry-run", "lme-count", "lme-load", "client", "cost",
+                          "paced"})
 
 SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
@@ -114,6 +115,10 @@ class SuiteOptions:
     # the build's data
     schedule_slice: tuple[int, int] | None = None
     lme_questions: tuple[int, ...] | None = None  # lme-load question counts (None = profile's)
+    # lme-load: the generator's date shapes (longmemeval_synthetic.py DATES)
+    lme_dates: tuple[str, ...] = ("per_haystack",)
+    # lme-count: a real LongMemEval file (None = benchmark=longmemeval's path, when it exists)
+    lme_file: Path | None = None
     size: dict[str, Any] = field(default_factory=dict)
     # `paced`: synthetic sizes, builds and the mock's time scale (bench/paced.py)
     paced_sizes: tuple[str, ...] = ("locomo", "longmemeval_s")
@@ -201,7 +206,7 @@ class Suite:
             "client": self.part_client, "llm": self.part_llm, "build": self.part_build,
             "schedule": self.part_schedule, "components": self.part_components, "cost": self.part_cost,
             "scale": self.part_scale, "dry-run": self.part_dry_run, "lme-load": self.part_lme_load,
-            "paced": self.part_paced,
+            "lme-count": self.part_lme_count, "paced": self.part_paced,
         }  # fmt: skip
         meta = self.bench["meta"]
         if {"build", "schedule", "components"} & set(self.opts.parts):
@@ -335,7 +340,20 @@ class Suite:
 
         # Files are kept beside the bench directories: the 500-question one is 1.4 GB.
         data = self.settings.out_dir.parent / "data"
-        return lme_load.run_lme_load(data, self.settings.out_dir / "lme_load", self.sz["lme_load"])
+        return lme_load.run_lme_load(data, self.settings.out_dir / "lme_load", self.sz["lme_load"],
+                                     dates=self.opts.lme_dates)
+
+    def part_lme_count(self) -> dict[str, Any]:
+        """How much of a real LongMemEval file repeats (bench/lme_count.py), when one is here."""
+        from structmem_gpu.bench.lme_count import count_file
+
+        path = self.opts.lme_file
+        if path is None:
+            path = Path(str(self.settings.compose(["benchmark=longmemeval"]).root.benchmark.path))
+        if not path.is_file():
+            return {"rows": [{"file": str(path), "skipped": "no such file (pass --lme-file; "
+                              "python jobs/data.py longmemeval_m downloads the real ones)"}]}
+        return {"rows": [count_file(path)]}
 
     def part_dry_run(self) -> dict[str, Any]:
         from structmem_gpu.node import dry_run

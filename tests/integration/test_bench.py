@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_KEYS = {"meta", "client", "llm", "build", "schedule", "components", "cost", "scale", "dry_run",
-            "lme_load"}
+            "lme_count", "lme_load"}
 
 
 def _cli() -> ModuleType:

@@ -23,8 +23,11 @@ from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
 from structmem_gpu.methods import load as load_stage
 
-# 20 questions x 12 sessions of 4 turns from a pool of 60: sessions shared by ~4 haystacks.
-SPEC = HaystackFileSpec(questions=20, sessions=12, pool=60, turns_per_session=4)
+# 20 questions x 12 sessions of 4 turns from a pool of 60: sessions shared by ~4 haystacks,
+# with one date each (dates="fixed"), so that the loader's session_hash shares them: what the
+# compact layout is tested on here. LongMemEval's recipe (the generator's default) draws dates
+# per haystack, and then almost nothing is shared by (turns, date).
+SPEC = HaystackFileSpec(questions=20, sessions=12, pool=60, turns_per_session=4, dates="fixed")
 TABLES = ("questions", "entry_embeddings", "syntheses", "synthesis_embeddings",
           "retrievals", "answers", "judgments")
 
