@@ -107,6 +107,10 @@ def _child(path: Path, out_dir: Path) -> dict[str, Any]:
     }
 
 
+def _n(x: Any) -> str:
+    return "–" if x is None else f"{x:,}"
+
+
 def render(part: dict[str, Any]) -> list[str]:
     lines = ["LongMemEval-M-shaped files (bench/longmemeval_synthetic.py), loaded by the load "
              "stage's code in a fresh process (compact turns layout, tables written); peak RSS "
@@ -119,8 +123,8 @@ def render(part: dict[str, Any]) -> list[str]:
                      f"{r.get('dates', 'fixed')} | {r['file_mb']} | "
                      f"{r['load_s']} | {r['write_tables_s']} | {r['peak_rss_mb']} | "
                      f"{r['turn_rows_plain']:,} | {r['turn_rows_stored']:,} | "
-                     f"{r.get('occurrences', '–')} | {r.get('distinct_contents', '–')} | "
-                     f"{r.get('distinct_dated', '–')} |")
+                     f"{_n(r.get('occurrences'))} | {_n(r.get('distinct_contents'))} | "
+                     f"{_n(r.get('distinct_dated'))} |")
     return lines
 
 
