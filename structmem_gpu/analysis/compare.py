@@ -162,8 +162,6 @@ def _published_overall(report: Mapping[str, Any]) -> tuple[str | None, float | N
 def _audit_cell(report: Mapping[str, Any], judge: str | None) -> str:
     from structmem_gpu.eval.judge_audit import short_line
 
-    if "judge_audit" not in report:  # a report written before judge audits existed
-        return "not audited"
     return short_line((report.get("judge_audit") or {}).get(judge or ""))
 
 

@@ -142,19 +142,13 @@ def register_context_builder(name: str, builder: ContextBuilder) -> None:
 def forced_choice_questions(job: JobConfig, questions: pl.DataFrame) -> pl.DataFrame:
     """The questions as the reader sees them: under eval.cat5=forced_choice each category-5
     question carries its two options (eval/cat5_choice.py); otherwise unchanged."""
-    from structmem_gpu.config.schema import EvalSettings
-    from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
     from structmem_gpu.eval import cat5_choice as C
 
-    ev = job.settings(EvalSettings)
-    if ev.cat5 != C.FORCED_CHOICE or questions.height == 0:
+    opts = C.question_options(job, questions)
+    if not opts:
         return questions
-    texts = [
-        C.ask(q, C.options(qid, adv or gold or "", ev.cat5_seed)) if cat == LOCOMO_ADVERSARIAL
-        else q
-        for qid, q, cat, adv, gold in questions.select(
-            "question_id", "question", "category", "adversarial_answer", "answer").iter_rows()
-    ]
+    texts = [C.ask(q, opts[qid]) if qid in opts else q
+             for qid, q in questions.select("question_id", "question").iter_rows()]
     return questions.with_columns(pl.Series("question", texts, dtype=pl.String()))
 
 
@@ -163,11 +157,10 @@ def builder_fingerprint(job: JobConfig) -> Any:
     define `<function>_fingerprint(job)` beside it (e.g. the commit and hash of an official
     reader text it reads from a checkout); None when it does not. With eval.cat5 away from
     its default, that too (so the default leaves every fingerprint as it was)."""
-    from structmem_gpu.config.schema import EvalSettings
+    from structmem_gpu.eval.cat5_choice import fingerprint
 
-    ev = job.settings(EvalSettings)
-    fp = _builder_fingerprint(job)
-    return fp if ev.cat5 == "rule" else {"builder": fp, "cat5": [ev.cat5, ev.cat5_seed]}
+    fp, cat5 = _builder_fingerprint(job), fingerprint(job)
+    return fp if cat5 is None else {"builder": fp, "cat5": cat5}
 
 
 def _builder_fingerprint(job: JobConfig) -> Any:

@@ -18,8 +18,14 @@ RULE_CAT5, our default `eval.cat5=rule`). Under forced_choice:
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import polars as pl
+
+from structmem_gpu.config.job import JobConfig
+from structmem_gpu.config.schema import EvalSettings
 from structmem_gpu.core.hashing import stable_hash
+from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL
 from structmem_gpu.eval.prompts.answer_structmem import NOT_MENTIONED
 
 RULE = "rule:locomo-cat5-choice"
@@ -33,6 +39,25 @@ def options(question_id: str, adversarial: str, seed: int) -> tuple[str, str]:
     order the seed and the question id fix."""
     first = int(stable_hash("cat5-choice", seed, question_id), 16) % 2 == 0
     return (NOT_MENTIONED, adversarial) if first else (adversarial, NOT_MENTIONED)
+
+
+def question_options(job: JobConfig, questions: pl.DataFrame
+                     ) -> dict[str, tuple[str, str]] | None:
+    """question_id -> its options for every category-5 question under forced_choice (the
+    distractor: `adversarial_answer`, else the gold the loader gave it); None under `rule`."""
+    ev = job.settings(EvalSettings)
+    if ev.cat5 != FORCED_CHOICE:
+        return None
+    cat5 = questions.filter(pl.col("category") == LOCOMO_ADVERSARIAL)
+    return {qid: options(qid, adv or gold or "", ev.cat5_seed) for qid, adv, gold in
+            cat5.select("question_id", "adversarial_answer", "answer").iter_rows()}
+
+
+def fingerprint(job: JobConfig) -> list[Any] | None:
+    """What the answer and judge stages add to their fingerprints: None under the default
+    `rule`, so a run at the defaults keeps its fingerprints."""
+    ev = job.settings(EvalSettings)
+    return None if ev.cat5 == "rule" else [ev.cat5, ev.cat5_seed]
 
 
 def ask(question: str, opts: tuple[str, str]) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,12 @@ def _acc(labels: Sequence[bool | None]) -> float | None:
     return sum(bool(x) for x in labels) / len(labels) if labels else None
 
 
+def _mean_known(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not None (evidence recall excludes those)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
 def summary(rows: pl.DataFrame, errata: pl.DataFrame, names: Mapping[int, str],
             source: Mapping[str, Any] | None) -> dict[str, Any]:
     """report.json `errata`: per judge the official and corrected accuracy overall and per
@@ -190,7 +196,7 @@ def summary(rows: pl.DataFrame, errata: pl.DataFrame, names: Mapping[int, str],
                                            for c in sorted(jr["category"].unique().to_list())]:
             official = g["label"].to_list()
             qids = g["question_id"].to_list()
-            corrected = [fixes[q] if q in fixes else lab for q, lab in zip(qids, official)]
+            corrected = [fixes.get(q, lab) for q, lab in zip(qids, official)]
             wrong_gold = sum(kinds.get(q) in (SCORE, AMBIGUOUS) for q in qids)
             groups[key] = {
                 "name": "overall" if key == "overall" else names.get(int(key), key),
@@ -207,23 +213,19 @@ def summary(rows: pl.DataFrame, errata: pl.DataFrame, names: Mapping[int, str],
         official_recall = dict(jr.select("question_id", "evidence_recall").iter_rows())
         fixed_recall = {q: r for q, r, k in er.select(
             "question_id", "evidence_recall_corrected", "kind").iter_rows() if k != AMBIGUOUS}
-        recall = [fixed_recall.get(q, r) if q in fixed_recall else r
-                  for q, r in official_recall.items()]
-        kept = [r for r in recall if r is not None]
-        base = [r for r in official_recall.values() if r is not None]
+        labels = dict(jr.select("question_id", "label").iter_rows())
         out["by_judge"][judge] = {
             "groups": groups,
-            "evidence_recall": {"official": sum(base) / len(base) if base else None,
-                                "corrected": sum(kept) / len(kept) if kept else None},
+            "evidence_recall": {
+                "official": _mean_known(official_recall.values()),
+                "corrected": _mean_known(fixed_recall.get(q, r)
+                                         for q, r in official_recall.items())},
             "affected": [
                 {"question_id": q, "audit_id": a, "error_type": t, "applied": ap,
-                 "official_label": None, "corrected_label": lab}
+                 "official_label": labels.get(q), "corrected_label": lab}
                 for q, a, t, ap, lab in er.select("question_id", "audit_id", "error_type",
                                                   "applied", "corrected_label").iter_rows()],
         }
-        labels = dict(jr.select("question_id", "label").iter_rows())
-        for a in out["by_judge"][judge]["affected"]:
-            a["official_label"] = labels.get(a["question_id"])
     return out
 
 

@@ -203,16 +203,13 @@ def judge_items(
 def with_options(job: JobConfig, questions: pl.DataFrame, items: list[JudgeItem]
                  ) -> list[JudgeItem]:
     """Category-5 items with the options their reader was given (eval.cat5=forced_choice)."""
-    from structmem_gpu.config.schema import EvalSettings
-    from structmem_gpu.eval import cat5_choice as C
+    from structmem_gpu.eval.cat5_choice import question_options
 
-    ev = job.settings(EvalSettings)
-    if ev.cat5 != C.FORCED_CHOICE:
+    opts = question_options(job, questions)
+    if not opts:
         return items
-    adv = {q: a or g or "" for q, a, g in
-           questions.select("question_id", "adversarial_answer", "answer").iter_rows()}
-    return [replace(it, options=C.options(it.question_id, adv[it.question_id], ev.cat5_seed))
-            if it.category == LOCOMO_ADVERSARIAL else it for it in items]
+    return [replace(it, options=opts[it.question_id]) if it.question_id in opts else it
+            for it in items]
 
 
 def reasoning_chars(max_tokens: int) -> int:
@@ -478,9 +475,9 @@ def judge_errata(
         ctx.read_optional("retrievals"), ctx.read_optional("entries"),
         ctx.read_optional("syntheses"))
     applied = [q for q, e in joined.by_question.items() if q in selected and e.kind == E.SCORE]
+    asked = [E.with_gold(selected[q], joined.by_question[q]) for q in applied]
     rows = []
     for name, backend in judges:
-        asked = [E.with_gold(selected[q], joined.by_question[q]) for q in applied]
         verdicts = dict(zip(applied, judge_with(ctx, name, backend, asked, samp, protocol, texts)))
         for qid in selected:
             e = joined.by_question[qid]
@@ -514,14 +511,12 @@ def official_judges(job: JobConfig) -> dict[str, dict[str, official.OfficialText
 def _fingerprint(job: JobConfig) -> Any:
     """The official judge texts; with eval.errata (or eval.cat5 not its default) those too.
     Unchanged when both are off, so that no finished judge stage reruns."""
-    from structmem_gpu.config.schema import EvalSettings
+    from structmem_gpu.eval.cat5_choice import fingerprint as cat5_fingerprint
     from structmem_gpu.eval.errata import fingerprint as errata_fingerprint
 
     texts = judge_texts_fingerprint(job)
-    ev = job.settings(EvalSettings)
-    extra = {"errata": errata_fingerprint(job)} if ev.errata is not None else {}
-    if ev.cat5 != "rule":
-        extra["cat5"] = [ev.cat5, ev.cat5_seed]
+    extra = {k: v for k, v in (("errata", errata_fingerprint(job)),
+                               ("cat5", cat5_fingerprint(job))) if v is not None}
     return {"texts": texts, **extra} if extra else texts
 
 

@@ -44,7 +44,7 @@ from structmem_gpu.config.identity import identity
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.config.schema import EvalSettings, JudgeAuditSettings, LLMSettings
-from structmem_gpu.core.artifacts import RunDir, atomic_write_text
+from structmem_gpu.core.artifacts import RunDir, atomic_write_parquet, atomic_write_text
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.core.stage_parts import AUDIT
@@ -94,8 +94,9 @@ def slice_name(per_set: int | None, seed: int, commit: str | None) -> str:
     return f"{size}-{(commit or 'workdir')[:12]}"
 
 
-def audit_items(src: S.Source, per_set: int | None, seed: int) -> list[AuditItem]:
-    """Every set's items for the same seeded questions (all 1,540 when per_set is None)."""
+def audit_items(src: S.Source, per_set: int | None, seed: int) -> tuple[list[AuditItem], int]:
+    """Every set's items for the same seeded questions (all 1,540 when per_set is None), and
+    how many questions the answer key holds."""
     key = LA.answer_key(src)
     ids = [q.question_id for q in key]
     if per_set is not None and per_set < len(ids):
@@ -116,7 +117,7 @@ def audit_items(src: S.Source, per_set: int | None, seed: int) -> list[AuditItem
             raise ConfigError(f"{src.where()}: answer set {name} has no answer to {missing[0]} "
                               f"({len(missing)} questions of the answer key missing)")
         out += [AuditItem(name, kind == RIGHT, by_set[name][i]) for i in ids]
-    return out
+    return out, len(key)
 
 
 # ---- identity and store ---------------------------------------------------------------------
@@ -139,10 +140,28 @@ def store_root(job: JobConfig) -> Path:
     return Path(str(cache)) / "judge_audit"
 
 
+def judge_dir(job: JobConfig, llm_cfg: LLMSettings | None) -> Path:
+    """Where this judge's audits live: one folder per judge identity, one per slice inside."""
+    return store_root(job) / stable_hash(member_identity(job, llm_cfg))
+
+
+def audit_file(job: JobConfig, llm_cfg: LLMSettings | None, st: JudgeAuditSettings,
+               commit: str | None) -> Path:
+    """audit.json of this judge and slice (written last: its presence means done)."""
+    return judge_dir(job, llm_cfg) / slice_name(st.per_set, st.seed, commit) / "audit.json"
+
+
+def judge_setup(job: JobConfig) -> tuple[JudgeSettings, Sampling, J.OfficialJudges | None]:
+    """The judge stage's settings, sampling and official judge texts (protocol paper)."""
+    s = job.settings(JudgeSettings)
+    texts = J.official_judges(job) if s.protocol == "paper" else None
+    return s, Sampling(temperature=s.temperature, max_tokens=s.max_tokens), texts
+
+
 def stored(job: JobConfig, llm_cfg: LLMSettings | None) -> dict[str, Any] | None:
     """The stored audit of this judge, the one with most items when several slices exist."""
     try:
-        folder = store_root(job) / stable_hash(member_identity(job, llm_cfg))
+        folder = judge_dir(job, llm_cfg)
     except ConfigError:
         return None
     found = []
@@ -186,10 +205,8 @@ def judge_audit(ctx: StageContext, name: str, backend: LLMBackend, llm_cfg: LLMS
                 src: S.Source, st: JudgeAuditSettings) -> dict[str, Any]:
     """Judge every item with `backend`, store the audit, return its summary."""
     job = ctx.job
-    s = job.settings(JudgeSettings)
-    items = audit_items(src, st.per_set, st.seed)
-    samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
-    texts = J.official_judges(job) if s.protocol == "paper" else None
+    s, samp, texts = judge_setup(job)
+    items, of = audit_items(src, st.per_set, st.seed)
     before = len(ctx.request_frames)
     verdicts = J.judge_with(ctx, name, backend, [it.judge_item() for it in items], samp,
                             s.protocol, texts)
@@ -210,15 +227,15 @@ def judge_audit(ctx: StageContext, name: str, backend: LLMBackend, llm_cfg: LLMS
         "identity": ident,
         "source": LA.describe(src),
         "slice": {"name": slice_name(st.per_set, st.seed, commit), "per_set": st.per_set,
-                  "seed": st.seed, "of": len(LA.answer_key(src))},
+                  "seed": st.seed, "of": of},
         "items": len(rows),
         "requests": 0 if reqs is None else reqs.height,
         "sent": sent,
         **rates(rows),
     }
-    out = store_root(job) / summary["key"] / summary["slice"]["name"]
+    out = audit_file(job, llm_cfg, st, commit).parent
     out.mkdir(parents=True, exist_ok=True)
-    pl.DataFrame(rows, infer_schema_length=None).write_parquet(out / "items.parquet")
+    atomic_write_parquet(out / "items.parquet", pl.DataFrame(rows, infer_schema_length=None))
     atomic_write_text(out / "audit.md", markdown(summary))
     atomic_write_text(out / "audit.json", json.dumps(summary, indent=2) + "\n")  # last: done
     summary["path"] = str(out)
@@ -326,8 +343,7 @@ def audit_all(ctx: StageContext, backends: Backends, force: bool = False,
     commit = S.resolved_commit(src)
     out = []
     for name, llm_cfg in members:
-        path = (store_root(job) / stable_hash(member_identity(job, llm_cfg))
-                / slice_name(st.per_set, st.seed, commit) / "audit.json")
+        path = audit_file(job, llm_cfg, st, commit)
         if path.is_file() and not force:
             log.info("judge audit of %s: reused %s", name, path)
             out.append({**json.loads(path.read_text(encoding="utf-8")), "path": str(path.parent),
@@ -374,12 +390,10 @@ def estimate(inp: EstimateInputs) -> StageEstimate:
     src = LA.source(SOURCE_KEY, st.source, job)
     commit = S.resolved_commit(src)
     todo = [(n, c) for n, c in judge_members(job)
-            if not (store_root(job) / stable_hash(member_identity(job, c))
-                    / slice_name(st.per_set, st.seed, commit) / "audit.json").is_file()]
-    s = job.settings(JudgeSettings)
-    samp = Sampling(temperature=s.temperature, max_tokens=s.max_tokens)
-    reqs = [J.build_request(it.judge_item(), "audit", samp, s.protocol, None)
-            for it in audit_items(src, st.per_set, st.seed)]
+            if not audit_file(job, c, st, commit).is_file()]
+    s, samp, texts = judge_setup(job)
+    items, _ = audit_items(src, st.per_set, st.seed)
+    reqs = [J.build_request(it.judge_item(), "audit", samp, s.protocol, texts) for it in items]
     prompt = sum(inp.counter.messages(r.messages) for r in reqs)
     return StageEstimate(
         STAGE.name, len(reqs) * len(todo), prompt * len(todo),

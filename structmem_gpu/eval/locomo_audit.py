@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from structmem_gpu.config.job import JobConfig
@@ -57,12 +56,8 @@ def source(key: str, spec: str | None, job: JobConfig) -> S.Source:
             raise ConfigError(f"{key}=null and paths.official_dir is not set: pass {key}=PATH "
                               f"(a clone of {REPO_URL})")
         spec = pinned.source("locomo_audit", str(folder))
-    path = Path(spec.rpartition("@")[0] if "@" in spec and not Path(spec).exists() else spec)
-    if not path.expanduser().exists():
-        raise ConfigError(f"{key}: no locomo-audit checkout at {path}; pass {key}=PATH[@COMMIT] "
-                          f"(a clone of {REPO_URL}) or fetch the pinned one with "
-                          f"`{pinned.FETCH_COMMAND}`")
-    return S.parse(key, spec)
+    return S.parse(key, spec, missing=f"pass {key}=PATH[@COMMIT] (a locomo-audit checkout, a "
+                   f"clone of {REPO_URL}) or fetch the pinned one with `{pinned.FETCH_COMMAND}`")
 
 
 def read_json(src: S.Source, file: str) -> Any:

@@ -253,6 +253,15 @@ def scored_rows(questions: pl.DataFrame, judgments: pl.DataFrame) -> pl.DataFram
     return judgments.join(q, on="question_id", how="inner")
 
 
+def split_forced_choice(rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the rows every overall counts, the eval.cat5=forced_choice category-5 rows, which are
+    reported on their own and in no overall: eval/cat5_choice.py)."""
+    from structmem_gpu.eval.cat5_choice import RULE
+
+    choice = pl.col("judge_model") == RULE
+    return rows.filter(~choice), rows.filter(choice)
+
+
 def category_names(questions: pl.DataFrame) -> dict[str, str]:
     """The benchmark family's full id -> name mapping, plus any name the questions carry."""
     cats = set(questions["category"].to_list())
@@ -273,12 +282,7 @@ def build_report(
     st: ReportSettings,
 ) -> dict[str, Any]:
     names = {int(k): v for k, v in category_names(questions).items()}
-    from structmem_gpu.eval.cat5_choice import RULE as CHOICE
-
-    rows = scored_rows(questions, judgments)
-    # eval.cat5=forced_choice: category 5 is reported on its own, in no overall (cat5_choice.py)
-    choice = rows.filter(pl.col("judge_model") == CHOICE)
-    rows = rows.filter(pl.col("judge_model") != CHOICE)
+    rows, choice = split_forced_choice(scored_rows(questions, judgments))
     judges = list(dict.fromkeys(rows["judge_name"].to_list() + choice["judge_name"].to_list()))
     by_judge = {j: judge_summary(rows.filter(pl.col("judge_name") == j), names, st) for j in judges}
     head = headline_judge(job, judges)
@@ -347,12 +351,11 @@ def errata_section(job: JobConfig, questions: pl.DataFrame, judgments: pl.DataFr
     """report.json `errata` (eval/errata.py) when the judge stage scored corrected golds."""
     if errata is None or errata.height == 0:
         return None
-    from structmem_gpu.eval.cat5_choice import RULE as CHOICE
     from structmem_gpu.eval.errata import summary
 
     names = {int(k): v for k, v in category_names(questions).items()}
     notes = ((manifest.get("stages") or {}).get("judge") or {}).get("notes") or {}
-    rows = scored_rows(questions, judgments).filter(pl.col("judge_model") != CHOICE)  # as overall
+    rows, _ = split_forced_choice(scored_rows(questions, judgments))  # the overall's rows
     return summary(rows, errata, names, notes.get("errata_source"))
 
 

@@ -30,9 +30,10 @@ class Source:
         return f"{self.key}={self.spec!r}"
 
 
-def parse(key: str, spec: str) -> Source:
+def parse(key: str, spec: str, missing: str | None = None) -> Source:
     """`PATH` or `PATH@COMMIT`. A spec that names an existing path is a path even when it
-    contains '@' (a directory called `a@b`)."""
+    contains '@' (a directory called `a@b`). `missing`: what the one line of a path that does
+    not exist tells the user to do (default: fetch the pinned official checkouts)."""
     text = str(spec).strip()
     path, sep, commit = text.rpartition("@")
     if not sep or not path or not commit or Path(text).expanduser().exists():
@@ -41,7 +42,8 @@ def parse(key: str, spec: str) -> Source:
     if not src.path.exists():
         from structmem_gpu.prompts.pinned import missing_line
 
-        raise ConfigError(missing_line(src.where(), src.path, key))
+        raise ConfigError(missing_line(src.where(), src.path, key) if missing is None
+                          else f"{key}: no checkout at {src.path}; {missing}")
     if not src.path.is_dir():
         raise ConfigError(f"{src.where()}: {src.path} is not a directory (expected a checkout)")
     return src
