@@ -41,17 +41,20 @@ TURNS: Schema = {
 }
 
 # The compact layout of `turns` (structmem_gpu/core/turns_store.py; LongMemEval): each distinct
-# session's turns once, and the conversation -> session map. Readers use
-# RunDir.read_table("turns"), which expands them to TURNS.
+# session content's turns once, and one row per occurrence (conversation, position, date).
+# Readers use RunDir.read_table("turns"), which expands them to TURNS.
+_OCCURRENCE = ("conv_id", "session_index", "event_id", "session_hash", "session_time")
 TURN_SESSIONS: Schema = {
-    "session_key": _STR,  # hash of session_id, session_hash, dia_ids, has_answer flags
-    **{c: t for c, t in TURNS.items() if c not in ("conv_id", "session_index", "event_id")},
+    "session_key": _STR,  # hash of session_id, the turns (speaker, text, caption), dia_ids, has_answer
+    **{c: t for c, t in TURNS.items() if c not in _OCCURRENCE},
 }
 
 TURN_HAYSTACKS: Schema = {
     "conv_id": _STR,
     "session_index": _I32,  # 1-based position of the session in the conversation's haystack
     "session_key": _STR,  # -> TURN_SESSIONS
+    "session_hash": _STR,  # this occurrence's (turns + date) hash: LongMemEval draws dates per haystack
+    "session_time": _TIME,
 }
 
 QUESTIONS: Schema = {

@@ -3,30 +3,38 @@
     turns = RunDir(run_dir).read_table("turns")     # plain frame with schemas.TURNS, either layout
 
 - **plain** (LoCoMo, the sample): `tables/turns.parquet`, one row per turn, as always.
-- **compact** (LongMemEval): each distinct session's turns are stored once, in
-  `tables/turn_sessions.parquet` (one row per turn of a distinct session, keyed by
-  `session_key`), and `tables/turn_haystacks.parquet` maps each conversation (= question) to
-  its sessions in order (conv_id, session_index, session_key). LongMemEval-M lists 500
-  sessions per question drawn from a shared pool, so the plain layout repeats each session
-  ~12x (500 questions); the compact one grows with distinct sessions.
+- **compact** (LongMemEval): each distinct session *content* (id + turns + flags) is stored
+  once, in `tables/turn_sessions.parquet` (one row per turn, keyed by `session_key`), and
+  `tables/turn_haystacks.parquet` has one row per occurrence: conversation (= question),
+  position, session_key, and the occurrence's date (`session_time`) and `session_hash` (turns
+  + date). LongMemEval-M lists 500 sessions per question drawn from a shared pool and its
+  recipe draws each haystack's dates afresh, so a pool session recurs ~12x (500 questions)
+  with a different date each time: the plain layout repeats its turns per occurrence, the
+  compact one stores them once and the dates per occurrence (issue 43).
 
 `RunDir.read_table("turns")` / `has_table` / `table_sha256` accept both (artifacts.py), so a
 stage that declares `reads=("turns",)` and calls `ctx.read("turns")` sees the same frame in
 either layout: `CompactTurns.expand()` rebuilds exactly the rows, order and dtypes the plain
 loader wrote (tests/unit/test_turns_store.py compares with main's loader output). Readers
 that want the compact form without expanding (sharding, per-session work) call
-`read_compact(run)`.
+`read_compact(run)`; `dated_sessions()` gives each distinct (content, date) once, for work
+whose prompt carries the date (StructMem's extraction).
 
-session_key = hash of what a turn row holds beyond its conversation: session id, session
-hash (turn texts + date), dia_ids and `has_answer` flags. Two haystacks that list the same
-session with the same date and flags share one key; anything else that differs gives a new
-key, so the expansion never merges rows the plain layout kept apart.
+session_key = hash of what a turn row holds beyond its conversation and date: session id,
+turns (speaker, text, caption), dia_ids and `has_answer` flags. Anything that differs gives a
+new key, so the expansion never merges rows the plain layout kept apart.
+
+Migration: run directories written before content keying (turn_sessions carried
+session_hash/session_time, one key per (turns, date)) are read as they are: `read_compact`
+moves those two columns onto the haystack rows. Their table hash differs from a new load's,
+so a resumed LongMemEval run re-runs its stages after `load` once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -42,22 +50,32 @@ class _Tables(Protocol):
     def table_path(self, name: str) -> Any: ...
     def read_table(self, name: str) -> pl.DataFrame: ...
 
-__all__ = ["PARTS", "CompactTurns", "SessionStore", "read_compact", "session_key"]
+__all__ = ["PARTS", "CompactTurns", "SessionStore", "dated_key", "read_compact", "session_key"]
 
 LOGICAL = "turns"
 PARTS = ("turn_sessions", "turn_haystacks")  # the compact layout's two files, in write order
-_CONV_COLUMNS = ("conv_id", "session_index", "event_id")  # what the haystack mapping supplies
-SESSION_COLUMNS = ("session_key", *(c for c in schemas.TURNS if c not in _CONV_COLUMNS))
+DATED = ("session_hash", "session_time")  # per occurrence: on the haystack rows
+SESSION_COLUMNS = tuple(schemas.TURN_SESSIONS)
 
 
-def session_key(session_id: str, session_hash: str, dia_ids: Sequence[str],
-                has_answer: Sequence[bool | None]) -> str:
+def session_key(session_id: str, turns: Sequence[tuple[str, str, str | None]],
+                dia_ids: Sequence[str], has_answer: Sequence[bool | None]) -> str:
+    """The content key: `turns` = (speaker, text, image_caption) per turn; no date."""
+    return stable_hash("turn-content", session_id, [list(t) for t in turns], list(dia_ids),
+                       list(has_answer))
+
+
+def dated_key(session_id: str, session_hash: str, dia_ids: Sequence[str],
+              has_answer: Sequence[bool | None]) -> str:
+    """One (content, date) occurrence's name: the session_key of the layout before content
+    keying. StructMem's per-session extraction names its one-session pseudo-conversations by
+    it, so its plan order (sorted by that name) and request ids are what they were."""
     return stable_hash("turn-session", session_id, session_hash, list(dia_ids), list(has_answer))
 
 
 @dataclass(frozen=True)
 class CompactTurns:
-    """Distinct sessions' turns (schemas.TURN_SESSIONS) + the conversation -> session map
+    """Distinct session contents' turns (schemas.TURN_SESSIONS) + one row per occurrence
     (schemas.TURN_HAYSTACKS, rows in conversation order, then session order)."""
 
     sessions: pl.DataFrame
@@ -95,12 +113,36 @@ class CompactTurns:
         total = int(lens.sum())
         offsets = np.cumsum(lens) - lens
         rows = np.arange(total, dtype=np.int64) - np.repeat(offsets, lens) + np.repeat(starts, lens)
-        owner = np.repeat(np.arange(j.height, dtype=np.int64), lens)
+        owner = pl.Series(np.repeat(np.arange(j.height, dtype=np.int64), lens))
         body = self.sessions.select(pl.all().gather(pl.Series(rows)))
-        conv = j.select(pl.col("conv_id").gather(pl.Series(owner)),
-                        pl.col("session_index").gather(pl.Series(owner)))
-        out = pl.concat([body, conv], how="horizontal").with_columns(
+        occ = j.select(pl.col(c).gather(owner) for c in ("conv_id", "session_index", *DATED))
+        out = pl.concat([body, occ], how="horizontal").with_columns(
             (pl.col("conv_id") + ":" + pl.col("dia_id")).alias("event_id"))
+        return schemas.conform(out.select(list(schemas.TURNS)), schemas.TURNS)
+
+    def dated_keys(self) -> pl.DataFrame:
+        """Each distinct (content, date) once: session_key, session_hash, session_time and its
+        `dated_key`, in order of first occurrence."""
+        firsts = (self.haystacks.select("session_key", *DATED)
+                  .unique(maintain_order=True).with_row_index("_o"))
+        ids = self.sessions.group_by("session_key", maintain_order=True).agg(
+            pl.col("session_id").first(), pl.col("dia_id"), pl.col("has_answer"))
+        named = firsts.join(ids, on="session_key", how="left").sort("_o")
+        keys = [dated_key(sid, h, dia, flags) for sid, h, dia, flags in
+                named.select("session_id", "session_hash", "dia_id", "has_answer").iter_rows()]
+        return named.select("session_key", *DATED).with_columns(pl.Series("dated_key", keys))
+
+    def dated_sessions(self, keys: pl.DataFrame | None = None) -> pl.DataFrame:
+        """Each distinct (content, date) as a one-session plain turns frame: conv_id = its
+        dated_key, session_index 1, event_id "<dated_key>:<dia_id>"; in order of first
+        occurrence. For work whose prompt carries the session date (StructMem's extraction).
+        `keys`: `dated_keys()` when the caller has it already."""
+        keys = self.dated_keys() if keys is None else keys
+        out = (keys.with_row_index("_o").rename({"dated_key": "conv_id"})
+               .join(self.sessions.with_row_index("_t"), on="session_key", how="inner")
+               .sort("_o", "_t")
+               .with_columns(pl.lit(1, dtype=pl.Int32).alias("session_index"),
+                             (pl.col("conv_id") + ":" + pl.col("dia_id")).alias("event_id")))
         return schemas.conform(out.select(list(schemas.TURNS)), schemas.TURNS)
 
     def filter_conversations(self, keep: Iterable[str]) -> "CompactTurns":
@@ -113,8 +155,7 @@ class CompactTurns:
         """conv -> {session_hash: chars of its turns}, as load.shard_volumes computes it."""
         chars = (pl.col("text").str.len_chars().fill_null(0)
                  + pl.col("image_caption").str.len_chars().fill_null(0))
-        per_key = self.sessions.group_by("session_key").agg(
-            pl.col("session_hash").first(), chars.sum().alias("v"))
+        per_key = self.sessions.group_by("session_key").agg(chars.sum().alias("v"))
         per = (self.haystacks.join(per_key, on="session_key", how="left")
                .group_by("conv_id", "session_hash").agg(pl.col("v").sum())
                .sort("conv_id", "session_hash"))
@@ -139,7 +180,8 @@ class CompactTurns:
 
 
 class SessionStore:
-    """Builds CompactTurns while a loader streams: each distinct session's rows are kept once.
+    """Builds CompactTurns while a loader streams: each distinct content's rows are kept once,
+    each occurrence is one haystack row (with its date and session_hash).
 
     Rows are flushed into an Arrow-backed frame every `flush_rows` turns, so the Python
     objects of at most that many turns are alive at a time (the rest is compact Arrow text).
@@ -155,9 +197,9 @@ class SessionStore:
     def add(self, conv_id: str, session_index: int, rows: Sequence[Any]) -> str:
         """Record that `conv_id`'s session `session_index` has these turns (objects with the
         schemas.TURNS session/turn attributes, e.g. data.common.Turn); store them unless an
-        equal session is stored already. Returns its session_key."""
+        equal content is stored already. Returns its session_key."""
         first = rows[0]
-        key = session_key(first.session_id, first.session_hash,
+        key = session_key(first.session_id, [(r.speaker, r.text, r.image_caption) for r in rows],
                           [r.dia_id for r in rows], [r.has_answer for r in rows])
         if key not in self._keys:
             self._keys.add(key)
@@ -168,18 +210,24 @@ class SessionStore:
                     cols[c].append(getattr(r, c))
             if len(cols["session_key"]) >= self.flush_rows:
                 self._flush()
-        self._hay["conv_id"].append(conv_id)
-        self._hay["session_index"].append(session_index)
-        self._hay["session_key"].append(key)
+        self._occurrence(conv_id, session_index, key, first.session_hash, first.session_time)
         return key
 
-    def add_known(self, conv_id: str, session_index: int, key: str) -> None:
-        """Map `conv_id`'s session `session_index` to a session stored already."""
+    def add_known(self, conv_id: str, session_index: int, key: str, session_hash: str,
+                  session_time: datetime) -> None:
+        """Map `conv_id`'s session `session_index` to a content stored already, at this date."""
         if key not in self._keys:
             raise KeyError(f"session_key {key!r} is not stored")
-        self._hay["conv_id"].append(conv_id)
-        self._hay["session_index"].append(session_index)
-        self._hay["session_key"].append(key)
+        self._occurrence(conv_id, session_index, key, session_hash, session_time)
+
+    def _occurrence(self, conv_id: str, session_index: int, key: str, session_hash: str,
+                    session_time: datetime) -> None:
+        hay = self._hay
+        hay["conv_id"].append(conv_id)
+        hay["session_index"].append(session_index)
+        hay["session_key"].append(key)
+        hay["session_hash"].append(session_hash)
+        hay["session_time"].append(session_time)
 
     def _flush(self) -> None:
         if self._cols["session_key"]:
@@ -204,6 +252,10 @@ def read_compact(run: _Tables) -> CompactTurns:
     if run.table_path(LOGICAL).exists():
         return CompactTurns.from_turns(run.read_table(LOGICAL))
     s, h = (pl.read_parquet(run.table_path(p), glob=False) for p in PARTS)
+    if DATED[0] in s.columns:  # written before content keying: dates move to the occurrences
+        dates = s.group_by("session_key").agg(pl.col(c).first() for c in DATED)
+        h = schemas.conform(h.join(dates, on="session_key", how="left"), schemas.TURN_HAYSTACKS)
+        s = s.drop(*DATED)
     return CompactTurns(s, h)
 
 

@@ -27,15 +27,17 @@ Rules (docs/evaluation.md "LongMemEval loader rules"):
   level); evidence_raw = `answer_session_ids` as in the file (session level). `_abs` items keep
   their evidence; evaluation excludes them from retrieval averages.
 - session_hash hashes (turns, date) only, so a session shared by several haystacks with the
-  same date shares its hash (and its memory).
+  same date shares its hash (and its memory). LongMemEval's recipe draws each haystack's
+  dates afresh, so a shared pool session usually has another date (and hash) per haystack.
 - A haystack that lists the same session id twice (13 histories of the real
   `longmemeval_s_cleaned.json`: identical turns, other dates, filler) keeps both occurrences
   in list order as distinct sessions: the later copy's session_id becomes
   `<id>#repeat<n>` (n = 2, 3, ...), so its dia_ids are unique; one warning line per affected
   instance; the load stage's notes count them (`repeated_sessions`).
 - The file is streamed one instance at a time (data/jsonstream.py) and each distinct session
-  is stored once (turns_store.py, the compact layout the load stage writes); an equal raw
-  session seen again is not parsed again (`_Memo`). `load_longmemeval` returns the plain
+  content (id + turns + flags) is stored once, its dates once per occurrence (turns_store.py,
+  the compact layout the load stage writes); an equal raw session seen again, at any date,
+  is not parsed again (`_Memo`): only its date and session_hash are computed. `load_longmemeval` returns the plain
   frame (the expansion, exactly the rows the whole-file loader gave).
 - Unknown keys (the example's `_note`) are ignored. A turn whose `content` is missing or blank
   is an InputError (LongMemEval has no image turns that could carry it), and so is a role
@@ -68,6 +70,7 @@ from structmem_gpu.data.common import (
     questions_frame,
     require,
     require_str,
+    session_hash,
     session_turns,
 )
 from structmem_gpu.data.jsonstream import iter_json_list
@@ -150,8 +153,8 @@ def load_longmemeval_compact(
             dropped += 1
             continue
         for occ in per_session:
-            if occ.turns is None:  # validated and stored before: only the mapping row
-                store.add_known(qid, occ.index, occ.key)
+            if occ.turns is None:  # validated and stored before: only the occurrence row
+                store.add_known(qid, occ.index, occ.key, occ.session_hash, occ.time)
             else:
                 key = store.add(qid, occ.index, occ.turns)
                 memo.remember(occ, key)
@@ -196,16 +199,19 @@ class _Occurrence:
     turns: list[Turn] | None  # None = an equal session is stored already (key set)
     key: str = ""
     digest: bytes | None = None
+    session_hash: str = ""  # set when turns is None (else on the turns)
+    time: datetime | None = None
 
 
 class _Memo:
     """Sessions stored so far, by a digest of their raw content, and parsed dates.
 
-    LongMemEval-M repeats each pool session in ~12 haystacks (500 questions); an equal raw
-    session (same renamed id, date string, roles, contents, has_answer values) validates and
-    hashes the same way, so it is parsed once. The digest is blake2b-128 of exactly the fields
-    the parse reads; a session that is not a list of JSON objects has no digest and takes the
-    full path (which raises the error). Costs ~1 kB per distinct session.
+    LongMemEval-M repeats each pool session in ~12 haystacks (500 questions), each time at a
+    date drawn for that haystack; an equal raw session (same renamed id, roles, contents,
+    has_answer values) validates the same way at any date, so it is parsed once. The digest is
+    blake2b-128 of exactly the fields the parse reads, except the date (parsed on its own); a
+    session that is not a list of JSON objects has no digest and takes the full path (which
+    raises the error). Costs ~1 kB per distinct content.
     """
 
     def __init__(self) -> None:
@@ -220,11 +226,11 @@ class _Memo:
         return t
 
     @staticmethod
-    def digest(sid: str, date: str, items: Any) -> bytes | None:
+    def digest(sid: str, items: Any) -> bytes | None:
         if not isinstance(items, list):
             return None
         h = hashlib.blake2b(digest_size=16)
-        h.update(repr((sid, date, len(items))).encode())
+        h.update(repr((sid, len(items))).encode())
         for it in items:
             if not isinstance(it, dict):
                 return None
@@ -279,17 +285,21 @@ def _load_instance(
         time = memo.time(path, date, f"{qid} {sid}")
         occurrences[sid] = occurrences.get(sid, 0) + 1
         unique = sid if occurrences[sid] == 1 else f"{sid}{REPEAT_MARK}{occurrences[sid]}"
-        digest = memo.digest(unique, date, items)
+        digest = memo.digest(unique, items)
         known = memo.known.get(digest) if digest is not None else None
         if known is not None:
             key, dia_ids, flags = known
+            # The parse's turns are (role, content, no caption); the digest says these items
+            # passed it, so the occurrence's (turns + date) hash comes from them directly.
+            h = session_hash([(it["role"], it["content"], None) for it in items], time)
             for dia_id in dia_ids:  # the id-collision check _load_session makes
                 if dia_id in seen:
                     raise InputError(
                         path, f"duplicate dia_id {dia_id!r} (session ids collide in the haystack)",
                         f"{qid} {unique} {dia_id}")
                 seen[dia_id] = unique
-            per_session.append(_Occurrence(i + 1, sid, dia_ids, flags, None, key, digest))
+            per_session.append(_Occurrence(i + 1, sid, dia_ids, flags, None, key, digest, h,
+                                           time))
             continue
         turns = _load_session(path, qid, i + 1, unique, time, items, seen)
         per_session.append(_Occurrence(i + 1, sid, tuple(t.dia_id for t in turns),

@@ -191,7 +191,9 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
         ctx.notes.update(conversations=compact.haystacks["conv_id"].n_unique(),
                          turns=compact.turn_count, sessions=compact.haystacks.height,
                          questions=questions.height, layout="compact",
-                         distinct_sessions=names.height,
+                         distinct_sessions=names.height,  # distinct contents (id + turns)
+                         distinct_dated_sessions=compact.haystacks.select(
+                             "session_key", "session_hash").n_unique(),
                          distinct_session_turns=compact.sessions.height)
         # Haystacks that list a session id twice keep both copies (data/longmemeval.py).
         ctx.notes["repeated_sessions"] = repeated_sessions(

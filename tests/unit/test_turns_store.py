@@ -45,12 +45,17 @@ def test_expansion_matches_main_loader() -> None:
     # Stored once per distinct session: fewer rows than the plain layout, same expansion.
     assert compact.sessions.height < turns.height == compact.turn_count
     assert compact.haystacks.height == turns.select("conv_id", "session_index").unique().height
-    # The crafted cases are kept apart: the repeat, the flag-less copy, the other date.
+    # The crafted cases are kept apart: the repeat, the flag-less copy; the same turns at
+    # another date are one stored content with two dated occurrences.
     assert turns.filter(pl.col("session_id").str.contains("#repeat2", literal=True)).height == 2
     keys = compact.sessions.group_by("session_id").agg(pl.col("session_key").n_unique())
     per_id = dict(keys.iter_rows())
     assert per_id["answer_syn_m_00000_1"] == 2  # with and without has_answer
-    assert per_id["pool_000006"] == 2  # two dates
+    assert per_id["pool_000006"] == 1  # one content ...
+    dated = (compact.haystacks.join(compact.sessions.select("session_key", "session_id").unique(),
+                                    on="session_key")
+             .filter(pl.col("session_id") == "pool_000006"))
+    assert dated["session_time"].n_unique() == dated["session_hash"].n_unique() == 2  # ... 2 dates
 
 
 # Kept question ids as main's loader (782e59d) kept them on the fixture file.
@@ -102,6 +107,53 @@ def test_rundir_accessor_both_layouts(tmp_path: Path) -> None:
     run.write_table("turns", compact)
     assert not run.table_path("turns").exists()
     assert turns_store.turn_conversations(run) == compact.conversations()
+
+
+def _before_content_keys(compact: CompactTurns) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The two part files as the layout before content keying wrote them: one key per
+    (turns, date) occurrence (the dated_key), session_hash/session_time on the turn rows."""
+    keys = compact.dated_keys()
+    hay = (compact.haystacks.join(keys, on=["session_key", *turns_store.DATED])
+           .select("conv_id", "session_index", pl.col("dated_key").alias("session_key")))
+    old_cols = [c for c in schemas.TURNS if c not in ("conv_id", "session_index", "event_id")]
+    sessions = (compact.dated_sessions(keys).rename({"conv_id": "session_key"})
+                .select("session_key", *old_cols))
+    return sessions, hay
+
+
+def test_run_written_before_content_keys_reads_the_same(tmp_path: Path) -> None:
+    compact, _ = load_longmemeval_compact(HAYSTACKS)
+    sessions, hay = _before_content_keys(compact)
+    run = RunDir(tmp_path)
+    run.tables_dir.mkdir(parents=True, exist_ok=True)
+    for part, frame in zip(turns_store.PARTS, (sessions, hay), strict=True):
+        frame.write_parquet(run.table_path(part))
+    assert "session_time" in pl.read_parquet(run.table_path("turn_sessions")).columns
+    assert_frame_equal(run.read_table("turns"), pl.read_parquet(MAIN_TURNS))
+    migrated = turns_store.read_compact(run)
+    assert dict(migrated.haystacks.schema) == dict(schemas.TURN_HAYSTACKS)
+    assert_frame_equal(migrated.dated_sessions(), compact.dated_sessions())
+
+
+def test_dated_sessions_one_per_content_and_date() -> None:
+    compact, _ = load_longmemeval_compact(HAYSTACKS)
+    plain = compact.expand()
+    dated = compact.dated_sessions()
+    # As many pseudo-sessions as distinct (content, date) pairs, each with its turns once.
+    pairs = compact.haystacks.select("session_key", "session_hash").unique()
+    assert dated["conv_id"].n_unique() == pairs.height > compact.sessions["session_key"].n_unique()
+    assert (dated["session_index"] == 1).all()
+    # Each pseudo-session's rows = one occurrence's rows of the plain table, but conv fields.
+    body = [c for c in schemas.TURNS if c not in ("conv_id", "session_index", "event_id")]
+    first = (compact.haystacks.join(compact.dated_keys(), on=["session_key", *turns_store.DATED])
+             .unique("dated_key", keep="first", maintain_order=True))
+    where = {k: (c, i) for k, c, i in first.select("dated_key", "conv_id", "session_index")
+             .iter_rows()}
+    for (name,), rows in dated.group_by("conv_id", maintain_order=True):
+        conv, index = where[name]
+        one = plain.filter((pl.col("conv_id") == conv) & (pl.col("session_index") == index))
+        assert_frame_equal(rows.select(body), one.select(body))
+        assert rows["event_id"].to_list() == [f"{name}:{d}" for d in rows["dia_id"]]
 
 
 def test_load_stage_layouts(tmp_path: Path, compose_config) -> None:

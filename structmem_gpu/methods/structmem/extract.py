@@ -413,10 +413,11 @@ def collect_entries(
 
 # ---- once per distinct session (the compact turns layout: LongMemEval) -------------------
 # Windows never cross a session and their read-only context comes from the same session
-# (plan_windows), so a window's prompt depends on the session alone: the same session in 12
-# haystacks gives 12 identical prompts. With the compact layout (turns_store.py) the windows
-# are planned over `turn_sessions` (each distinct session once), sent once, and each reply's
-# entries are bound to every conversation that lists the session, in the order the
+# (plan_windows), so a window's prompt depends on the session (turns and date) alone: the same
+# session at the same date in 12 haystacks gives 12 identical prompts. With the compact layout
+# (turns_store.py) the windows are planned over its distinct (content, date) pairs
+# (`CompactTurns.dated_sessions`), sent once, and each reply's entries are bound to every
+# conversation that lists the session at that date, in the order the
 # per-conversation plan produces them (perspective, conversation, session, window), with the
 # same entry ids (hash of conv_id, event_id, kind, text). The entries table is the plain
 # layout's except `request_id`, which names the one shared request (its conv_id is null:
@@ -432,12 +433,11 @@ def per_session_applies(ctx: StageContext) -> bool:
 
 def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRow], dict[str, Any]]:
     compact = turns_store.read_compact(ctx.run)
-    # Each distinct session as its own one-session "conversation" named by its key.
-    pseudo = compact.sessions.with_columns(
-        pl.col("session_key").alias("conv_id"),
-        pl.lit(1, dtype=pl.Int32).alias("session_index"),
-        (pl.col("session_key") + ":" + pl.col("dia_id")).alias("event_id"),
-    )
+    # Each distinct (content, date) as its own one-session "conversation" named by its
+    # dated_key: the prompt carries the session date, so a pool session at another date in
+    # another haystack is another request (LongMemEval draws dates per haystack).
+    keys = compact.dated_keys()
+    pseudo = compact.dated_sessions(keys)
     windows, counter = plan_from_settings(pseudo, s, ctx.job.root.llm, convert=True)
     plan: list[tuple[ExtractionWindow, str, LLMRequest]] = []
     results = ctx.generate(planned(windows, s, plan, shared=True), desc="extract",
@@ -448,7 +448,8 @@ def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRo
     by_key: dict[tuple[str, str], list[EntryRow]] = defaultdict(list)
     for row in per_session:  # in plan order: perspective, session, window, reply item
         by_key[(row.kind, row.conv_id)].append(row)
-    hay = compact.haystacks.sort("conv_id", "session_index")
+    hay = (compact.haystacks.join(keys, on=["session_key", *turns_store.DATED], how="left")
+           .select("conv_id", "session_index", "dated_key").sort("conv_id", "session_index"))
     rows: list[EntryRow] = []
     seen: set[str] = set()
     duplicates = 0
@@ -465,7 +466,7 @@ def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRo
                 rows.append(EntryRow(eid, conv, event, r.dia_id, index, r.turn_index,
                                      r.event_time, r.speaker, r.kind, r.text, r.request_id,
                                      r.prompt_version, r.model))
-    occurrences = hay.group_by("session_key").len()
+    occurrences = hay.group_by("dated_key").len()
     per_key_windows = defaultdict(int)
     for w in windows:
         per_key_windows[w.conv_id] += 1
