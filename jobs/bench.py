@@ -11,9 +11,11 @@
         llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see README "Benchmarking")
 
     python jobs/bench.py paced                  # builds against a GPU-paced mock (simulation)
+    python jobs/bench.py lme-groups --lme-group-questions 50,100,200 --lme-group 25
+                                                # scripted question-grouped M builds: peak RSS
 
 Parts: client, llm, build, schedule, components, cost, scale, dry-run, lme-count, lme-load
-(default: all of these), paced (only when named). Other arguments of the form key=value are Hydra overrides of
+(default: all of these), paced and lme-groups (only when named). Other arguments of the form key=value are Hydra overrides of
 conf/ applied to every pipeline run. Writes bench.json and bench.md into --out; exit code 1 when
 a part failed. Logic lives in
 structmem_gpu/bench/; this is the CLI only.
@@ -92,6 +94,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
     ap.add_argument("--lme-dates", default="per_haystack",
                     help="`lme-load`: date shapes of the synthetic files, per_haystack "
                          "(LongMemEval's recipe) and/or fixed, comma-separated")
+    ap.add_argument("--lme-group-questions", default="50,100,200",
+                    help="`lme-groups`: question counts of the scripted question-grouped builds")
+    ap.add_argument("--lme-group", type=int, default=25,
+                    help="`lme-groups`: question_groups (questions per group) of those builds")
     ap.add_argument("--lme-file", type=Path, default=None,
                     help="`lme-count`: a real LongMemEval file (default: benchmark=longmemeval's "
                          "path when it exists)")
@@ -144,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.lme_questions
         else None,
         lme_dates=tuple(args.lme_dates.split(",")),
+        lme_group_questions=tuple(int(x) for x in args.lme_group_questions.split(",")),
+        lme_group=args.lme_group,
         lme_file=args.lme_file,
         paced_sizes=tuple(args.paced_sizes.split(",")),
         paced_builds=tuple(args.paced_builds.split(",")),

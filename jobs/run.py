@@ -84,7 +84,8 @@ def main(cfg: DictConfig) -> dict | None:
     except StructMemError as err:
         log.error("%s", err)
         print(f"error: {err}", file=sys.stderr, flush=True)
-        return _end(point("failed", str(err), 2), in_sweep)
+        # a question group's child passes its own code on (75 = preempted: requeue)
+        return _end(point("failed", str(err), getattr(err, "exit_code", 2)), in_sweep)
     except Exception as err:  # a bug: its traceback goes to the console and run.log
         log.exception("job failed with an unexpected %s", type(err).__name__)
         line = f"{type(err).__name__}: {err} (unexpected: traceback in {run_dir / 'run.log'})"
@@ -142,6 +143,12 @@ def run_job(cfg: DictConfig, run_dir: Path, guard: object, overrides: list[str] 
         # The lock first, then Hydra's record of the job: a second job on this directory must
         # not overwrite .hydra/ of the one running (hydra.output_subdir is null for that reason).
         with hold_run_dir(run_dir):
+            if job.root.question_groups is not None:  # per group, children (run/groups.py)
+                from structmem_gpu.run.groups import run_grouped
+
+                save_job_config(cfg, run_dir)
+                run_grouped(job, run_dir, overrides or [])
+                return job_stage_names(job)
             # before .hydra/ is replaced: what changed against the directory's last job
             log_changes(run_dir, cfg, lambda: stages_to_run(job, run_dir, registry))
             save_job_config(cfg, run_dir)

@@ -360,8 +360,9 @@ class StageContext:
     def read(self, name: str) -> pl.DataFrame:
         return self.run.read_table(name, needed_by=self.stage.name)
 
-    def read_optional(self, name: str) -> pl.DataFrame | None:
-        return self.run.read_table(name) if self.run.has_table(name) else None
+    def read_optional(self, name: str, columns: Sequence[str] | None = None) -> pl.DataFrame | None:
+        """The table (only `columns`, when given), or None when no stage wrote it."""
+        return self.run.read_table(name, columns=columns) if self.run.has_table(name) else None
 
     def llm(self, role: str = "llm") -> "LLMBackend":
         return self.backends.llm(role)

@@ -317,6 +317,12 @@ def _lme_load(part: Mapping[str, Any]) -> list[str]:
     return render(dict(part))
 
 
+def _lme_groups(part: Mapping[str, Any]) -> list[str]:
+    from structmem_gpu.bench.lme_groups import render
+
+    return render(dict(part))
+
+
 def _lme_count(part: Mapping[str, Any]) -> list[str]:
     from structmem_gpu.bench.lme_count import render
 
@@ -357,6 +363,8 @@ SECTIONS = (
     ("dry_run", "Dry-run estimates", _dry_run),
     ("lme_count", "LongMemEval file: occurrences and distinct sessions", _lme_count),
     ("lme_load", "LongMemEval-M-shaped load (bounded memory)", _lme_load),
+    ("lme_groups", "LongMemEval-M-shaped scripted builds, question-grouped (bounded memory)",
+     _lme_groups),
     ("paced", "GPU-paced builds (simulation)", _paced),
 )
 

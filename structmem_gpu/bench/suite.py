@@ -32,12 +32,13 @@ log = logging.getLogger(__name__)
 # Execution order: the cheap LLM-free parts first (a broken environment fails fast), the
 # longest (schedule: every build request again, one at a time) last.
 PARTS = ("components", "dry-run", "lme-count", "lme-load", "client", "llm", "build", "cost",
-         "scale", "schedule", "paced")
-# What runs without named parts: `paced` (minutes of simulated GPU builds) only when named.
-DEFAULT_PARTS = tuple(p for p in PARTS if p != "paced")
+         "scale", "schedule", "paced", "lme-groups")
+# What runs without named parts: `paced` (minutes of simulated GPU builds) and `lme-groups`
+# (scripted LongMemEval-M-shaped builds, ~10 min at 200 questions) only when named.
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("paced", "lme-groups"))
 # Parts that never talk to the configured LLM: when only these run, no server is launched.
 NO_LLM_PARTS = frozenset({"components", "dry-run", "lme-count", "lme-load", "client", "cost",
-                          "paced"})
+                          "paced", "lme-groups"})
 
 SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
@@ -115,6 +116,9 @@ class SuiteOptions:
     # the build's data
     schedule_slice: tuple[int, int] | None = None
     lme_questions: tuple[int, ...] | None = None  # lme-load question counts (None = profile's)
+    # lme-groups: question counts of the scripted grouped builds, and question_groups
+    lme_group_questions: tuple[int, ...] = (50, 100, 200)
+    lme_group: int = 25
     # lme-load: the generator's date shapes (longmemeval_synthetic.py DATES)
     lme_dates: tuple[str, ...] = ("per_haystack",)
     # lme-count: a real LongMemEval file (None = benchmark=longmemeval's path, when it exists)
@@ -207,6 +211,7 @@ class Suite:
             "schedule": self.part_schedule, "components": self.part_components, "cost": self.part_cost,
             "scale": self.part_scale, "dry-run": self.part_dry_run, "lme-load": self.part_lme_load,
             "lme-count": self.part_lme_count, "paced": self.part_paced,
+            "lme-groups": self.part_lme_groups,
         }  # fmt: skip
         meta = self.bench["meta"]
         if {"build", "schedule", "components"} & set(self.opts.parts):
@@ -342,6 +347,13 @@ class Suite:
         data = self.settings.out_dir.parent / "data"
         return lme_load.run_lme_load(data, self.settings.out_dir / "lme_load", self.sz["lme_load"],
                                      dates=self.opts.lme_dates)
+
+    def part_lme_groups(self) -> dict[str, Any]:
+        from structmem_gpu.bench import lme_groups
+
+        data = self.settings.out_dir.parent / "data"  # shared with lme-load
+        return lme_groups.run_lme_groups(data, self.settings.out_dir / "lme_groups",
+                                         self.opts.lme_group_questions, self.opts.lme_group)
 
     def part_lme_count(self) -> dict[str, Any]:
         """How much of a real LongMemEval file repeats (bench/lme_count.py), when one is here."""

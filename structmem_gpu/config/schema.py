@@ -504,6 +504,15 @@ class JobSettings(Settings):
         "Sharding: this job handles the conversations with shard(conv) == shard_index (balanced "
         "by volume)."))
     num_shards: Annotated[SIZE, RUN_ROLE] = Field(1, description="Shards of the job (see shard_index).")
+    question_groups: Annotated[Annotated[int, Field(ge=1)] | None, RUN_ROLE] = Field(None, description=(
+        "Bounded memory for big jobs (LongMemEval-M): null = every conversation at once; N = "
+        "the stages run per group of ~N conversations (LongMemEval: questions), one group after "
+        "another, each in a fresh child process in <run_dir>/groups/, then the groups are merged "
+        "into the run directory, so peak memory follows N, not the question count (run/groups.py)."))
+    group_plan: Annotated[str | None, RUN_ROLE] = Field(None, description=(
+        "Set by question_groups for its groups (leave null): the parent's assignment of "
+        "questions to groups, so each group loads only its own questions instead of reading "
+        "the whole file to assign them (run/groups.py)."))
     prompts: PromptsSettings = Field(PromptsSettings(), description=(
         "Official texts (README \"Official texts\"), read at run time from checkouts on this "
         "machine and never copied into this repository."))
@@ -527,6 +536,9 @@ class JobSettings(Settings):
         if not 0 <= self.shard_index < self.num_shards:
             return [f"shard_index={self.shard_index!r}: expected 0 <= shard_index < num_shards "
                     f"({self.num_shards})"]
+        if self.question_groups is not None and self.num_shards > 1:
+            return [f"question_groups={self.question_groups!r}: expected null in a sharded job "
+                    f"(num_shards={self.num_shards}); a group is itself a shard"]
         return []
 
 

@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,13 +115,16 @@ class RunDir:
             return stable_hash("compact", parts, length=64)
         return None
 
-    def read_table(self, name: str, *, needed_by: str | None = None) -> pl.DataFrame:
+    def read_table(self, name: str, *, needed_by: str | None = None,
+                   columns: Sequence[str] | None = None) -> pl.DataFrame:
+        """The table (`columns` only, when given: readers of big tables, e.g. the report's
+        plots over a LongMemEval-M run, skip the texts and vectors they do not use)."""
         path = self.table_path(name)
         if not path.exists() and self._compact(name):
             # The one accessor for the compact turns layout: every reader gets the plain frame.
             from structmem_gpu.core import turns_store
 
-            return turns_store.read_compact(self).expand()
+            return turns_store.read_compact(self).expand(columns)
         if not path.exists():
             who = f"stage '{needed_by}' needs" if needed_by else "missing"
             raise MissingTableError(
@@ -130,7 +133,7 @@ class RunDir:
             )
         # glob=False: run directories of sweeps carry override values in their names
         # (".../benchmark.conversations=[conv-26],..."), and [..] is a glob character class.
-        return pl.read_parquet(path, glob=False)
+        return pl.read_parquet(path, glob=False, columns=None if columns is None else list(columns))
 
     def write_table(self, name: str, df: "pl.DataFrame | CompactTurns") -> Path:
         """Conform to the table's schema constant (when it has one) and write atomically.

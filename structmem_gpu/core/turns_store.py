@@ -101,12 +101,16 @@ class CompactTurns:
             return 0
         return int(self._lengths()["_len"].sum())
 
-    def expand(self) -> pl.DataFrame:
-        """The plain turns frame (schemas.TURNS), rows in the order the plain loader writes."""
+    def expand(self, columns: Sequence[str] | None = None) -> pl.DataFrame:
+        """The plain turns frame (schemas.TURNS), rows in the order the plain loader writes;
+        only `columns` (in schema order) when given: a reader that needs ids and positions
+        never pays for the texts of every occurrence."""
         import numpy as np  # the gather index: one vectorised repeat instead of a Python loop
 
+        want = list(schemas.TURNS) if columns is None else [c for c in schemas.TURNS
+                                                            if c in set(columns)]
         if self.haystacks.height == 0:
-            return schemas.empty(schemas.TURNS)
+            return schemas.empty(schemas.TURNS).select(want)
         j = self._lengths()
         lens = j["_len"].to_numpy().astype(np.int64)
         starts = j["_start"].to_numpy().astype(np.int64)
@@ -114,11 +118,16 @@ class CompactTurns:
         offsets = np.cumsum(lens) - lens
         rows = np.arange(total, dtype=np.int64) - np.repeat(offsets, lens) + np.repeat(starts, lens)
         owner = pl.Series(np.repeat(np.arange(j.height, dtype=np.int64), lens))
-        body = self.sessions.select(pl.all().gather(pl.Series(rows)))
-        occ = j.select(pl.col(c).gather(owner) for c in ("conv_id", "session_index", *DATED))
-        out = pl.concat([body, occ], how="horizontal").with_columns(
-            (pl.col("conv_id") + ":" + pl.col("dia_id")).alias("event_id"))
-        return schemas.conform(out.select(list(schemas.TURNS)), schemas.TURNS)
+        need = set(want) | ({"conv_id", "dia_id"} if "event_id" in want else set())
+        body = self.sessions.select(pl.col(c).gather(pl.Series(rows))
+                                    for c in self.sessions.columns if c in need)
+        occ = j.select(pl.col(c).gather(owner) for c in ("conv_id", "session_index", *DATED)
+                       if c in need)
+        out = pl.concat([body, occ], how="horizontal")
+        if "event_id" in want:
+            out = out.with_columns((pl.col("conv_id") + ":" + pl.col("dia_id")).alias("event_id"))
+        schema = {c: schemas.TURNS[c] for c in want}
+        return schemas.conform(out.select(want), schema)
 
     def dated_keys(self) -> pl.DataFrame:
         """Each distinct (content, date) once: session_key, session_hash, session_time and its

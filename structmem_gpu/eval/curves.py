@@ -116,6 +116,15 @@ def build_cost_frame(manifest: Mapping[str, Any], order: Sequence[str] = ()) -> 
 
 
 # ---- cumulative build tokens over dialogue turns (paper Fig. 3a) ----------------------------
+# What the curves read of each big table (RunDir.read_table(columns=...)): a LongMemEval-M
+# run's turns expand to millions of rows and its entries carry every text, never needed here.
+TURN_POSITION_COLUMNS = ("event_id", "conv_id", "session_index", "turn_index")
+CUMULATIVE_REQUEST_COLUMNS = ("request_id", "stage", "conv_id", "prompt_tokens",
+                              "completion_tokens")
+EVIDENCE_ENTRY_COLUMNS = ("entry_id", "event_id")
+EVIDENCE_SYNTHESIS_COLUMNS = ("synth_id", "request_id", "buffer_entry_ids", "context_entry_ids")
+
+
 def turn_positions(turns: pl.DataFrame) -> pl.DataFrame:
     """event_id -> conv_id, turn (1-based position in its conversation, chronological)."""
     return (
@@ -157,7 +166,8 @@ def request_events(run: RunDir) -> pl.DataFrame:
             lf = lf.explode("event_id")
         parts.append(lf.collect().cast(_LINK_SCHEMA))  # type: ignore[arg-type]
     if run.has_table("syntheses") and run.has_table("entries"):
-        syn, ent = run.read_table("syntheses"), run.read_table("entries")
+        syn = run.read_table("syntheses", columns=EVIDENCE_SYNTHESIS_COLUMNS)
+        ent = run.read_table("entries", columns=EVIDENCE_ENTRY_COLUMNS)
         parts.append(
             syn.select("request_id", pl.col("buffer_entry_ids").alias("entry_id"))
             .explode("entry_id")
@@ -255,6 +265,23 @@ def cumulative_build_tokens(
 
 
 # ---- evidence recall@k ----------------------------------------------------------------------
+def _retrieved_only(retrievals: pl.DataFrame, entries: pl.DataFrame | None,
+                    syntheses: pl.DataFrame | None
+                    ) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
+    """The entries and syntheses a retrieval names (a synthesis with the entries it covers):
+    the index is the same for every retrieved item, and stays the size of the retrievals, not
+    of the memory (millions of entries on LongMemEval-M)."""
+    items = retrievals.select(pl.col("item_id").unique())["item_id"]
+    if syntheses is not None:
+        syntheses = syntheses.filter(pl.col("synth_id").is_in(items.implode()))
+        covered = pl.concat([syntheses["buffer_entry_ids"].explode(),
+                             syntheses["context_entry_ids"].explode(), items]).drop_nulls()
+        items = covered.unique()
+    if entries is not None:
+        entries = entries.filter(pl.col("entry_id").is_in(items.implode()))
+    return entries, syntheses
+
+
 def recall_at_k(
     questions: pl.DataFrame,
     retrievals: pl.DataFrame,
@@ -279,7 +306,7 @@ def recall_at_k(
         raise NothingToPlot(
             "no retrieved question with resolvable evidence in retrievals.parquet: nothing to plot"
         )
-    index = EvidenceIndex.build(entries, syntheses)
+    index = EvidenceIndex.build(*_retrieved_only(retrievals, entries, syntheses))
     cats = dict(asked.select("question_id", "category_name").iter_rows())
     # Category lines in category-id order, after "all".
     cat_order = ["all"] + asked.sort("category")["category_name"].unique(

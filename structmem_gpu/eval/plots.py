@@ -43,6 +43,10 @@ from structmem_gpu.core.errors import InputError
 # Re-exported: the frames behind the figures live in curves.py (no matplotlib); callers keep
 # using plots.recall_at_k, plots.NothingToPlot, ... (notebooks, tests, jobs/report.py).
 from structmem_gpu.eval.curves import (
+    CUMULATIVE_REQUEST_COLUMNS,
+    EVIDENCE_ENTRY_COLUMNS,
+    EVIDENCE_SYNTHESIS_COLUMNS,
+    TURN_POSITION_COLUMNS,
     NothingToPlot,
     _distinct_published,
     _published_sweep,
@@ -366,8 +370,9 @@ def write_run_plots(
             "cumulative_build_tokens",
             lambda: plot_cumulative_build_tokens(
                 cumulative_build_tokens(
-                    run.read_table("requests"), run.read_table("turns"), request_events(run),
-                    stages,
+                    run.read_table("requests", columns=CUMULATIVE_REQUEST_COLUMNS),
+                    run.read_table("turns", columns=TURN_POSITION_COLUMNS),
+                    request_events(run), stages,
                 ),
                 out / "cumulative_build_tokens.png",
                 f"Cumulative build tokens: {title}",
@@ -381,8 +386,8 @@ def write_run_plots(
                 recall_at_k(
                     run.read_table("questions"),
                     run.read_table("retrievals"),
-                    _optional(run, "entries"),
-                    _optional(run, "syntheses"),
+                    _optional(run, "entries", EVIDENCE_ENTRY_COLUMNS),
+                    _optional(run, "syntheses", EVIDENCE_SYNTHESIS_COLUMNS),
                 ),
                 out / "evidence_recall_at_k.png",
                 f"Evidence recall@k: {title}",
@@ -393,5 +398,5 @@ def write_run_plots(
     return written
 
 
-def _optional(run: RunDir, name: str) -> pl.DataFrame | None:
-    return run.read_table(name) if run.has_table(name) else None
+def _optional(run: RunDir, name: str, columns: Sequence[str] | None = None) -> pl.DataFrame | None:
+    return run.read_table(name, columns=columns) if run.has_table(name) else None

@@ -425,13 +425,19 @@ def check_parse_failures(rates: Mapping[str, float], limit: float) -> None:
         )
 
 
+# What the rates and costs read of requests.parquet: never the replies (a LongMemEval-M run
+# has a million rows; their texts would be most of the report's memory).
+REQUEST_COLUMNS = ("request_id", "stage", "conv_id", "parse_ok", "finish_reason", "cache_hit",
+                   "prompt_tokens", "completion_tokens")
+
+
 def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     from structmem_gpu.eval.report_md import render_markdown
 
     job, st = ctx.job, ctx.settings
     questions = selected_questions(job, ctx.read("questions"))
     answers, judgments = ctx.read("answers"), ctx.read("judgments")
-    requests = ctx.read_optional("requests")
+    requests = ctx.read_optional("requests", REQUEST_COLUMNS)
     from structmem_gpu.eval.audit import audit_markdown, audit_summary
 
     manifest = ctx.run.load_manifest()

@@ -158,6 +158,17 @@ def compact_layout(name: str) -> bool:
     return name == "longmemeval"
 
 
+def compact_assignment(turns: CompactTurns, questions: pl.DataFrame,
+                       num_shards: int) -> dict[str, int]:
+    """conv_id -> shard, as apply_shard assigns them (balanced by volume)."""
+    sessions = turns.session_volumes()
+    q_chars = pl.col("question").str.len_chars().fill_null(0).sum().alias("v")
+    own = {c: int(v) for c, v in questions.group_by("conv_id").agg(q_chars).iter_rows()}
+    for conv in own:
+        sessions.setdefault(conv, {})
+    return assign_shards(sessions, num_shards, own)
+
+
 def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_index: int,
                         num_shards: int) -> tuple[CompactTurns, pl.DataFrame]:
     """apply_shard for the compact layout: the same assignment, without expanding."""
@@ -165,12 +176,7 @@ def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_inde
         raise ConfigError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")
     if num_shards == 1:
         return turns, questions
-    sessions = turns.session_volumes()
-    q_chars = pl.col("question").str.len_chars().fill_null(0).sum().alias("v")
-    own = {c: int(v) for c, v in questions.group_by("conv_id").agg(q_chars).iter_rows()}
-    for conv in own:
-        sessions.setdefault(conv, {})
-    assign = assign_shards(sessions, num_shards, own)
+    assign = compact_assignment(turns, questions, num_shards)
     keep = [c for c, s in assign.items() if s == shard_index]
     if not keep:
         log.warning("shard %d of %d holds no conversation (only %d to share out)",
@@ -184,9 +190,18 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
     if compact_layout(args["name"]) and args["path"] is not None:
         from structmem_gpu.data.longmemeval import load_longmemeval_compact, repeated_sessions
 
-        compact, questions = load_longmemeval_compact(
-            args["path"], args["conversations"], args["max_sessions"])
-        compact, questions = apply_shard_compact(compact, questions, shard, shards)
+        members = None
+        if ctx.job.root.group_plan is not None and shards > 1:  # a question group's child
+            from structmem_gpu.run.groups import plan_members
+
+            members = plan_members(ctx.job, _file_hash(ctx.job))
+        if members is not None:  # only this group's questions: assigned once by the parent
+            compact, questions = load_longmemeval_compact(args["path"], members,
+                                                          args["max_sessions"])
+        else:
+            compact, questions = load_longmemeval_compact(
+                args["path"], args["conversations"], args["max_sessions"])
+            compact, questions = apply_shard_compact(compact, questions, shard, shards)
         names = compact.sessions.select("session_key", "session_id").unique("session_key")
         ctx.notes.update(conversations=compact.haystacks["conv_id"].n_unique(),
                          turns=compact.turn_count, sessions=compact.haystacks.height,

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 REPORT_STAGE = "report"
 _SHARD_KEY = re.compile(r"^(shard_index|num_shards)=")
+# Rows per batch when a table is streamed into the merged directory: ~25 MB of 384-d vectors.
+MERGE_BATCH_ROWS = 16_384
 # Build-cost keys that are ratios, not amounts: recomputed from the summed amounts.
 _RATIO_KEYS = ("overhead_share",)
 
@@ -181,9 +183,7 @@ def _check_stages(shards: Sequence[Shard]) -> None:
 def _merge_table(name: str, shards: Sequence[Shard]) -> pl.DataFrame:
     frames = []
     for s in shards:
-        path = RunDir(s.run_dir).table_path(name)
-        if not path.is_file():
-            raise MergeError(f"{s.label()} has no table '{name}' ({path}) that other shards have")
+        path = _shard_table(name, s)
         df = pl.read_parquet(path, glob=False)
         frames.append(conform(df, TABLES[name]) if name in TABLES else df)
     try:
@@ -197,6 +197,51 @@ def _merge_table(name: str, shards: Sequence[Shard]) -> pl.DataFrame:
         return merged
     except pl.exceptions.PolarsError as exc:
         raise MergeError(f"table '{name}' cannot be concatenated across shards: {exc}") from exc
+
+
+def _shard_table(name: str, shard: Shard) -> Path:
+    path = RunDir(shard.run_dir).table_path(name)
+    if not path.is_file():
+        raise MergeError(f"{shard.label()} has no table '{name}' ({path}) that other shards have")
+    return path
+
+
+def _write_merged_table(name: str, shards: Sequence[Shard], path: Path) -> int:
+    """Write `name` merged across `shards` to `path`; its rows. Tables whose shard files share
+    one schema (every known table the same code wrote) are streamed shard by shard, so the
+    merge holds one shard's table at a time (a question-grouped LongMemEval-M job's entry
+    vectors never meet in memory: run/groups.py); others are concatenated in memory."""
+    import pyarrow.parquet as pq
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    paths = [_shard_table(name, s) for s in shards]
+    schemas_ = [pq.read_schema(p) for p in paths]
+    if any(not sc.equals(schemas_[0]) for sc in schemas_):
+        df = _merge_table(name, shards)
+        df.write_parquet(path, compression="zstd")
+        return df.height
+    # Compact turns (turns_store.py): a session content shared by two shards is stored in
+    # both; keep its first copy (equal key = equal rows).
+    dedupe = name == turns_store.PARTS[0]
+    seen: set[str] = set()
+    rows = 0
+    with pq.ParquetWriter(path, schemas_[0], compression="zstd") as writer:
+        for p in paths:
+            known = None  # keys of earlier shards (a shard stores each content once)
+            if dedupe:
+                known = pa.array(sorted(seen), type=pq.read_schema(p).field("session_key").type)
+            # Batch by batch: a shard's vectors are never decoded whole either.
+            for batch in pq.ParquetFile(p).iter_batches(batch_size=MERGE_BATCH_ROWS):
+                table = pa.Table.from_batches([batch])
+                if known is not None:
+                    keys = table.column("session_key")
+                    seen.update(keys.unique().to_pylist())
+                    table = table.filter(pc.invert(pc.is_in(keys, value_set=known)))
+                writer.write_table(table)
+                rows += table.num_rows
+    return rows
 
 
 def _check_disjoint(turns: Sequence[tuple[Shard, list[str]]]) -> None:
@@ -259,7 +304,9 @@ def _merged_stage(name: str, shards: Sequence[Shard], run: RunDir) -> dict[str, 
     }
 
 
-def _prepare_out(out_dir: Path, shards: Sequence[Shard], overwrite: bool) -> RunDir:
+def _existing(out_dir: Path, shards: Sequence[Shard], overwrite: bool) -> list[Path]:
+    """What a merge into `out_dir` replaces; MergeError (before anything is written) when it
+    is a shard or holds a run and `overwrite` is off."""
     if any(out_dir.resolve() == s.run_dir.resolve() for s in shards):
         raise MergeError(f"{out_dir}: the output directory must not be one of the shards")
     run = RunDir(out_dir)
@@ -269,26 +316,38 @@ def _prepare_out(out_dir: Path, shards: Sequence[Shard], overwrite: bool) -> Run
             f"{out_dir} already holds a run ({existing[0].name}); pass --force to "
             f"replace its manifest, tables/ and report/"
         )
-    for p in existing:
-        if p.is_dir():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-    return run
+    return existing
 
 
 def write_merged(
     shards: Sequence[Shard], out_dir: Path, *, overwrite: bool = False
 ) -> dict[str, int]:
-    """Concatenate every table and write the merged manifest; returns table -> rows."""
+    """Concatenate every table and write the merged manifest; returns table -> rows. The
+    tables are written one at a time into `tables.merging/` beside `tables/`, which replaces
+    the old tables only once every table is merged (a failing merge leaves the directory as
+    it was)."""
     check_shards(shards)
     names = sorted({p.stem for s in shards for p in RunDir(s.run_dir).tables_dir.glob("*.parquet")})
-    merged = {name: _merge_table(name, shards) for name in names}
     if "turns" in names or turns_store.PARTS[1] in names:  # either layout (turns_store.py)
         _check_disjoint([(s, turns_store.turn_conversations(RunDir(s.run_dir))) for s in shards])
-    run = _prepare_out(out_dir, shards, overwrite)
-    for name, df in merged.items():
-        run.write_table(name, df)
+    existing = _existing(out_dir, shards, overwrite)
+    run = RunDir(out_dir)
+    staging = out_dir / "tables.merging"
+    if staging.exists():  # a merge that stopped half way
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        rows = {name: _write_merged_table(name, shards, staging / f"{name}.parquet")
+                for name in names}
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for p in existing:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    staging.rename(run.tables_dir)
     first = shards[0].manifest
     stage_names = [n for n in shards[0].stages if n != REPORT_STAGE]
     manifest = {k: v for k, v in first.items() if k != "stages"}
@@ -310,7 +369,6 @@ def write_merged(
         stages={n: _merged_stage(n, shards, run) for n in stage_names},
     )
     run.save_manifest(manifest)
-    rows = {name: df.height for name, df in merged.items()}
     log.info("merged %d shards into %s: %s", len(shards), out_dir, rows)
     return rows
 

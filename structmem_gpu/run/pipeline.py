@@ -22,6 +22,7 @@ from typing import Any
 import polars as pl
 
 from structmem_gpu.config.job import JobConfig
+from structmem_gpu.core.memtrim import release_free_memory
 from structmem_gpu.core.artifacts import RunDir, git_commit, now_iso, package_versions
 from structmem_gpu.core import preempt
 from structmem_gpu.config.identity import FINGERPRINT_VERSION, identity
@@ -255,6 +256,7 @@ def run_stages(cfg: Any, run_dir: str | Path, registry: Mapping[str, Stage]) -> 
                 outcomes.append(_run_one(stage, job, run, backends, header))
                 backends.stage_uses = None
                 backends.release(backends.open_keys() - set().union(*uses[i + 1:]))
+                release_free_memory()  # the next stage starts low (core/memtrim.py)
     return outcomes
 
 

@@ -35,6 +35,12 @@ Issue 44 changed every config hash, on purpose, and no stage fingerprint:
   through their extra fingerprints, which are unchanged while eval.errata is null and
   eval.cat5 is rule (the defaults), so no finished stage reruns. Shard runs started before
   this change carry the old config hash: merge them with shards of the same version.
+Issue 43 added two launch keys: `question_groups` and `group_plan` (run/groups.py) are role
+"run", so LAUNCH_TOP_KEYS lists them and no hash moved for them. It also added
+`extract.once_per_content` (role "result", off by default): every config hash and the
+extract / audit_extraction fingerprints moved, on purpose. A finished extract stage reruns once
+from the response cache (its request ids and entries are unchanged), writes the same entries
+table, so every later stage's inputs hash as before and they do not rerun.
 """
 
 from __future__ import annotations

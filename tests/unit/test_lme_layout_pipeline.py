@@ -95,3 +95,45 @@ def test_same_requests_tables_and_scores(two_runs) -> None:
         assert reports[0][key] == reports[1][key], key
     assert reports[0]["overall"]["n"] == SPEC.questions
     assert len(compact.read_table("judgments")) >= SPEC.questions
+
+
+def test_extract_once_per_content_variant(tmp_path) -> None:
+    """extract.once_per_content=true (opt-in): one request per distinct session content at
+    its first occurrence's date; every occurrence gets that reply's entries, dated with its
+    own session date. The first occurrences' entries are the default's, request ids included."""
+    from tests.fixtures.pipeline import run_pipeline
+
+    spec = SPECS["per_haystack"]
+    data = write_longmemeval(spec, tmp_path / "m_slice.json")
+    runs = {}
+    for flag in ("false", "true"):
+        run_dir = tmp_path / f"once-{flag}"
+        with hashing_encoder():
+            run_pipeline(["debug=scripted", "method=structmem", "benchmark=longmemeval",
+                          f"benchmark.path={data}", "stages=[load,extract]",
+                          f"extract.once_per_content={flag}",
+                          f"paths.cache_dir={tmp_path / 'cache'}"], run_dir)
+        runs[flag] = RunDir(run_dir)
+    default, variant = runs["false"], runs["true"]
+    notes = variant.stage_entry("extract")["notes"]
+    sent = {k: r.read_table("requests").filter(pl.col("stage") == "extract").height
+            for k, r in runs.items()}
+    hay = variant.read_table("turn_haystacks")
+    contents, dated = hay["session_key"].n_unique(), hay.select("session_key", "session_hash").n_unique()
+    assert contents < dated  # the shape shares contents at other dates
+    assert sent["true"] == notes["requests"] < sent["false"]
+    assert "once_per_content" in notes["layout"]
+    e_d, e_v = default.read_table("entries"), variant.read_table("entries")
+    # Each occurrence's entries: the representative's texts, its own session date.
+    times = variant.read_table("turns").select("event_id", "session_time")
+    dated_right = e_v.join(times, on="event_id").filter(pl.col("event_time") != pl.col("session_time"))
+    assert e_v.height > 0 and dated_right.height == 0
+    first = hay.unique("session_key", keep="first", maintain_order=True).select("conv_id", "session_index")
+    pick = lambda e: e.join(first, on=["conv_id", "session_index"]).sort("entry_id")  # noqa: E731
+    assert_frame_equal(pick(e_v), pick(e_d), check_exact=True)
+    # Every occurrence of a content holds the same (dia_id, kind, text) rows.
+    keyed = e_v.join(hay.select("conv_id", "session_index", "session_key"),
+                     on=["conv_id", "session_index"])
+    per_occ = keyed.group_by("session_key", "conv_id", "session_index").agg(
+        pl.concat_str("dia_id", "kind", "text").sort().alias("rows"))
+    assert per_occ.group_by("session_key").agg(pl.col("rows").n_unique())["rows"].max() == 1

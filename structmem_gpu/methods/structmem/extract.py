@@ -160,6 +160,13 @@ class ExtractSettings(Settings):
         "stage's texts, session windows); segments (the segment stage's extraction batches of "
         "compressed text, which may span sessions: the reference). compressed/segments need "
         "those stages in method.stages."))
+    once_per_content: bool = Field(False, description=(
+        "LongMemEval (compact turns) only. false = one request per distinct (session, date): "
+        "the prompt carries that occurrence's date, as the reference extracts every session it "
+        "is given. true = one request per distinct session content, at its first occurrence's "
+        "date; each occurrence's entries take that occurrence's session date (a deviation, "
+        "README \"Deviations\": dates the model wrote into an entry's text stay anchored to "
+        "the first date)."))
     # A LightMem checkout: its prompts (methods/structmem/prompts/reference.py).
     reference_dir: Annotated[str | None, External("prompts.sources.lightmem")] = None
 
@@ -436,7 +443,10 @@ def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRo
     # Each distinct (content, date) as its own one-session "conversation" named by its
     # dated_key: the prompt carries the session date, so a pool session at another date in
     # another haystack is another request (LongMemEval draws dates per haystack).
+    # once_per_content: each content only at its first occurrence's date.
     keys = compact.dated_keys()
+    if s.once_per_content:
+        keys = keys.unique("session_key", keep="first", maintain_order=True)
     pseudo = compact.dated_sessions(keys)
     windows, counter = plan_from_settings(pseudo, s, ctx.job.root.llm, convert=True)
     plan: list[tuple[ExtractionWindow, str, LLMRequest]] = []
@@ -448,13 +458,15 @@ def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRo
     by_key: dict[tuple[str, str], list[EntryRow]] = defaultdict(list)
     for row in per_session:  # in plan order: perspective, session, window, reply item
         by_key[(row.kind, row.conv_id)].append(row)
-    hay = (compact.haystacks.join(keys, on=["session_key", *turns_store.DATED], how="left")
-           .select("conv_id", "session_index", "dated_key").sort("conv_id", "session_index"))
+    on = ["session_key"] if s.once_per_content else ["session_key", *turns_store.DATED]
+    hay = (compact.haystacks.join(keys.select(*on, "dated_key"), on=on, how="left")
+           .select("conv_id", "session_index", "dated_key", "session_time")
+           .sort("conv_id", "session_index"))
     rows: list[EntryRow] = []
     seen: set[str] = set()
     duplicates = 0
     for kind in s.perspectives:
-        for conv, index, key in hay.iter_rows():
+        for conv, index, key, when in hay.iter_rows():
             for r in by_key.get((kind, key), ()):
                 event = f"{conv}:{r.dia_id}"
                 eid = entry_id(conv, event, kind, r.text)
@@ -463,15 +475,18 @@ def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRo
                     continue
                 seen.add(eid)
                 # the constructor, not dataclasses.replace (~3x its cost per row: 45 k rows)
+                # An entry's time is its turn's, i.e. its session's: the occurrence's date
+                # (equal to the request's own unless once_per_content shares it).
                 rows.append(EntryRow(eid, conv, event, r.dia_id, index, r.turn_index,
-                                     r.event_time, r.speaker, r.kind, r.text, r.request_id,
-                                     r.prompt_version, r.model))
+                                     when if s.once_per_content else r.event_time, r.speaker,
+                                     r.kind, r.text, r.request_id, r.prompt_version, r.model))
     occurrences = hay.group_by("dated_key").len()
     per_key_windows = defaultdict(int)
     for w in windows:
         per_key_windows[w.conv_id] += 1
     notes.update(
-        layout="compact: one request per distinct session window",
+        layout=("compact: one request per distinct session content window (once_per_content)"
+                if s.once_per_content else "compact: one request per distinct session window"),
         windows=len(windows),
         window_occurrences=sum(per_key_windows[k] * n for k, n in occurrences.iter_rows()),
         window_tokenizer=counter,

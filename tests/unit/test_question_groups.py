@@ -1,0 +1,129 @@
+"""Question groups (structmem_gpu/run/groups.py): `question_groups=N` runs the job's stages per
+group of ~N conversations, each group a child process (jobs/run.py), then merges them.
+
+The grouped job through jobs/run.py (what the README shows) must give the scores, answers,
+judgments, retrievals and entries of the same job run at once (in-process, the same config
+but question_groups): the groups are shards, and StructMem's work is per conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
+from structmem_gpu.core.artifacts import RunDir
+from structmem_gpu.run import groups
+
+ROOT = Path(__file__).resolve().parents[2]
+# 9 questions x 6 sessions of 3 turns, dates drawn per haystack (LongMemEval's recipe).
+SPEC = HaystackFileSpec(questions=9, sessions=6, pool=30, turns_per_session=3)
+# Per-conversation tables, compared sorted (a merge lists them shard by shard).
+COMPARED = {"questions": ["question_id"], "answers": ["question_id"],
+            "judgments": ["question_id", "judge_name"], "retrievals": ["question_id", "circuit", "rank"],
+            "syntheses": ["conv_id", "window_index"]}
+
+
+def test_group_overrides_replace_shard_keys_and_run_dir() -> None:
+    got = groups.group_overrides(
+        ["debug=scripted", "num_shards=1", "hydra.run.dir=/x", "question_groups=5",
+         "+shard_index=0", "consolidate.seed_k=3"], 1, 4)
+    assert got == ["debug=scripted", "consolidate.seed_k=3", "num_shards=4", "shard_index=1",
+                   "question_groups=null", "group_plan=null"]
+    planned = groups.group_overrides(["group_plan=/old.json"], 0, 2, Path("/r/groups/plan.json"))
+    assert planned[-1] == "group_plan=/r/groups/plan.json" and "group_plan=/old.json" not in planned
+    assert groups.group_dirs(Path("/r"), 2) == [Path("/r/groups/g0-of-2"),
+                                                Path("/r/groups/g1-of-2")]
+
+
+def test_question_groups_refused_in_a_sharded_job(compose_config) -> None:
+    from structmem_gpu.config.job import JobConfig
+    from structmem_gpu.core.errors import StructMemError
+
+    with pytest.raises(StructMemError, match="question_groups=3: expected null in a sharded"):
+        JobConfig.from_cfg(compose_config(["question_groups=3", "num_shards=2"]))
+
+
+@pytest.fixture(scope="module")
+def grouped_and_whole(tmp_path_factory) -> tuple[Path, Path]:
+    from tests.fixtures.pipeline import run_pipeline
+
+    base = tmp_path_factory.mktemp("groups")
+    data = write_longmemeval(SPEC, base / "lme.json")
+    common = ["debug=scripted", "benchmark=longmemeval", f"benchmark.path={data}",
+              f"paths.cache_dir={base / 'cache'}"]
+    grouped = base / "grouped"
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "run.py"), *common,
+                           "question_groups=4", f"hydra.run.dir={grouped}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    whole = base / "whole"
+    run_pipeline(common, whole)
+    return grouped, whole
+
+
+def test_grouped_job_equals_the_whole_job(grouped_and_whole) -> None:
+    grouped, whole = (RunDir(p) for p in grouped_and_whole)
+    dirs = sorted(d for d in (grouped.root / "groups").iterdir() if d.is_dir())
+    assert [d.name for d in dirs] == ["g0-of-3", "g1-of-3", "g2-of-3"]  # ceil(9 / 4)
+    sizes = [RunDir(d).read_table("questions").height for d in dirs]
+    assert sum(sizes) == SPEC.questions and max(sizes) < SPEC.questions
+    for name, keys in COMPARED.items():
+        a, b = (r.read_table(name).sort(keys) for r in (grouped, whole))
+        assert_frame_equal(a, b, check_exact=True)
+    drop = ["request_id"]  # a shared extraction request is named once per group
+    e_g, e_w = (r.read_table("entries").sort("entry_id").drop(drop) for r in (grouped, whole))
+    assert e_g.height > 0
+    assert_frame_equal(e_g, e_w, check_exact=True)
+    reports = [json.loads((r.report_dir / "report.json").read_text()) for r in (grouped, whole)]
+    for key in ("overall", "by_category", "unjudged"):
+        assert reports[0][key] == reports[1][key], key
+    assert reports[0]["overall"]["n"] == SPEC.questions
+    merged = grouped.load_manifest()
+    assert merged["merged"]["num_shards"] == 3 and merged["config_hash"] == (
+        whole.load_manifest()["config_hash"])
+    turns = grouped.read_table("turns").sort("conv_id", "session_index", "turn_index")
+    assert_frame_equal(turns, whole.read_table("turns").sort("conv_id", "session_index",
+                                                             "turn_index"))
+
+
+def test_groups_load_only_their_questions_from_the_plan(grouped_and_whole, compose_config,
+                                                        tmp_path) -> None:
+    """The parent's plan lists each group's questions; a group's load (which reads only
+    those) gives the rows the shard assignment over the whole file gives."""
+    from structmem_gpu.config.job import JobConfig
+    from structmem_gpu.core.errors import ConfigError
+    from structmem_gpu.methods import load as load_stage
+    from structmem_gpu.data.longmemeval import load_longmemeval_compact
+
+    grouped, _ = grouped_and_whole
+    plan = json.loads((grouped / "groups" / "plan.json").read_text())
+    assert plan["num_shards"] == 3 and sum(len(m) for m in plan["members"]) == SPEC.questions
+    data = grouped.parent / "lme.json"
+    full, questions = load_longmemeval_compact(data)
+    for i, members in enumerate(plan["members"]):
+        group = RunDir(grouped / "groups" / f"g{i}-of-3")
+        assert group.read_table("questions")["question_id"].to_list() == members
+        whole_rows, _ = load_stage.apply_shard_compact(full, questions, i, 3)
+        assert_frame_equal(group.read_table("turns"), whole_rows.expand())
+    # A plan of another number of groups is refused, naming it.
+    job = JobConfig.from_cfg(compose_config(
+        ["debug=scripted", "benchmark=longmemeval", f"benchmark.path={data}", "num_shards=2",
+         "shard_index=0", f"group_plan={grouped / 'groups' / 'plan.json'}"]))
+    with pytest.raises(ConfigError, match="was written for 3 groups"):
+        groups.plan_members(job, load_stage._file_hash(job))
+
+
+def test_merge_streams_tables_shard_by_shard(grouped_and_whole) -> None:
+    """The merged tables are the shards' rows, in shard order (the streamed path)."""
+    grouped, _ = grouped_and_whole
+    dirs = sorted(d for d in (grouped / "groups").iterdir() if d.is_dir())
+    parts = [RunDir(d).read_table("entry_embeddings") for d in dirs]
+    assert_frame_equal(RunDir(grouped).read_table("entry_embeddings"), pl.concat(parts))
+    assert not (grouped / "tables.merging").exists()
