@@ -30,7 +30,6 @@ from typing import Any
 __all__ = ["run_lme_groups"]
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("load", "extract", "embed", "consolidate", "retrieve", "answer", "judge", "report")
 
 
 def _dir_mb(path: Path) -> float:
@@ -68,6 +67,7 @@ def _worker(path: Path, run_dir: Path, group: int) -> dict[str, Any]:
     from structmem_gpu.config.job import JobConfig
     from structmem_gpu.core.artifacts import RunDir
     from structmem_gpu.run.groups import run_grouped
+    from structmem_gpu.run.pipeline import job_stage_names
 
     overrides = ["debug=scripted", "method=structmem", "benchmark=longmemeval",
                  f"benchmark.path={path}", f"paths.cache_dir={run_dir}.cache",
@@ -100,6 +100,7 @@ def _worker(path: Path, run_dir: Path, group: int) -> dict[str, Any]:
     merged = RunDir(run_dir).load_manifest()
     report = json.loads((RunDir(run_dir).report_dir / "report.json").read_text())
     return {
+        "stage_order": list(job_stage_names(job)),
         "groups": len(dirs),
         "job_s": round(wall, 1),
         "stages": stages,
@@ -113,17 +114,18 @@ def _worker(path: Path, run_dir: Path, group: int) -> dict[str, Any]:
 
 def render(part: dict[str, Any]) -> list[str]:
     pts = part.get("points") or []
+    stages = pts[0].get("stage_order", sorted(pts[0]["stages"])) if pts else []
     lines = [f"Scripted StructMem through the judge, question_groups={part.get('group')} "
              "(run/groups.py), LongMemEval-M-shaped files with dates drawn per haystack; "
              "hashing encoder; peak = max(children's stage peaks, the worker's own).", "",
-             "| questions | groups | wall s | " + " | ".join(f"{s} s" for s in STAGES)
+             "| questions | groups | wall s | " + " | ".join(f"{s} s" for s in stages)
              + " | requests | entries | peak RSS MB (children / merge+report) | disk MB per "
-             "question |", "|" + "---|" * (len(STAGES) + 7)]
+             "question |", "|" + "---|" * (len(stages) + 7)]
     for p in pts:
         st = p["stages"]
         lines.append(
             f"| {p['questions']} | {p['groups']} | {p['wall_s']} | "
-            + " | ".join(str(st.get(s, {}).get("wall_s", "–")) for s in STAGES)
+            + " | ".join(str(st.get(s, {}).get("wall_s", "–")) for s in stages)
             + f" | {p['requests']:,} | {p['entries']:,} | {p['child_peak_rss_mb']:,} / "
             f"{p['worker_peak_rss_mb']:,} | {p['disk_mb_per_question']} |")
     if pts:

@@ -5,7 +5,7 @@ freed pages of its arenas (and Python's small-object arenas that are only partly
 theirs), so the next stage starts on top of the last one's high-water mark: a question
 group's consolidation peaked 0.4-0.7 GB higher after extraction than it needs (run/groups.py,
 docs/performance.md). `malloc_trim(0)` returns the free top and free whole pages of every
-arena; it costs milliseconds. A no-op where the C library has no malloc_trim (macOS, musl).
+arena. A no-op where the C library has no malloc_trim (macOS, musl).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import gc
 
 __all__ = ["release_free_memory"]
 
@@ -29,8 +28,9 @@ def _trim() -> object | None:
 
 
 def release_free_memory() -> bool:
-    """Collect garbage, then trim the C heap; True when malloc_trim ran."""
-    gc.collect()
+    """Trim the C heap; True when malloc_trim ran. No gc.collect(): a full collection costs
+    ~0.1-1 s in a big process (the unit tier's pytest process: 11 -> 19 min with one per
+    stage), and a stage's tables and requests are freed by reference counting anyway."""
     trim = _trim()
     if trim is None:
         return False

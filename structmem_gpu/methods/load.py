@@ -169,6 +169,27 @@ def compact_assignment(turns: CompactTurns, questions: pl.DataFrame,
     return assign_shards(sessions, num_shards, own)
 
 
+def planned_members(job: "JobConfig", benchmark_sha256: str | None) -> list[str]:
+    """This group's questions from a question-grouped parent's plan (job.root.group_plan,
+    written by run/groups.py: {"benchmark_sha256", "num_shards", "members": [[conv_id, ...],
+    ...]}); ConfigError when the plan belongs to another file or number of groups."""
+    import json
+
+    path = Path(str(job.root.group_plan))
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"group_plan={path}: cannot read the question groups' plan ({exc})"
+                          ) from exc
+    shards, index = job.root.num_shards, job.root.shard_index
+    if plan.get("num_shards") != shards or plan.get("benchmark_sha256") != benchmark_sha256:
+        raise ConfigError(f"group_plan={path} was written for {plan.get('num_shards')} groups "
+                          f"of another benchmark file or selection, not num_shards={shards} of "
+                          f"this one; rerun the grouped job (question_groups=N), which "
+                          f"rewrites it")
+    return list(plan["members"][index])
+
+
 def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_index: int,
                         num_shards: int) -> tuple[CompactTurns, pl.DataFrame]:
     """apply_shard for the compact layout: the same assignment, without expanding."""
@@ -192,9 +213,7 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
 
         members = None
         if ctx.job.root.group_plan is not None and shards > 1:  # a question group's child
-            from structmem_gpu.run.groups import plan_members
-
-            members = plan_members(ctx.job, _file_hash(ctx.job))
+            members = planned_members(ctx.job, _file_hash(ctx.job))
         if members is not None:  # only this group's questions: assigned once by the parent
             compact, questions = load_longmemeval_compact(args["path"], members,
                                                           args["max_sessions"])

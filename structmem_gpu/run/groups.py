@@ -37,10 +37,9 @@ from pathlib import Path
 
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import atomic_write_text
-from structmem_gpu.core.errors import ConfigError, StructMemError
+from structmem_gpu.core.errors import StructMemError
 
-__all__ = ["GroupError", "group_dirs", "group_overrides", "plan_groups", "plan_members",
-           "run_grouped"]
+__all__ = ["GroupError", "group_dirs", "group_overrides", "plan_groups", "run_grouped"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +66,8 @@ def plan_groups(job: JobConfig, run_dir: Path, size: int) -> tuple[int, int, Pat
     (benchmark.conversations, max_sessions), read by the load stage's own loader. LongMemEval
     (streamed into the compact layout, ~0.5 GB at 500 questions) also gets its assignment
     written to `<run_dir>/groups/plan.json`, so that each group loads only its questions
-    (plan_members); other benchmarks are small and let each group assign itself."""
+    (methods/load.py planned_members); other benchmarks are small and let each group assign
+    itself."""
     from structmem_gpu.methods import load
 
     args = load._benchmark_args(job)
@@ -90,24 +90,6 @@ def plan_groups(job: JobConfig, run_dir: Path, size: int) -> tuple[int, int, Pat
     path = run_dir / GROUPS_DIR / PLAN_FILE
     atomic_write_text(path, json.dumps(plan))
     return n, groups, path
-
-
-def plan_members(job: JobConfig, benchmark_sha256: str | None) -> list[str]:
-    """This group's questions from the parent's plan (job.root.group_plan); ConfigError when
-    the plan belongs to another file or another number of groups."""
-    path = Path(str(job.root.group_plan))
-    try:
-        plan = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"group_plan={path}: cannot read the question groups' plan ({exc})"
-                          ) from exc
-    shards, index = job.root.num_shards, job.root.shard_index
-    if plan.get("num_shards") != shards or plan.get("benchmark_sha256") != benchmark_sha256:
-        raise ConfigError(f"group_plan={path} was written for {plan.get('num_shards')} groups "
-                          f"of another benchmark file or selection, not num_shards={shards} of "
-                          f"this one; rerun the grouped job (question_groups=N), which "
-                          f"rewrites it")
-    return list(plan["members"][index])
 
 
 def group_dirs(run_dir: Path, groups: int) -> list[Path]:

@@ -117,7 +117,7 @@ def test_groups_load_only_their_questions_from_the_plan(grouped_and_whole, compo
         ["debug=scripted", "benchmark=longmemeval", f"benchmark.path={data}", "num_shards=2",
          "shard_index=0", f"group_plan={grouped / 'groups' / 'plan.json'}"]))
     with pytest.raises(ConfigError, match="was written for 3 groups"):
-        groups.plan_members(job, load_stage._file_hash(job))
+        load_stage.planned_members(job, load_stage._file_hash(job))
 
 
 def test_merge_streams_tables_shard_by_shard(grouped_and_whole) -> None:

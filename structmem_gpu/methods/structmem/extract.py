@@ -165,8 +165,8 @@ class ExtractSettings(Settings):
         "the prompt carries that occurrence's date, as the reference extracts every session it "
         "is given. true = one request per distinct session content, at its first occurrence's "
         "date; each occurrence's entries take that occurrence's session date (a deviation, "
-        "README \"Deviations\": dates the model wrote into an entry's text stay anchored to "
-        "the first date)."))
+        "README \"Replicating the papers\": dates the model wrote into an entry's text stay "
+        "anchored to the first date)."))
     # A LightMem checkout: its prompts (methods/structmem/prompts/reference.py).
     reference_dir: Annotated[str | None, External("prompts.sources.lightmem")] = None
 
