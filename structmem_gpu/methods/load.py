@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -205,21 +205,36 @@ def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_inde
     return turns.filter_conversations(keep), questions.filter(pl.col("conv_id").is_in(keep))
 
 
+def read_benchmark(job: "JobConfig", only: Sequence[str] | None = None
+                   ) -> tuple[CompactTurns | pl.DataFrame, pl.DataFrame]:
+    """(turns, questions) of the job's benchmark after its selection, before sharding: the
+    turns as CompactTurns for a LongMemEval file (compact_layout), else the plain frame.
+    `only`: these conversations instead of benchmark.conversations (a question group's)."""
+    args = _benchmark_args(job)
+    if only is not None:
+        args["conversations"] = list(only)
+    if compact_layout(args["name"]) and args["path"] is not None:
+        from structmem_gpu.data.longmemeval import load_longmemeval_compact
+
+        return load_longmemeval_compact(args["path"], args["conversations"],
+                                        args["max_sessions"])
+    from structmem_gpu.data import load_benchmark
+
+    return load_benchmark(**args)
+
+
 def run_load(ctx: StageContext) -> dict[str, Any]:
     args = _benchmark_args(ctx.job)
     shard, shards = ctx.job.root.shard_index, ctx.job.root.num_shards
     if compact_layout(args["name"]) and args["path"] is not None:
-        from structmem_gpu.data.longmemeval import load_longmemeval_compact, repeated_sessions
+        from structmem_gpu.data.longmemeval import repeated_sessions
 
-        members = None
         if ctx.job.root.group_plan is not None and shards > 1:  # a question group's child
-            members = planned_members(ctx.job, _file_hash(ctx.job))
-        if members is not None:  # only this group's questions: assigned once by the parent
-            compact, questions = load_longmemeval_compact(args["path"], members,
-                                                          args["max_sessions"])
+            # only this group's questions: assigned once by the parent (run/groups.py)
+            compact, questions = read_benchmark(
+                ctx.job, planned_members(ctx.job, _file_hash(ctx.job)))
         else:
-            compact, questions = load_longmemeval_compact(
-                args["path"], args["conversations"], args["max_sessions"])
+            compact, questions = read_benchmark(ctx.job)
             compact, questions = apply_shard_compact(compact, questions, shard, shards)
         names = compact.sessions.select("session_key", "session_id").unique("session_key")
         ctx.notes.update(conversations=compact.haystacks["conv_id"].n_unique(),
@@ -235,9 +250,7 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
         log.info("loaded %s", ctx.notes)
         return {"turns": compact, "questions": questions}
 
-    from structmem_gpu.data import load_benchmark
-
-    turns, questions = load_benchmark(**args)
+    turns, questions = read_benchmark(ctx.job)
     turns, questions = apply_shard(turns, questions, shard, shards)
     from structmem_gpu.data.longmemeval import repeated_sessions
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.artifacts import atomic_write_text
 from structmem_gpu.core.errors import StructMemError
+from structmem_gpu.core.turns_store import CompactTurns
 
 __all__ = ["GroupError", "group_dirs", "group_overrides", "plan_groups", "run_grouped"]
 
@@ -70,21 +71,14 @@ def plan_groups(job: JobConfig, run_dir: Path, size: int) -> tuple[int, int, Pat
     itself."""
     from structmem_gpu.methods import load
 
-    args = load._benchmark_args(job)
-    if not (load.compact_layout(args["name"]) and args["path"] is not None):
-        from structmem_gpu.data import load_benchmark
-
-        turns, _ = load_benchmark(**args)
+    turns, questions = load.read_benchmark(job)
+    if not isinstance(turns, CompactTurns):
         n = int(turns["conv_id"].n_unique())
         return n, max(1, math.ceil(n / size)), None
-    from structmem_gpu.data.longmemeval import load_longmemeval_compact
-
-    compact, questions = load_longmemeval_compact(args["path"], args["conversations"],
-                                                  args["max_sessions"])
-    n = len(compact.conversations())
+    order = turns.conversations()  # file order, the order a group's loader keeps
+    n = len(order)
     groups = max(1, math.ceil(n / size))
-    assign = load.compact_assignment(compact, questions, groups) if groups > 1 else {}
-    order = compact.conversations()  # file order, the order a group's loader keeps
+    assign = load.compact_assignment(turns, questions, groups) if groups > 1 else {}
     plan = {"benchmark_sha256": load._file_hash(job), "num_shards": groups,
             "members": [[c for c in order if assign.get(c, 0) == i] for i in range(groups)]}
     path = run_dir / GROUPS_DIR / PLAN_FILE

@@ -211,10 +211,9 @@ def _write_merged_table(name: str, shards: Sequence[Shard], path: Path) -> int:
     one schema (every known table the same code wrote) are streamed shard by shard, so the
     merge holds one shard's table at a time (a question-grouped LongMemEval-M job's entry
     vectors never meet in memory: run/groups.py); others are concatenated in memory."""
-    import pyarrow.parquet as pq
-
     import pyarrow as pa
     import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
     paths = [_shard_table(name, s) for s in shards]
     schemas_ = [pq.read_schema(p) for p in paths]
@@ -228,10 +227,10 @@ def _write_merged_table(name: str, shards: Sequence[Shard], path: Path) -> int:
     seen: set[str] = set()
     rows = 0
     with pq.ParquetWriter(path, schemas_[0], compression="zstd") as writer:
+        key_type = schemas_[0].field("session_key").type if dedupe else None
         for p in paths:
-            known = None  # keys of earlier shards (a shard stores each content once)
-            if dedupe:
-                known = pa.array(sorted(seen), type=pq.read_schema(p).field("session_key").type)
+            # keys of earlier shards (a shard stores each content once)
+            known = pa.array(list(seen), type=key_type) if dedupe else None
             # Batch by batch: a shard's vectors are never decoded whole either.
             for batch in pq.ParquetFile(p).iter_batches(batch_size=MERGE_BATCH_ROWS):
                 table = pa.Table.from_batches([batch])
