@@ -261,12 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefix-caching", action="store_true",
                     help="paced: charge every prompt token (vLLM --no-enable-prefix-caching)")
     ap.add_argument("--stats", type=Path, default=None, help="paced: stats file written on exit")
+    ap.add_argument("--engine", default="bf16",
+                    help="paced: the engine played (bench/paced_model.py ENGINES: bf16, fp8)")
     args = ap.parse_args(argv)
     if args.paced:
-        from structmem_gpu.bench.paced_model import TimingModel
+        from structmem_gpu.bench.paced_model import engine_model
 
-        model = TimingModel(max_num_seqs=args.max_num_seqs, time_scale=args.time_scale,
-                            prefix_caching=not args.no_prefix_caching)
+        model = engine_model(args.engine, max_num_seqs=args.max_num_seqs,
+                             time_scale=args.time_scale, prefix_caching=not args.no_prefix_caching)
         asyncio.run(serve_paced(args.port, model, args.stats))
         return 0
     if args.reply is None:

@@ -252,7 +252,8 @@ def analyse(calls: Sequence[dict[str, Any]], stages: Sequence[dict[str, Any]],
 
 @contextlib.contextmanager
 def paced_server(log_dir: Path, stats: Path, time_scale: float,
-                 max_num_seqs: int, prefix_caching: bool = True) -> Iterator[Any]:
+                 max_num_seqs: int, prefix_caching: bool = True,
+                 engine: str = "bf16") -> Iterator[Any]:
     from structmem_gpu.llm.server import launch_server
 
     root = str(Path(__file__).resolve().parents[2])
@@ -261,7 +262,8 @@ def paced_server(log_dir: Path, stats: Path, time_scale: float,
     def build(port: int) -> list[str]:
         return [sys.executable, "-m", "structmem_gpu.bench.mock_server", "--port", str(port),
                 "--paced", "--time-scale", str(time_scale), "--max-num-seqs", str(max_num_seqs),
-                "--stats", str(stats), *(() if prefix_caching else ("--no-prefix-caching",))]
+                "--stats", str(stats), "--engine", engine,
+                *(() if prefix_caching else ("--no-prefix-caching",))]
 
     with launch_server(build, ready_path="/v1/models", log_dir=log_dir, name="paced",
                        startup_timeout_s=60, death_signal=signal.SIGKILL, env=env) as srv:
@@ -270,7 +272,8 @@ def paced_server(log_dir: Path, stats: Path, time_scale: float,
 
 def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: float,
               max_num_seqs: int = 256, max_in_flight: int = 512,
-              prefix_caching: bool = True, tag: str = "") -> dict[str, Any]:
+              prefix_caching: bool = True, engine: str = "bf16",
+              tag: str = "") -> dict[str, Any]:
     spec = SIZES[size]
     data = settings.path("data", f"paced-{size}.json")
     lme = isinstance(spec, HaystackFileSpec)
@@ -279,12 +282,13 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
             write_longmemeval(spec, data)
         else:
             write_locomo(spec, data)
-    name = f"paced-{method}-{size}{'' if prefix_caching else '-no-prefix-caching'}{tag}"
+    name = (f"paced-{method}-{size}{'' if prefix_caching else '-no-prefix-caching'}"
+            f"{'' if engine == 'bf16' else '-' + engine}{tag}")
     stats = settings.path("paced", f"{name}.server.json")
     calls: list[dict[str, Any]] = []
     stages: list[dict[str, Any]] = []
     with paced_server(settings.path("paced", "logs", name).parent, stats, time_scale,
-                      max_num_seqs, prefix_caching) as srv:
+                      max_num_seqs, prefix_caching, engine) as srv:
         # Not the profile's overrides: debug=ci caps replies, and reply lengths drive the model.
         cfg = compose(settings.conf_dir, [
             *(o for o in settings.user_overrides if not o.split("=", 1)[0].lstrip("+~")
@@ -307,7 +311,7 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
                   {"build": build_stages(method), "evaluation": evaluation_stages(method)})
     row = {"build": method, "size": size, "time_scale": time_scale,
            "max_num_seqs": max_num_seqs, "max_in_flight": max_in_flight,
-           "prefix_caching": prefix_caching,
+           "prefix_caching": prefix_caching, "engine": engine,
            "format": "longmemeval" if lme else "locomo",
            "conversations": spec.questions if lme else spec.conversations,
            "sessions": spec.sessions, "turns_per_session": spec.turns_per_session,
@@ -319,7 +323,8 @@ def run_build(settings: BenchSettings, size: str, method: str, *, time_scale: fl
 
 def run_paced(settings: BenchSettings, *, sizes: Sequence[str] = tuple(SIZES),
               methods: Sequence[str] = PACED_METHODS, time_scale: float = 10.0,
-              prefix_caching: bool = True, warm_up: bool = True) -> dict[str, Any]:
+              prefix_caching: bool = True, engine: str = "bf16",
+              warm_up: bool = True) -> dict[str, Any]:
     rows = []
     if warm_up:
         # One tiny build per method first, not reported: the first build of a process pays
@@ -333,11 +338,13 @@ def run_paced(settings: BenchSettings, *, sizes: Sequence[str] = tuple(SIZES),
             log.info("paced: %s build, %s size", method, size)
             try:
                 rows.append(run_build(settings, size, method, time_scale=time_scale,
-                                      prefix_caching=prefix_caching))
+                                      prefix_caching=prefix_caching, engine=engine))
             except Exception as e:  # noqa: BLE001 - one failed build is reported, the rest run
                 log.exception("paced %s/%s failed", method, size)
                 rows.append({"build": method, "size": size, "error": f"{type(e).__name__}: {e}"})
     return {"simulation": "GPU-paced mock (bench/paced_model.py): decode step 6.5 ms + 0.06 ms "
             "per running sequence, prefill 30,000 tokens/s, prefix caching "
             f"{'on (16-token blocks, 800 k tokens of KV cache)' if prefix_caching else 'off'}, "
-            "max_num_seqs 256; not a GPU measurement", "rows": rows}
+            f"max_num_seqs 256, engine {engine}"
+            f"{' (every step time / 1.6: the vLLM docs published FP8 figure)' if engine == 'fp8' else ''}"
+            "; not a GPU measurement", "rows": rows}

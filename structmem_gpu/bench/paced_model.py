@@ -83,6 +83,29 @@ class TimingModel:
         return max(1, math.ceil(chars / CHARS_PER_TOKEN))
 
 
+# The engines `jobs/bench.py paced --paced-engine` plays. "bf16": TimingModel's defaults above
+# (the reference setting: an 8B model in BF16). "fp8": vLLM's online FP8 W8A8 quantisation
+# (conf/llm/vllm_llama3_1_8b_fp8.yaml, an opt-in deviation that changes replies): every step
+# time divided by FP8_SPEEDUP, the "up to a 1.6x improvement in throughput" the vLLM docs
+# publish for FP8 (docs.vllm.ai, Quantization > FP8 W8A8). A published upper bound, not a
+# measurement of ours; the KV cache is left at the BF16 figure (FP8 weights would free ~8 GB
+# more: a larger prefix cache, which the system prompts do not need).
+FP8_SPEEDUP = 1.6
+ENGINES = ("bf16", "fp8")
+
+
+def engine_model(engine: str, **kw: Any) -> TimingModel:
+    """The TimingModel of `engine` (ENGINES), with `kw` (max_num_seqs, time_scale, ...)."""
+    if engine == "bf16":
+        return TimingModel(**kw)
+    if engine == "fp8":
+        base = TimingModel()
+        return TimingModel(decode_base_s=base.decode_base_s / FP8_SPEEDUP,
+                           decode_per_seq_s=base.decode_per_seq_s / FP8_SPEEDUP,
+                           prefill_tokens_per_s=base.prefill_tokens_per_s * FP8_SPEEDUP, **kw)
+    raise ValueError(f"unknown paced engine {engine!r}: one of {', '.join(ENGINES)}")
+
+
 @dataclass
 class Seq:
     ident: Any

@@ -29,16 +29,38 @@ from structmem_gpu.bench.synthetic import SyntheticSpec, write_locomo
 
 log = logging.getLogger(__name__)
 
-# Execution order: the cheap LLM-free parts first (a broken environment fails fast), the
-# longest (schedule: every build request again, one at a time) last.
-PARTS = ("components", "dry-run", "lme-count", "lme-load", "client", "llm", "build", "cost",
-         "scale", "schedule", "paced", "lme-groups")
-# What runs without named parts: `paced` (minutes of simulated GPU builds) and `lme-groups`
-# (scripted LongMemEval-M-shaped builds, ~10 min at 200 questions) only when named.
-DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("paced", "lme-groups"))
-# Parts that never talk to the configured LLM: when only these run, no server is launched.
-NO_LLM_PARTS = frozenset({"components", "dry-run", "lme-count", "lme-load", "client", "cost",
-                          "paced", "lme-groups"})
+
+
+@dataclass(frozen=True)
+class Part:
+    """One bench part: the Suite method that runs it and when it runs."""
+
+    method: str  # the Suite method (its result is bench.json's entry for the part)
+    default: bool = True  # runs when no part is named
+    llm: bool = True  # talks to the configured LLM (when no part does, no server is launched)
+
+
+# The bench's parts, in execution order: the cheap LLM-free parts first (a broken environment
+# fails fast), the longest (schedule: every build request again, one at a time) last. `paced`
+# (minutes of simulated GPU builds) and `lme-groups` (scripted LongMemEval-M-shaped builds,
+# ~10 min at 200 questions) run only when named. bench/report.py SECTIONS renders each.
+PART_SPECS: dict[str, Part] = {
+    "components": Part("part_components", llm=False),
+    "dry-run": Part("part_dry_run", llm=False),
+    "lme-count": Part("part_lme_count", llm=False),
+    "lme-load": Part("part_lme_load", llm=False),
+    "client": Part("part_client", llm=False),
+    "llm": Part("part_llm"),
+    "build": Part("part_build"),
+    "cost": Part("part_cost", llm=False),
+    "scale": Part("part_scale"),
+    "schedule": Part("part_schedule"),
+    "paced": Part("part_paced", default=False, llm=False),
+    "lme-groups": Part("part_lme_groups", default=False, llm=False),
+}
+PARTS = tuple(PART_SPECS)
+DEFAULT_PARTS = tuple(n for n, p in PART_SPECS.items() if p.default)
+NO_LLM_PARTS = frozenset(n for n, p in PART_SPECS.items() if not p.llm)
 
 SIZES: dict[str, dict[str, Any]] = {
     "cpu": {
@@ -129,6 +151,9 @@ class SuiteOptions:
     paced_builds: tuple[str, ...] = ("structmem", "seem")
     paced_time_scale: float = 10.0
     paced_prefix_caching: bool = True  # the mock models vLLM's automatic prefix caching
+    # the engine the mock plays (bench/paced_model.py ENGINES): bf16, or fp8 (the opt-in FP8
+    # preset's deviation, its speed-up taken from the vLLM docs' published figure)
+    paced_engine: str = "bf16"
 
     def __post_init__(self) -> None:
         self.size = dict(SIZES["tiny" if self.tiny else self.profile])
@@ -207,12 +232,7 @@ class Suite:
     def run(self) -> dict[str, Any]:
         """Run the parts in PARTS order; write bench.json and bench.md after each part."""
         parts: dict[str, Callable[[], Any]] = {
-            "client": self.part_client, "llm": self.part_llm, "build": self.part_build,
-            "schedule": self.part_schedule, "components": self.part_components, "cost": self.part_cost,
-            "scale": self.part_scale, "dry-run": self.part_dry_run, "lme-load": self.part_lme_load,
-            "lme-count": self.part_lme_count, "paced": self.part_paced,
-            "lme-groups": self.part_lme_groups,
-        }  # fmt: skip
+            name: getattr(self, spec.method) for name, spec in PART_SPECS.items()}
         meta = self.bench["meta"]
         if {"build", "schedule", "components"} & set(self.opts.parts):
             # Imported up front: a one-time process cost that would otherwise land in the first
@@ -261,7 +281,8 @@ class Suite:
         return paced.run_paced(self.settings, sizes=self.opts.paced_sizes,
                                methods=self.opts.paced_builds,
                                time_scale=self.opts.paced_time_scale,
-                               prefix_caching=self.opts.paced_prefix_caching)
+                               prefix_caching=self.opts.paced_prefix_caching,
+                               engine=self.opts.paced_engine)
 
     def part_llm(self) -> dict[str, Any]:
         from structmem_gpu.bench import llm_bench

@@ -115,6 +115,16 @@ class AnswerInputs:
     job: JobConfig  # the job's typed configuration (config/job.py)
     questions: pl.DataFrame  # the selected questions, table order
     tables: Mapping[str, pl.DataFrame] = field(default_factory=dict)
+    # Whether the job's whole selection holds abstention questions (the load stage's note
+    # `abstention_line`, taken before sharding or question grouping); None (a run loaded
+    # before the note existed, a dry run) = decide from `questions`.
+    abstention_line: bool | None = None
+
+    def abstain(self) -> bool:
+        """The paper reader's abstention line: one choice per job (wants_abstention)."""
+        if self.abstention_line is not None:
+            return self.abstention_line
+        return wants_abstention(self.questions)
 
     def table(self, name: str) -> pl.DataFrame | None:
         return self.tables.get(name)
@@ -336,7 +346,9 @@ def run_answer(ctx: StageContext) -> dict[str, pl.DataFrame]:
     s: AnswerSettings = ctx.settings
     prompt, protocol = s.prompt, s.protocol
     asked = forced_choice_questions(ctx.job, questions)  # eval.cat5=forced_choice
-    prompts = context_builder(prompt)(AnswerInputs(ctx.job, asked, tables))
+    loaded = (ctx.run.stage_entry("load") or {}).get("notes", {})
+    prompts = context_builder(prompt)(AnswerInputs(ctx.job, asked, tables,
+                                                   loaded.get("abstention_line")))
     requests = make_requests(questions, prompts, sampling(s))
     results = ctx.generate(requests, desc="answer")
     answers = answer_rows(questions, results, prompts, protocol)

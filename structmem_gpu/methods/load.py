@@ -125,7 +125,7 @@ def _benchmark_args(job: "JobConfig") -> dict[str, Any]:
             "max_sessions": b.max_sessions}
 
 
-def _file_hash(job: "JobConfig") -> str | None:
+def benchmark_sha256(job: "JobConfig") -> str | None:
     """The benchmark file's sha256, so an edited file invalidates `load` and everything after."""
     args = _benchmark_args(job)
     path = args["path"]
@@ -158,6 +158,12 @@ def compact_layout(name: str) -> bool:
     return name == "longmemeval"
 
 
+def writes_compact(job: "JobConfig") -> bool:
+    """Whether the job's load stage writes its turns in the compact layout."""
+    b = job.root.benchmark
+    return compact_layout(b.name) and b.path is not None
+
+
 def compact_assignment(turns: CompactTurns, questions: pl.DataFrame,
                        num_shards: int) -> dict[str, int]:
     """conv_id -> shard, as apply_shard assigns them (balanced by volume)."""
@@ -169,10 +175,20 @@ def compact_assignment(turns: CompactTurns, questions: pl.DataFrame,
     return assign_shards(sessions, num_shards, own)
 
 
-def planned_members(job: "JobConfig", benchmark_sha256: str | None) -> list[str]:
-    """This group's questions from a question-grouped parent's plan (job.root.group_plan,
-    written by run/groups.py: {"benchmark_sha256", "num_shards", "members": [[conv_id, ...],
-    ...]}); ConfigError when the plan belongs to another file or number of groups."""
+def abstention_line(job: "JobConfig", questions: pl.DataFrame) -> bool:
+    """Whether the job's whole question selection (before sharding or grouping) holds
+    abstention questions: the paper reader's abstention line is one choice per job, so every
+    shard and question group renders the prompts the unsharded job renders."""
+    from structmem_gpu.eval.answer import wants_abstention
+    from structmem_gpu.eval.selection import selected_questions
+
+    return wants_abstention(selected_questions(job, questions))
+
+
+def read_group_plan(job: "JobConfig", sha256: str | None) -> dict[str, Any]:
+    """A question-grouped parent's plan (job.root.group_plan, written by run/groups.py:
+    {"benchmark_sha256", "num_shards", "members": [[conv_id, ...], ...], "abstention_line"});
+    ConfigError when it belongs to another file or number of groups."""
     import json
 
     path = Path(str(job.root.group_plan))
@@ -181,13 +197,18 @@ def planned_members(job: "JobConfig", benchmark_sha256: str | None) -> list[str]
     except (OSError, ValueError) as exc:
         raise ConfigError(f"group_plan={path}: cannot read the question groups' plan ({exc})"
                           ) from exc
-    shards, index = job.root.num_shards, job.root.shard_index
-    if plan.get("num_shards") != shards or plan.get("benchmark_sha256") != benchmark_sha256:
+    shards = job.root.num_shards
+    if plan.get("num_shards") != shards or plan.get("benchmark_sha256") != sha256:
         raise ConfigError(f"group_plan={path} was written for {plan.get('num_shards')} groups "
                           f"of another benchmark file or selection, not num_shards={shards} of "
                           f"this one; rerun the grouped job (question_groups=N), which "
                           f"rewrites it")
-    return list(plan["members"][index])
+    return plan
+
+
+def planned_members(job: "JobConfig", sha256: str | None) -> list[str]:
+    """This group's questions from the parent's plan (read_group_plan)."""
+    return list(read_group_plan(job, sha256)["members"][job.root.shard_index])
 
 
 def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_index: int,
@@ -213,7 +234,7 @@ def read_benchmark(job: "JobConfig", only: Sequence[str] | None = None
     args = _benchmark_args(job)
     if only is not None:
         args["conversations"] = list(only)
-    if compact_layout(args["name"]) and args["path"] is not None:
+    if writes_compact(job):
         from structmem_gpu.data.longmemeval import load_longmemeval_compact
 
         return load_longmemeval_compact(args["path"], args["conversations"],
@@ -224,17 +245,20 @@ def read_benchmark(job: "JobConfig", only: Sequence[str] | None = None
 
 
 def run_load(ctx: StageContext) -> dict[str, Any]:
-    args = _benchmark_args(ctx.job)
     shard, shards = ctx.job.root.shard_index, ctx.job.root.num_shards
-    if compact_layout(args["name"]) and args["path"] is not None:
+    if writes_compact(ctx.job):
         from structmem_gpu.data.longmemeval import repeated_sessions
 
         if ctx.job.root.group_plan is not None and shards > 1:  # a question group's child
             # only this group's questions: assigned once by the parent (run/groups.py)
-            compact, questions = read_benchmark(
-                ctx.job, planned_members(ctx.job, _file_hash(ctx.job)))
+            plan = read_group_plan(ctx.job, benchmark_sha256(ctx.job))
+            compact, questions = read_benchmark(ctx.job, plan["members"][shard])
+            whole_abstention = plan.get("abstention_line")  # null: a plan of an older run
+            if whole_abstention is not None:
+                ctx.notes["abstention_line"] = bool(whole_abstention)
         else:
             compact, questions = read_benchmark(ctx.job)
+            ctx.notes["abstention_line"] = abstention_line(ctx.job, questions)
             compact, questions = apply_shard_compact(compact, questions, shard, shards)
         names = compact.sessions.select("session_key", "session_id").unique("session_key")
         ctx.notes.update(conversations=compact.haystacks["conv_id"].n_unique(),
@@ -251,6 +275,7 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
         return {"turns": compact, "questions": questions}
 
     turns, questions = read_benchmark(ctx.job)
+    ctx.notes["abstention_line"] = abstention_line(ctx.job, questions)
     turns, questions = apply_shard(turns, questions, shard, shards)
     from structmem_gpu.data.longmemeval import repeated_sessions
 
@@ -268,7 +293,7 @@ STAGE = Stage(
     name="load", run=run_load, writes=("turns", "questions"),
     depends=("benchmark.name", "benchmark.path", "benchmark.conversations", "benchmark.max_sessions",
              "shard_index", "num_shards"),
-    extra_fingerprint=_file_hash,
+    extra_fingerprint=benchmark_sha256,
     # 2: shard assignment by unique-session volume (a rerun must not mix old and new shards).
     version="2",
     uses=(),

@@ -79,8 +79,10 @@ def plan_groups(job: JobConfig, run_dir: Path, size: int) -> tuple[int, int, Pat
     n = len(order)
     groups = max(1, math.ceil(n / size))
     assign = load.compact_assignment(turns, questions, groups) if groups > 1 else {}
-    plan = {"benchmark_sha256": load._file_hash(job), "num_shards": groups,
-            "members": [[c for c in order if assign.get(c, 0) == i] for i in range(groups)]}
+    plan = {"benchmark_sha256": load.benchmark_sha256(job), "num_shards": groups,
+            "members": [[c for c in order if assign.get(c, 0) == i] for i in range(groups)],
+            # the whole selection's choice, which a group's own questions may not show
+            "abstention_line": load.abstention_line(job, questions)}
     path = run_dir / GROUPS_DIR / PLAN_FILE
     atomic_write_text(path, json.dumps(plan))
     return n, groups, path

@@ -175,3 +175,15 @@ def test_cli_rejects_unknown_parts(argv: list[str]) -> None:
     spec.loader.exec_module(mod)
     with pytest.raises(SystemExit):
         mod.parse(argv)
+
+
+def test_every_part_has_its_method_and_its_report_section() -> None:
+    """PART_SPECS is the one list of parts: each names a Suite method, and bench/report.py
+    renders each part's bench.json entry (a part without a section would be silently unshown)."""
+    from structmem_gpu.bench.report import SECTIONS
+    from structmem_gpu.bench.suite import DEFAULT_PARTS, NO_LLM_PARTS, PART_SPECS, Suite
+
+    assert all(callable(getattr(Suite, p.method, None)) for p in PART_SPECS.values())
+    assert {name.replace("-", "_") for name in PART_SPECS} == {key for key, _, _ in SECTIONS}
+    assert "paced" not in DEFAULT_PARTS and "build" in DEFAULT_PARTS
+    assert "paced" in NO_LLM_PARTS and "llm" not in NO_LLM_PARTS

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from structmem_gpu.bench.paced_model import Engine, Seq, TimingModel, simulate
+from structmem_gpu.bench.paced_model import Engine, Seq, TimingModel, engine_model, simulate
 
 
 def test_step_time_is_decode_plus_per_sequence_plus_prefill() -> None:
@@ -18,6 +20,16 @@ def test_step_time_is_decode_plus_per_sequence_plus_prefill() -> None:
     assert 1 / m.step_s(1, 0) == pytest.approx(152.4, abs=0.1)
     assert 256 / m.step_s(256, 0) == pytest.approx(11711, abs=1)
 
+
+
+def test_fp8_engine_divides_every_step_by_the_published_factor() -> None:
+    """--paced-engine fp8: the vLLM docs' "up to 1.6x" throughput for FP8, on every term."""
+    bf16, fp8 = engine_model("bf16", time_scale=10), engine_model("fp8", time_scale=10)
+    assert bf16 == TimingModel(time_scale=10) and fp8.time_scale == 10
+    for running, prefill in ((1, 0), (256, 0), (2, 600), (256, 40_000)):
+        assert fp8.step_s(running, prefill) == pytest.approx(bf16.step_s(running, prefill) / 1.6)
+    with pytest.raises(ValueError, match="bf16, fp8"):
+        engine_model("int4")
 
 def test_two_sequences_by_hand() -> None:
     # step 1: both admitted (600 prompt tokens), both decode; b (1 token) leaves
@@ -137,8 +149,8 @@ def test_not_busy_seconds_say_where_the_idle_time_went() -> None:
                    "client_behind_s": 3.0}  # t=1, 5, 6
 
 
-@pytest.mark.parametrize("size", ["tiny", "tiny_longmemeval"])
-def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object, size: str) -> None:
+@pytest.mark.parametrize(("size", "engine"), [("tiny", "bf16"), ("tiny_longmemeval", "fp8")])
+def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object, size: str, engine: str) -> None:
     """The paced mock answers the real HTTP client with scripted replies, the build parses
     them, and the report has its fields (values are not asserted: a benchmark, not a timing)."""
     from pathlib import Path
@@ -148,9 +160,13 @@ def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object, size: str) -
 
     conf = Path(__file__).resolve().parents[2] / "conf"
     out = run_paced(BenchSettings(conf_dir=conf, out_dir=Path(str(tmp_path))), sizes=(size,),
-                    methods=("structmem",), time_scale=50, warm_up=False)
+                    methods=("structmem",), time_scale=50, engine=engine, warm_up=False)
     [row] = out["rows"]
     assert "error" not in row, row
+    # the mock played the engine asked for (its stats carry the timing model's parameters)
+    [stats] = Path(str(tmp_path)).rglob("paced-structmem-*.server.json")
+    assert row["engine"] == engine and json.loads(stats.read_text())["model"][
+        "prefill_tokens_per_s"] == pytest.approx(30000 * (1.6 if engine == "fp8" else 1))
     assert row["format"] == ("longmemeval" if size.endswith("longmemeval") else "locomo")
     assert row["requests"] > 0 and 0.0 <= row["busy_fraction"] <= 1.0
     assert row["engine_model_s"] > 0 and row["predicted_gpu_s"] >= row["engine_model_s"]

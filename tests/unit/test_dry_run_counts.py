@@ -123,3 +123,43 @@ def test_stand_in_entries_hold_the_share_of_max_items_a_reply_holds() -> None:
     assert expected_items(2, 10) == round(2 * REPLY_FILL)
     assert expected_items(1, 1) == 1
     assert 0 < REPLY_FILL < 1
+
+
+@pytest.mark.parametrize("once", ["false", "true"])
+@pytest.mark.parametrize("dates", ["fixed", "per_haystack"])
+def test_longmemeval_extraction_estimate_counts_distinct_sessions(
+        dates: str, once: str, tmp_path: Path) -> None:
+    """LongMemEval's extraction plans over the distinct (content, date) sessions (or the
+    distinct contents, once_per_content), not over every haystack occurrence: the estimate
+    counts the requests the stage sends, on both date shapes of the generator."""
+    from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
+
+    spec = HaystackFileSpec(questions=6, sessions=5, pool=10, turns_per_session=3, dates=dates)
+    data = write_longmemeval(spec, tmp_path / "lme.json")
+    overrides = ["debug=scripted", "benchmark=longmemeval", f"benchmark.path={data}",
+                 "stages=[load,extract]", f"extract.once_per_content={once}",
+                 f"paths.cache_dir={tmp_path / 'cache'}"]
+    row = next(r for r in estimate(compose_job(overrides))["stages"] if r["stage"] == "extract")
+    with hashing_encoder():
+        run_pipeline(overrides, tmp_path / "run")
+    sent = sent_per_stage(tmp_path / "run")["extract"]
+    places = spec.questions * spec.sessions * 2  # every haystack place, both perspectives
+    shared = dates == "fixed" or once == "true"  # pool sessions recur as one request
+    assert (sent < places if shared else sent <= places)
+    assert not row["bound"] and row["requests"] == sent, (row["requests"], sent)
+
+
+def test_compressed_or_segmented_input_takes_the_plain_path(tmp_path: Path, monkeypatch) -> None:
+    """extract.input=compressed | segments reads per-conversation tables (compressed_turns,
+    segments), so LongMemEval's compact turns do not switch the stage to the per-session plan,
+    and the dry run estimates the plain path's windows too."""
+    from types import SimpleNamespace
+
+    from structmem_gpu.core import turns_store
+    from structmem_gpu.methods.structmem import extract
+
+    monkeypatch.setattr(turns_store, "has_compact", lambda run: True)
+    run = SimpleNamespace(table_path=lambda name: tmp_path / f"{name}.parquet")
+    for kind, per_session in (("turns", True), ("compressed", False), ("segments", False)):
+        ctx = SimpleNamespace(settings=SimpleNamespace(input=kind), run=run)
+        assert extract.per_session_applies(ctx) is per_session, kind

@@ -270,3 +270,17 @@ def test_default_is_llamacpp_cpu() -> None:
 def compose_llm(name: str) -> Any:
     with initialize_config_dir(config_dir=str(CONF.parent), version_base="1.3"):
         return compose(config_name=None, overrides=[f"+llm={name}"]).llm
+
+
+def test_fp8_preset_is_another_model_and_asks_vllm_for_fp8() -> None:
+    """The FP8 deviation (conf/llm/vllm_llama3_1_8b_fp8.yaml) changes replies, so its replies
+    must never be served from a BF16 run's cache: another model id, same weights."""
+    from structmem_gpu.llm.backends import backend
+    from structmem_gpu.llm.factory import llm_settings
+
+    bf16, fp8 = (llm_settings(resolve_config(compose_llm(n)))
+                 for n in ("vllm_llama3_1_8b", "vllm_llama3_1_8b_fp8"))
+    assert fp8.model == bf16.model and model_id(fp8) != model_id(bf16)
+    argv = backend(fp8.backend).command(fp8)(8000)
+    assert argv[argv.index("--quantization") + 1] == "fp8"
+    assert "--quantization" not in backend(bf16.backend).command(bf16)(8000)

@@ -105,6 +105,8 @@ def test_groups_load_only_their_questions_from_the_plan(grouped_and_whole, compo
     grouped, _ = grouped_and_whole
     plan = json.loads((grouped / "groups" / "plan.json").read_text())
     assert plan["num_shards"] == 3 and sum(len(m) for m in plan["members"]) == SPEC.questions
+    assert plan["abstention_line"] is RunDir(grouped / "groups" / "g0-of-3").stage_entry(
+        "load")["notes"]["abstention_line"]
     data = grouped.parent / "lme.json"
     full, questions = load_longmemeval_compact(data)
     for i, members in enumerate(plan["members"]):
@@ -117,7 +119,7 @@ def test_groups_load_only_their_questions_from_the_plan(grouped_and_whole, compo
         ["debug=scripted", "benchmark=longmemeval", f"benchmark.path={data}", "num_shards=2",
          "shard_index=0", f"group_plan={grouped / 'groups' / 'plan.json'}"]))
     with pytest.raises(ConfigError, match="was written for 3 groups"):
-        load_stage.planned_members(job, load_stage._file_hash(job))
+        load_stage.planned_members(job, load_stage.benchmark_sha256(job))
 
 
 def test_merge_streams_tables_shard_by_shard(grouped_and_whole) -> None:
@@ -127,3 +129,32 @@ def test_merge_streams_tables_shard_by_shard(grouped_and_whole) -> None:
     parts = [RunDir(d).read_table("entry_embeddings") for d in dirs]
     assert_frame_equal(RunDir(grouped).read_table("entry_embeddings"), pl.concat(parts))
     assert not (grouped / "tables.merging").exists()
+
+
+def test_shards_render_the_whole_jobs_answer_prompts(longmemeval_example_path: Path,
+                                                      tmp_path: Path) -> None:
+    """The paper reader's abstention line is one choice per job (the load stage's note over the
+    whole selection): a shard holding no abstention question still renders it when the job's
+    selection has one, so shards and question groups send the whole job's answer requests."""
+    common = ["debug=scripted", "benchmark=longmemeval",
+              f"benchmark.path={longmemeval_example_path}", "method=structmem",
+              "stages=[load,extract,embed,consolidate,retrieve,answer]",
+              f"paths.cache_dir={tmp_path / 'cache'}"]
+    from tests.fixtures.pipeline import run_pipeline
+
+    def answer_ids(run: Path) -> set[str]:
+        return set(RunDir(run).read_table("requests").filter(
+            pl.col("stage") == "answer")["request_id"])
+
+    run_pipeline(common, tmp_path / "whole")
+    whole = RunDir(tmp_path / "whole")
+    assert whole.read_table("questions")["is_abstention"].to_list().count(True) == 1
+    shards = []
+    for i in range(2):
+        run_pipeline([*common, "num_shards=2", f"shard_index={i}"], tmp_path / f"s{i}")
+        shards.append(RunDir(tmp_path / f"s{i}"))
+        assert shards[-1].stage_entry("load")["notes"]["abstention_line"] is True
+    # one question per shard: one of them holds no abstention question
+    assert sorted(s.read_table("questions")["is_abstention"].to_list()[0] for s in shards) == [
+        False, True]
+    assert answer_ids(tmp_path / "s0") | answer_ids(tmp_path / "s1") == answer_ids(tmp_path / "whole")

@@ -25,7 +25,7 @@ import polars as pl
 from structmem_gpu.config.job import JobConfig
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.answer import (
-    AnswerInputs, AnswerPrompt, AnswerSettings, answer_protocol, wants_abstention,
+    AnswerInputs, AnswerPrompt, AnswerSettings, answer_protocol,
 )
 from structmem_gpu.eval.context_fit import fit_prompt, keep_top, reader_fits, trim_note
 from structmem_gpu.core.hashing import stable_hash
@@ -110,7 +110,7 @@ def paper_prompts(
     a = inputs.job.settings(AnswerSettings)  # checks entry_layout's choices, speaker_groups >= 1
     layout, groups = a.entry_layout, a.speaker_groups
     ranked = ranked_entries(retrievals, entries, A.PaperEntry)
-    abstain = wants_abstention(inputs.questions)
+    abstain = inputs.abstain()
     fits = reader_fits(inputs.job)
     out: dict[str, AnswerPrompt] = {}
     trimmed = 0

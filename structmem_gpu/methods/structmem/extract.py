@@ -434,20 +434,29 @@ def collect_entries(
 
 
 def per_session_applies(ctx: StageContext) -> bool:
-    """True when the run's turns are in the compact layout (and not also plain)."""
-    return turns_store.has_compact(ctx.run) and not ctx.run.table_path("turns").exists()
+    """True when the run's turns are in the compact layout (and not also plain) and the
+    windows are cut from the raw turns: compressed or segmented input (extract.input) is
+    per conversation, so it takes the plain path over the expanded turns."""
+    return (ctx.settings.input == "turns" and turns_store.has_compact(ctx.run)
+            and not ctx.run.table_path("turns").exists())
+
+
+def sessions_to_extract(compact: turns_store.CompactTurns, once_per_content: bool
+                        ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(dated keys, one-session turns frame) of what the per-session path extracts: each
+    distinct (content, date) as its own one-session "conversation" named by its dated_key (the
+    prompt carries the session date, so a pool session at another date in another haystack is
+    another request: LongMemEval draws dates per haystack); once_per_content: each content only
+    at its first occurrence's date. The stage and its dry-run estimate both plan from this."""
+    keys = compact.dated_keys()
+    if once_per_content:
+        keys = keys.unique("session_key", keep="first", maintain_order=True)
+    return keys, compact.dated_sessions(keys)
 
 
 def run_per_session(ctx: StageContext, s: ExtractSettings) -> tuple[list[EntryRow], dict[str, Any]]:
     compact = turns_store.read_compact(ctx.run)
-    # Each distinct (content, date) as its own one-session "conversation" named by its
-    # dated_key: the prompt carries the session date, so a pool session at another date in
-    # another haystack is another request (LongMemEval draws dates per haystack).
-    # once_per_content: each content only at its first occurrence's date.
-    keys = compact.dated_keys()
-    if s.once_per_content:
-        keys = keys.unique("session_key", keep="first", maintain_order=True)
-    pseudo = compact.dated_sessions(keys)
+    keys, pseudo = sessions_to_extract(compact, s.once_per_content)
     windows, counter = plan_from_settings(pseudo, s, ctx.job.root.llm, convert=True)
     plan: list[tuple[ExtractionWindow, str, LLMRequest]] = []
     results = ctx.generate(planned(windows, s, plan, shared=True), desc="extract",
@@ -609,9 +618,14 @@ def estimate_extract(inp: EstimateInputs) -> StageEstimate:
 
     from structmem_gpu.methods.structmem.segment_settings import SegmentSettings
 
+    from structmem_gpu.methods.load import writes_compact
+
     s = inp.job.settings(ExtractSettings)
     llm_cfg = inp.job.root.llm
     turns = inp.turns
+    if s.input == "turns" and writes_compact(inp.job):  # the stage's per_session_applies path
+        turns = sessions_to_extract(turns_store.CompactTurns.from_turns(turns),
+                                    s.once_per_content)[1]
     batch_tokens = inp.job.settings(SegmentSettings).batch_tokens if s.input == "segments" else 0
     if s.input != "turns":
         turns = approximate_compressed(inp.job, turns)
