@@ -172,6 +172,9 @@ class EstimateInputs:
     # as the stage writes them with content from the turns: a hook leaves its own for the
     # hooks after it, so a reader can render its real prompts (eval/answer.estimate_answer).
     stand_ins: dict[str, pl.DataFrame] = field(default_factory=dict)
+    # The answer prompt's abstention line over the job's whole selection (a sharded job's
+    # load note, methods/load.py abstention_line); None = decided from `selected`.
+    abstention_line: bool | None = None
 
     def over(self, messages: "Sequence[Message]", max_tokens: int, *, judge: bool = False) -> int:
         """1 when the context guard would not send this request, else 0."""

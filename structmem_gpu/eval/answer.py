@@ -392,7 +392,8 @@ def reader_prompts(inp: EstimateInputs, s: AnswerSettings) -> list[Any] | None:
     it needs a table no hook stands in for (a job that lists answer without its retrieve)."""
     builder = context_builder(s.prompt)
     try:
-        prompts = builder(AnswerInputs(inp.job, inp.selected, {"turns": inp.turns, **inp.stand_ins}))
+        prompts = builder(AnswerInputs(inp.job, inp.selected, {"turns": inp.turns, **inp.stand_ins},
+                                       inp.abstention_line))
     except MissingTableError:
         return None
     return [prompts[q].messages for q in inp.selected["question_id"].to_list()]

@@ -82,8 +82,10 @@ def token_counter(llm: LLMSettings) -> TokenCounter:
     return TokenCounter(f"tokenizer:{spec}", found.messages)
 
 
-def load_turns_questions(job: JobConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The benchmark's turns and questions as the load stage would produce them (shard applied)."""
+def load_turns_questions(job: JobConfig, *, sharded: bool = True
+                         ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The benchmark's turns and questions as the load stage would produce them (the job's
+    shard applied unless `sharded` is false)."""
     from structmem_gpu.data import load_benchmark
     from structmem_gpu.methods.load import apply_shard
 
@@ -92,6 +94,8 @@ def load_turns_questions(job: JobConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
         str(b.name), None if b.path is None else str(b.path),
         None if b.conversations is None else list(b.conversations), b.max_sessions,
     )
+    if not sharded:
+        return turns, questions
     return apply_shard(turns, questions, int(job.root.shard_index), int(job.root.num_shards))
 
 
@@ -122,12 +126,19 @@ def described(job: JobConfig) -> tuple[EstimateInputs, list[StageEstimate]]:
             f"method '{job.root.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
         )
     turns, questions = load_turns_questions(job)
+    if job.root.num_shards > 1:  # the answer prompt's line is the whole job's (load's note)
+        from structmem_gpu.methods.load import abstention_line
+
+        abstention = abstention_line(job, load_turns_questions(job, sharded=False)[1])
+    else:
+        abstention = None  # decided from the questions, as the answer stage decides it
     counter = token_counter(job.root.llm)
     check = ContextCheck(job.root.llm)
     judge_llm = job.settings(JudgeSettings).llm if job.has("judge") else None
     judge_check = check if judge_llm is None else ContextCheck(judge_llm)
     selected = selected_questions(job, questions)
-    inputs = EstimateInputs(job, turns, questions, selected, counter, check, judge_check)
+    inputs = EstimateInputs(job, turns, questions, selected, counter, check, judge_check,
+                            abstention_line=abstention)
     return inputs, stage_rows(inputs, names, registry)
 
 

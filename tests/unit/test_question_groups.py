@@ -158,3 +158,17 @@ def test_shards_render_the_whole_jobs_answer_prompts(longmemeval_example_path: P
     assert sorted(s.read_table("questions")["is_abstention"].to_list()[0] for s in shards) == [
         False, True]
     assert answer_ids(tmp_path / "s0") | answer_ids(tmp_path / "s1") == answer_ids(tmp_path / "whole")
+
+
+def test_sharded_dry_run_renders_the_whole_jobs_abstention_line(longmemeval_example_path: Path,
+                                                                 compose_config) -> None:
+    from structmem_gpu.config.job import JobConfig
+    from structmem_gpu.node.dry_run import described
+
+    base = ["debug=scripted", "benchmark=longmemeval", f"benchmark.path={longmemeval_example_path}",
+            "stages=[load]"]
+    assert described(JobConfig.from_cfg(compose_config(base)))[0].abstention_line is None
+    for i in range(2):
+        job = JobConfig.from_cfg(compose_config([*base, "num_shards=2", f"shard_index={i}"]))
+        inputs, _ = described(job)
+        assert inputs.selected.height == 1 and inputs.abstention_line is True
