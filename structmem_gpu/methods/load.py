@@ -206,11 +206,6 @@ def read_group_plan(job: "JobConfig", sha256: str | None) -> dict[str, Any]:
     return plan
 
 
-def planned_members(job: "JobConfig", sha256: str | None) -> list[str]:
-    """This group's questions from the parent's plan (read_group_plan)."""
-    return list(read_group_plan(job, sha256)["members"][job.root.shard_index])
-
-
 def apply_shard_compact(turns: CompactTurns, questions: pl.DataFrame, shard_index: int,
                         num_shards: int) -> tuple[CompactTurns, pl.DataFrame]:
     """apply_shard for the compact layout: the same assignment, without expanding."""

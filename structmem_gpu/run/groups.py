@@ -67,7 +67,7 @@ def plan_groups(job: JobConfig, run_dir: Path, size: int) -> tuple[int, int, Pat
     (benchmark.conversations, max_sessions), read by the load stage's own loader. LongMemEval
     (streamed into the compact layout, ~0.5 GB at 500 questions) also gets its assignment
     written to `<run_dir>/groups/plan.json`, so that each group loads only its questions
-    (methods/load.py planned_members); other benchmarks are small and let each group assign
+    (methods/load.py read_group_plan); other benchmarks are small and let each group assign
     itself."""
     from structmem_gpu.methods import load
 

@@ -119,7 +119,7 @@ def test_groups_load_only_their_questions_from_the_plan(grouped_and_whole, compo
         ["debug=scripted", "benchmark=longmemeval", f"benchmark.path={data}", "num_shards=2",
          "shard_index=0", f"group_plan={grouped / 'groups' / 'plan.json'}"]))
     with pytest.raises(ConfigError, match="was written for 3 groups"):
-        load_stage.planned_members(job, load_stage.benchmark_sha256(job))
+        load_stage.read_group_plan(job, load_stage.benchmark_sha256(job))
 
 
 def test_merge_streams_tables_shard_by_shard(grouped_and_whole) -> None:
