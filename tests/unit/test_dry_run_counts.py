@@ -163,3 +163,16 @@ def test_compressed_or_segmented_input_takes_the_plain_path(tmp_path: Path, monk
     for kind, per_session in (("turns", True), ("compressed", False), ("segments", False)):
         ctx = SimpleNamespace(settings=SimpleNamespace(input=kind), run=run)
         assert extract.per_session_applies(ctx) is per_session, kind
+
+
+@pytest.mark.parametrize("experiment", ["structmem_locomo_reference_code",
+                                        "flat_locomo_reference_code"])
+def test_update_read_post_dry_runs(experiment: str) -> None:
+    """update.read=post: the readers read the store after the offline update; the update
+    stage's estimate leaves its stand-in (no decisions), so the dry run renders the readers'
+    prompts instead of stopping on a missing entry_updates table (it exited 2)."""
+    est = estimate(compose_job(["debug=scripted", "benchmark=sample", f"experiment={experiment}",
+                                "update.enabled=true", "update.read=post"]))
+    rows = {r["stage"]: r for r in est["stages"]}
+    assert rows["update"]["requests"] > 0 and rows["answer"]["requests"] > 0
+    assert rows["answer"]["prompt_tokens"] > 0

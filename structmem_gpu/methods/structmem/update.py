@@ -259,6 +259,9 @@ def estimate_update(inp: EstimateInputs) -> StageEstimate:
     from structmem_gpu.methods.structmem.extract import ExtractSettings
 
     s = inp.job.settings(UpdateSettings)
+    # The stand-in store after the update: no decisions (the decisions are replies), so
+    # update.read=post renders the readers' prompts on the pre store, an upper bound.
+    inp.stand_ins["entry_updates"] = schemas.empty(schemas.ENTRY_UPDATES)
     if not s.enabled:
         return StageEstimate(STAGE_NAME, 0, 0, 0, "update.enabled=false", 0, build=True)
     x = inp.job.settings(ExtractSettings)
