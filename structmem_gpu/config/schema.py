@@ -125,9 +125,12 @@ class LLMSettings(Settings):
         "for external."))
     api_key_env: Annotated[str | None, RUN_ROLE] = Field(None, description=(
         "Environment variable holding an API key (external endpoints); the key is never logged."))
-    api_flavor: Annotated[Literal["vllm", "llamacpp"] | None, MODEL_ROLE] = Field(None, description=(
-        "external only: vllm = response_format json_schema (vLLM, OpenAI; the default) | "
-        "llamacpp = json_object + schema."))
+    api_flavor: Annotated[Literal["vllm", "llamacpp", "json_mode"] | None, MODEL_ROLE] = Field(
+        None, description=(
+            "external only: vllm = response_format json_schema (vLLM, OpenAI; the default) | "
+            "llamacpp = json_object + schema | json_mode = json_object alone (OpenAI's JSON "
+            "mode, as the references' judges call gpt-4o-mini; the reply is validated, not "
+            "constrained, and keyed apart in the response cache)."))
     max_in_flight: Annotated[SIZE, RUN_ROLE] = Field(2, description=(
         "Concurrent requests; llama.cpp serves one at a time (more only queues); vLLM: >= "
         "max_num_seqs x data_parallel_size keeps the GPU busy."))

@@ -218,10 +218,13 @@ class HTTPBackend:
     def cache_params(self) -> dict[str, Any]:
         """What changes the reply beyond the model (model_id) and the request (its sampling,
         messages, schema), hence part of the response-cache key: the body extras every request
-        carries (llm.extra_body, llm.chat_template_kwargs) and the reply knobs away from their
-        defaults (`reply_params`). A knob at its default adds nothing, so every cache written
-        before it entered the key stays valid."""
-        return {**self.extra_body, **self.reply_params}
+        carries (llm.extra_body, llm.chat_template_kwargs), the reply knobs away from their
+        defaults (`reply_params`) and an unconstrained structured-output flavor (json_mode). A
+        knob at its default adds nothing, so every cache written before it entered the key
+        stays valid."""
+        from structmem_gpu.llm.structured import flavor_cache_params
+
+        return {**self.extra_body, **self.reply_params, **flavor_cache_params(self.flavor)}
 
     def __repr__(self) -> str:
         return f"HTTPBackend({self.base_url!r}, model_id={self.model_id!r}, flavor={self.flavor!r})"

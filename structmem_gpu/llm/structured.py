@@ -28,9 +28,19 @@ logger = logging.getLogger(__name__)
 
 # How the server expects a JSON schema. "vllm" is the OpenAI-standard json_schema form (vLLM,
 # OpenAI, most hosted endpoints); "llamacpp" is llama-cpp-python's json_object + schema form
-# (its server answers json_schema with HTTP 500, docs/design.md "Backend notes").
-Flavor = Literal["vllm", "llamacpp"]
-FLAVORS: tuple[str, ...] = ("vllm", "llamacpp")
+# (its server answers json_schema with HTTP 500, docs/design.md "Backend notes"); "json_mode"
+# is OpenAI's JSON mode, {"type": "json_object"} without a schema: what the references' judges
+# send to gpt-4o-mini (mem0's and LightMem's llm_judge.py), and what DeepSeek's API offers.
+# Under json_mode decoding is not held to the schema (the reply is still validated against it),
+# so its replies differ: it enters the response-cache key (flavor_cache_params).
+Flavor = Literal["vllm", "llamacpp", "json_mode"]
+FLAVORS: tuple[str, ...] = ("vllm", "llamacpp", "json_mode")
+
+
+def flavor_cache_params(flavor: str) -> dict[str, Any]:
+    """What a flavor adds to the response-cache key: nothing for the two that hold decoding to
+    the schema (every cache written before json_mode existed stays valid)."""
+    return {"response_format": "json_object"} if flavor == "json_mode" else {}
 
 _MAX_ERROR_CHARS = 300  # a jsonschema message can quote a huge instance; keep repairs short
 
@@ -57,6 +67,8 @@ def _response_format(schema: Mapping[str, Any], flavor: str, name: str) -> dict[
         }
     if flavor == "llamacpp":
         return {"type": "json_object", "schema": dict(schema)}
+    if flavor == "json_mode":
+        return {"type": "json_object"}
     raise ValueError(f"unknown structured-output flavor {flavor!r}; expected one of {FLAVORS}")
 
 

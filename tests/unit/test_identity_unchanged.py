@@ -9,6 +9,11 @@ preset. They must stay byte-identical, but for one deliberate change:
 - `llm.repair_attempts` (role "reply": the cached reply is the repaired one) now enters the key
   when it is not 1, its default; at 1 it adds nothing, so every existing cache stays valid.
   (`llm.request_seed=false` entered it in issue 31, the same way.)
+- the endpoint judges `gpt_4o_endpoint`, `gpt_4o_mini_endpoint` and `deepseek_v3_2_endpoint`
+  send OpenAI's JSON mode (`llm.api_flavor=json_mode`, as the references' judges do; OpenAI
+  refused the strict json_schema they sent, so no OpenAI-judged cache existed). An
+  unconstrained reply is another reply: json_mode adds {"response_format": "json_object"} to
+  their judge llm's cache params, so their judge keys moved; every other key is unchanged.
 
 Config hashes, stage fingerprints, key lists and run keys (tests/fixtures/identity_issue40.json;
 regenerate only for a deliberate change, and say it here:
@@ -172,6 +177,10 @@ def now() -> dict[str, Any]:
     return compute()
 
 
+JSON_MODE_JUDGES = {"judge=gpt_4o_endpoint", "judge=gpt_4o_mini_endpoint",
+                    "judge=deepseek_v3_2_endpoint"}
+
+
 @pytest.mark.parametrize("config", sorted(CACHE_KEYS))
 def test_response_cache_keys_unchanged(config: str) -> None:
     got = _in_fixture_env(lambda: cache_identities(config.split()))
@@ -181,6 +190,12 @@ def test_response_cache_keys_unchanged(config: str) -> None:
         if config == "++llm.repair_attempts=2":  # the one deliberate change (docstring)
             assert got[llm]["cache_params"] == {**ident["cache_params"], "repair_attempts": 2}
             assert got[llm]["cache_key"] != ident["cache_key"]
+            continue
+        if config in JSON_MODE_JUDGES and llm == "judge.llm":  # deliberate (docstring)
+            assert got[llm]["cache_params"] == {**ident["cache_params"],
+                                                "response_format": "json_object"}
+            assert got[llm]["cache_key"] != ident["cache_key"]
+            assert got[llm]["model_id"] == ident["model_id"]
             continue
         assert got[llm] == ident, (config, llm)
 
