@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:  # allow `python jobs/bench.py` from a clean clone
     sys.path.insert(0, str(ROOT))
 
 from structmem_gpu.bench.harness import BenchSettings  # noqa: E402
+from structmem_gpu.bench.paced_model import ENGINES  # noqa: E402
 from structmem_gpu.bench.suite import (  # noqa: E402
     DEFAULT_PARTS,
     PARTS,
@@ -109,7 +110,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str],
                     help="`paced`: the mock runs the GPU model this many times faster")
     ap.add_argument("--paced-no-prefix-caching", action="store_true",
                     help="`paced`: charge every prompt token (vLLM --no-enable-prefix-caching)")
-    ap.add_argument("--paced-engine", default="bf16", choices=("bf16", "fp8"),
+    ap.add_argument("--paced-engine", default="bf16", choices=ENGINES,
                     help="`paced`: the engine the mock plays: bf16 (the reference setting) or fp8 "
                          "(llm=vllm_llama3_1_8b_fp8, a deviation; every step / 1.6, the vLLM "
                          "docs' published FP8 throughput gain)")

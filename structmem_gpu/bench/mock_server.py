@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="paced: charge every prompt token (vLLM --no-enable-prefix-caching)")
     ap.add_argument("--stats", type=Path, default=None, help="paced: stats file written on exit")
     ap.add_argument("--engine", default="bf16",
-                    help="paced: the engine played (bench/paced_model.py ENGINES: bf16, fp8)")
+                    help="paced: the engine played (bench/paced_model.py ENGINES)")
     args = ap.parse_args(argv)
     if args.paced:
         from structmem_gpu.bench.paced_model import engine_model

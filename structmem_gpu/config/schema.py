@@ -94,6 +94,10 @@ _RUN = {"role": "run"}
 _BACKEND = OneOf("llm.backend")  # structmem_gpu/llm/backends/, provided by structmem_gpu/__init__.py
 
 
+# How an endpoint takes a JSON schema (llm/structured.py response_format renders each).
+ApiFlavor = Literal["vllm", "llamacpp", "json_mode"]
+
+
 class LLMSettings(Settings):
     """One llm config (conf/llm/*.yaml): the job's `llm`, `judge.llm`, `judge.*_llm` and each
     judge panel member's `llm`. conf/llm/_base.yaml is generated from these fields (defaults:
@@ -125,7 +129,7 @@ class LLMSettings(Settings):
         "for external."))
     api_key_env: Annotated[str | None, RUN_ROLE] = Field(None, description=(
         "Environment variable holding an API key (external endpoints); the key is never logged."))
-    api_flavor: Annotated[Literal["vllm", "llamacpp", "json_mode"] | None, MODEL_ROLE] = Field(
+    api_flavor: Annotated[ApiFlavor | None, MODEL_ROLE] = Field(
         None, description=(
             "external only: vllm = response_format json_schema (vLLM, OpenAI; the default) | "
             "llamacpp = json_object + schema | json_mode = json_object alone (OpenAI's JSON "

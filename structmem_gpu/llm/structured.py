@@ -19,8 +19,9 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, get_args
 
+from structmem_gpu.config.schema import ApiFlavor
 from structmem_gpu.core.hashing import IdentityMemo, stable_hash
 from structmem_gpu.llm.types import LLMRequest, LLMResult, Message
 
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 # send to gpt-4o-mini (mem0's and LightMem's llm_judge.py), and what DeepSeek's API offers.
 # Under json_mode decoding is not held to the schema (the reply is still validated against it),
 # so its replies differ: it enters the response-cache key (flavor_cache_params).
-Flavor = Literal["vllm", "llamacpp", "json_mode"]
-FLAVORS: tuple[str, ...] = ("vllm", "llamacpp", "json_mode")
+Flavor = ApiFlavor  # its one home: config/schema.py, which llm.api_flavor is checked against
+FLAVORS: tuple[str, ...] = get_args(ApiFlavor)
 
 
 def flavor_cache_params(flavor: str) -> dict[str, Any]:

@@ -82,20 +82,26 @@ def token_counter(llm: LLMSettings) -> TokenCounter:
     return TokenCounter(f"tokenizer:{spec}", found.messages)
 
 
-def load_turns_questions(job: JobConfig, *, sharded: bool = True
-                         ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The benchmark's turns and questions as the load stage would produce them (the job's
-    shard applied unless `sharded` is false)."""
+def whole_benchmark(job: JobConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The benchmark's turns and questions after its selection, before sharding (plain)."""
     from structmem_gpu.data import load_benchmark
-    from structmem_gpu.methods.load import apply_shard
 
     b = job.root.benchmark
-    turns, questions = load_benchmark(
+    return load_benchmark(
         str(b.name), None if b.path is None else str(b.path),
         None if b.conversations is None else list(b.conversations), b.max_sessions,
     )
-    if not sharded:
-        return turns, questions
+
+
+def load_turns_questions(job: JobConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The benchmark's turns and questions as the load stage would produce them (shard applied)."""
+    return shard_of(job, *whole_benchmark(job))
+
+
+def shard_of(job: JobConfig, turns: pl.DataFrame, questions: pl.DataFrame
+             ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    from structmem_gpu.methods.load import apply_shard
+
     return apply_shard(turns, questions, int(job.root.shard_index), int(job.root.num_shards))
 
 
@@ -125,13 +131,14 @@ def described(job: JobConfig) -> tuple[EstimateInputs, list[StageEstimate]]:
         raise ConfigError(
             f"method '{job.root.method.name}' has no stage(s) {unknown}; it has {sorted(registry)}"
         )
-    turns, questions = load_turns_questions(job)
+    turns, questions = whole_benchmark(job)  # read once; the shard is taken below
     if job.root.num_shards > 1:  # the answer prompt's line is the whole job's (load's note)
         from structmem_gpu.methods.load import abstention_line
 
-        abstention = abstention_line(job, load_turns_questions(job, sharded=False)[1])
+        abstention = abstention_line(job, questions)
     else:
         abstention = None  # decided from the questions, as the answer stage decides it
+    turns, questions = shard_of(job, turns, questions)
     counter = token_counter(job.root.llm)
     check = ContextCheck(job.root.llm)
     judge_llm = job.settings(JudgeSettings).llm if job.has("judge") else None
