@@ -136,3 +136,30 @@ def test_rejudge_copy_adds_judge_without_answering(
     assert run.read_table("requests").filter(pl.col("stage") == "answer").equals(answer_rows)
     assert run.read_table("answers").equals(answers)
     assert set(_report(copy)["by_judge"]) == {"same_as_llm", "second_cpu"}
+
+
+def test_endpoint_judge_preset_in_json_mode_on_the_real_server(
+    structmem_sample_run: Path, ci_overrides: list[str], llama_server, tmp_path: Path
+) -> None:
+    """judge=gpt_4o_mini_endpoint pointed at the session's llama.cpp server: its requests go
+    out in JSON mode (llm.api_flavor=json_mode: json_object without a schema), every selected
+    question gets one judgment under the preset's name (a reply without a readable label is
+    recorded, not raised), and they are keyed apart from the schema-held judge's replies."""
+    copy = tmp_path / "run-copy"
+    shutil.copytree(structmem_sample_run, copy)
+    run = RunDir(copy)
+    answers = run.read_table("answers")
+    run_pipeline([*ci_overrides, "benchmark=sample", "method=structmem", "stages=[judge,report]",
+                  "judge=gpt_4o_mini_endpoint", f"judge.llm.base_url={llama_server.base_url}",
+                  "judge.llm.served_name=smollm2", "judge.llm.max_in_flight=2",
+                  # SmolLM2-135M unconstrained writes some JSON but rarely a label (measured:
+                  # 8 of 9 unreadable); this test is about the path, not the labels
+                  "report.max_parse_failure_rate=1.0"], copy)
+    judg = run.read_table("judgments").filter(pl.col("judge_name") == "gpt_4o_mini_endpoint")
+    assert judg["question_id"].n_unique() == judg.height == answers.height
+    sent = run.read_table("requests").filter(pl.col("stage") == "judge")
+    new = sent.filter(pl.col("model").str.contains("gpt-4o-mini"))
+    # an empty answer is judged by rule, without a request
+    assert 0 < new.height <= answers.height
+    assert not new["cache_hit"].any()  # its own model id and flavor: nothing from the cache
+    assert "gpt_4o_mini_endpoint" in _report(copy)["by_judge"]
