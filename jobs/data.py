@@ -10,6 +10,8 @@
     python jobs/data.py official --from /shared/official # from local mirrors (no network)
     python jobs/data.py cache compact [--cache-dir DIR]  # merge cache segments, convert SQLite
     python jobs/data.py cache verify [--cache-dir DIR]   # re-read and check every cached record
+    python jobs/data.py systems install mem0 lightrag   # baseline systems' own environments
+    python jobs/data.py systems list                     # each system's pin and env state
 
 LoCoMo (CC BY-NC 4.0, never vendored) is checked against the sha256 of the released file.
 LongMemEval (Hugging Face dataset xiaowu0162/longmemeval-cleaned) publishes no checksums: the
@@ -50,6 +52,12 @@ host that wrote them) into segments and renames the file *.converted, then merge
 published segment into one with one record per key; jobs may keep running meanwhile (a reader
 whose segments were merged re-lists once). `verify` re-reads every record and checks its
 checksum. Exit codes: 0 ok; 1 `verify` found a damaged segment; 2 a conversion failed.
+
+`systems` installs the baseline memory systems (Mem0, LightRAG, ...), each in its own virtual
+environment under paths.systems_dir (STRUCTMEM_SYSTEMS_DIR, else .systems) from its committed
+lock (structmem_gpu/systems/envs.py): `install NAME...` (`all` = every system), `download
+NAME...` (wheels only, on a login node; `install` then needs no network), `lock NAME`
+(maintainers: re-resolve the pins), `list`. Exit codes: 0 ok; 2 an install failed.
 """
 
 from __future__ import annotations
@@ -127,6 +135,8 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
         return official_main(argv[1:])
     if argv and argv[0] == "cache":
         return cache_main(argv[1:])
+    if argv and argv[0] == "systems":
+        return systems_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
@@ -209,6 +219,55 @@ def cache_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     return maintain(args.cache_dir or default_cache_dir(), args.action)
+
+
+def systems_main(argv: Sequence[str]) -> int:
+    import os
+    import subprocess
+
+    from structmem_gpu.systems import envs
+    from structmem_gpu.systems.registry import system_names, system_spec
+
+    parser = argparse.ArgumentParser(prog="python jobs/data.py systems",
+                                     description="The baseline systems' own environments.")
+    parser.add_argument("action", choices=("install", "download", "lock", "list"))
+    parser.add_argument("names", nargs="*", metavar="NAME", help="systems (or `all`)")
+    parser.add_argument("--systems-dir", type=Path, default=None,
+                        help="default: $STRUCTMEM_SYSTEMS_DIR, else .systems")
+    parser.add_argument("--force", action="store_true",
+                        help="install: rebuild an environment already installed from its lock")
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    where = args.systems_dir or Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")
+    names = system_names() if args.names in ([], ["all"]) else args.names
+    done: set[str] = set()  # environments handled (mem0_graph runs in mem0's)
+    try:
+        for name in names:
+            spec = system_spec(name)
+            if args.action != "list" and spec.env_name in done:
+                continue
+            done.add(spec.env_name)
+            if args.action == "list":
+                state = envs.env_state(spec, where)
+                ok = state is not None and state.get("lock_sha256") == envs.lock_sha256(spec)
+                print(f"{name:12s} {spec.source:40s} "
+                      f"{'installed' if ok else 'stale' if state else 'not installed'}")
+            elif args.action == "install":
+                state = envs.env_state(spec, where)
+                if state and not args.force and state.get("lock_sha256") == envs.lock_sha256(spec):
+                    log.info("%s: installed (%s), same lock", spec.env_name, envs.env_dir(spec, where))
+                    continue
+                state = envs.install(spec, where)
+                log.info("%s: installed in %s s at %s", name, state["installed_s"],
+                         envs.env_dir(spec, where))
+            elif args.action == "download":
+                log.info("%s: wheels in %s", name, envs.download(spec, where))
+            else:
+                log.info("%s: lock written to %s", name, envs.lock(spec))
+    except (StructMemError, OSError, subprocess.CalledProcessError) as err:
+        log.error("%s", err)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -394,6 +394,10 @@ class PathsSettings(Settings):
     # prompts/pinned.py): STRUCTMEM_OFFICIAL_DIR, else <data_dir>/official. Where they are
     # never changes a result (their commits and text hashes are fingerprinted).
     official_dir: str | None = None
+    # The baseline systems' own virtual environments (structmem_gpu/systems/envs.py; `python
+    # jobs/data.py systems install NAME`): STRUCTMEM_SYSTEMS_DIR, else <root_dir>/.systems.
+    # Their lock's sha256 is fingerprinted, never where they are.
+    systems_dir: str | None = None
 
 
 class TrackingSettings(Settings):

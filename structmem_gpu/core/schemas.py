@@ -208,6 +208,30 @@ SEGMENTS: Schema = {
     "batch_sessions": _I32,  # sessions the batch spans
 }
 
+# A baseline system's memory (structmem_gpu/systems/stages.py), as the system reports it.
+MEMORIES: Schema = {
+    "conv_id": _STR,
+    "memory_id": _STR,  # the system's own id (uuids seeded per conversation: rerun-stable)
+    "owner": _STR,  # whose memory (mem0: the speaker's user id's speaker), null when shared
+    "text": _STR,
+    "created_at": _STR,  # the timestamp the system stores (LoCoMo: the session date text)
+    "metadata": _STR,  # the rest, JSON
+}
+
+# One row per (conversation, phase) a baseline system worked on: what it kept and lost.
+SYSTEM_UNITS: Schema = {
+    "conv_id": _STR,
+    "phase": _STR,  # build | search
+    "status": _STR,  # ok | error | resumed (a finished unit of an earlier attempt)
+    "memories": _I64,  # build: memories the system holds afterwards; search: hits returned
+    "dropped": _I64,  # memories the system swallowed (unparseable or empty model reply)
+    "drops": _STR,  # JSON list of {"where", "why"}
+    "requests": _I64,  # calls the front recorded for the unit in this attempt
+    "error": _STR,
+    "log_tail": _STR,
+    "wall_s": _F64,
+}
+
 TABLES: dict[str, Schema] = {
     "compressed_turns": COMPRESSED_TURNS,
     "segments": SEGMENTS,
@@ -222,6 +246,8 @@ TABLES: dict[str, Schema] = {
     "entry_updates": ENTRY_UPDATES,
     "requests": REQUESTS,
     "retrievals": RETRIEVALS,
+    "memories": MEMORIES,
+    "system_units": SYSTEM_UNITS,
     "answers": ANSWERS,
     "judgments": JUDGMENTS,
 }

@@ -67,7 +67,7 @@ from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContex
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns", "entry_updates")
+OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns", "entry_updates", "system_hits")
 # The llm-config keys that change replies, within one llm config (a judge's, a panel member's).
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)
 # answer.protocol values (see the module docstring).

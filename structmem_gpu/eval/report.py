@@ -446,6 +446,10 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
                             manifest)
     if errata is not None:  # eval.errata: corrected golds beside the official ones
         report["errata"] = errata
+    system = system_summary(ctx.read_optional("system_units"),
+                            ctx.read_optional("system_search_units"), manifest)
+    if system:  # a baseline system run from its own code (structmem_gpu/systems/)
+        report["system"] = system
     audit = audit_summary(ctx.run.root, resamples=st.bootstrap_resamples, seed=st.bootstrap_seed)
     if audit:  # fidelity audits ran (stages audit_*): their rates go into both reports
         report["audit"] = audit
@@ -477,6 +481,32 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
     return {}
 
 
+def system_summary(build: pl.DataFrame | None, search: pl.DataFrame | None,
+                   manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a baseline system kept, lost and failed on, per conversation (system_units)."""
+    if build is None:
+        return None
+    notes = ((manifest.get("stages") or {}).get("system_build") or {}).get("notes") or {}
+    where: dict[str, int] = {}
+    for drops in build["drops"].to_list():
+        for d in json.loads(drops or "[]"):
+            key = f"{d.get('where')}: {d.get('why')}"
+            where[key] = where.get(key, 0) + 1
+    failed = [{"conv_id": c, "phase": p, "error": e}
+              for frame in (build, search) if frame is not None
+              for c, p, e in frame.filter(pl.col("status") == "error")
+              .select("conv_id", "phase", "error").iter_rows()]
+    return {
+        "system": notes.get("system"), "version": notes.get("version"),
+        "conversations": build.height,
+        "memories": int(build["memories"].sum() or 0),
+        "dropped": int(build["dropped"].sum() or 0),
+        "dropped_by_conversation": {c: int(n) for c, n in build.select("conv_id", "dropped").iter_rows()},
+        "drops": where,
+        "failed": failed,
+    }
+
+
 def _report_fingerprint(job: JobConfig) -> Any:
     keys = sorted({k for r in load_published() if r.match for k in r.match})  # beside: a subset
     keys += ["llm.backend", "debug_profile", "answer.protocol"]
@@ -497,7 +527,7 @@ STAGE = Stage(
     reads=("questions", "answers", "judgments"),
     writes=(),
     optional_reads=("requests", "retrievals", "audit_extraction", "audit_consolidation",
-                    "errata_judgments"),
+                    "errata_judgments", "system_units", "system_search_units"),
     settings=ReportSettings,
     depends=("benchmark.name", "benchmark.categories", "method.name", "method.stages"),
     extra_fingerprint=_report_fingerprint,

@@ -255,6 +255,27 @@ def quality_section(rep: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def system_section(rep: Mapping[str, Any]) -> list[str]:
+    """A baseline system's own account: memories kept, dropped (where, why), failures."""
+    sysrep = rep.get("system")
+    if not sysrep:
+        return []
+    out = [f"## Baseline system: {sysrep['system']} {sysrep.get('version') or ''}".rstrip(), "",
+           f"{sysrep['conversations']} conversations built; {sysrep['memories']} memories kept, "
+           f"{sysrep['dropped']} dropped by the system (a model reply it could not use).", ""]
+    if sysrep["drops"]:
+        out += _table(["where: why", "times"], [[k, str(v)] for k, v in sysrep["drops"].items()])
+        out += [""]
+    dropped = {c: n for c, n in sysrep["dropped_by_conversation"].items() if n}
+    if dropped:
+        out += ["Dropped per conversation: " + ", ".join(f"{c} {n}" for c, n in dropped.items()),
+                ""]
+    for f in sysrep["failed"]:
+        out += [f"**Failed** {f['phase']} of {f['conv_id']}: {f['error']} (its questions see "
+                "no memory; `force=true` retries it)."]
+    return out
+
+
 def cost_section(rep: Mapping[str, Any]) -> list[str]:
     rows = []
     for stage, c in rep["build_cost"].items():
@@ -359,6 +380,7 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
         longmemeval_section(rep),
         published_section(rep, published),
         quality_section(rep),
+        system_section(rep),
         cost_section(rep),
     ):
         lines += section

@@ -317,11 +317,28 @@ def check_official(job: Job) -> list[Finding]:
     return found
 
 
+def check_systems(job: Job) -> list[Finding]:
+    """A baseline system's stages need its own environment, installed from the committed lock
+    (structmem_gpu/systems/envs.py)."""
+    from structmem_gpu.systems import envs
+    from structmem_gpu.systems.stages import SystemSettings, systems_dir_of_job
+    from structmem_gpu.systems.registry import system_spec
+
+    if not any(getattr(s, "settings", None) is SystemSettings for s in job.stages):
+        return []
+    try:
+        spec = system_spec(job.config.settings(SystemSettings).name)
+        envs.check_env(spec, systems_dir_of_job(job.config))
+    except StructMemError as err:
+        return [Finding(str(err))]
+    return []
+
+
 # The checks, in order; one line adds one. The GPU memory plan is not among them: the dry run
 # prints it and exits 2 on a refusal (node/dry_run.print_dry_run), and run_stages, which
 # evicts backends by it, refuses the job before any stage (structmem_gpu/node/gpu_plan.py).
 CHECKS: list[Callable[[Job], list[Finding]]] = [check_engines, check_models, check_gpu, check_disk,
-                                                check_official, check_inputs]
+                                                check_official, check_inputs, check_systems]
 
 
 def check(config: JobConfig, stages: Sequence[Any], run_dir: Path,

@@ -93,6 +93,24 @@ def missing_official(cfg: DictConfig) -> str | None:
     return None
 
 
+def missing_system(cfg: DictConfig) -> str | None:
+    """The baseline system's environment the config runs in, when this machine lacks it (None:
+    installed, or no system). CI installs them (make systems); elsewhere the command skips."""
+    from structmem_gpu.config.job import JobConfig
+    from structmem_gpu.systems import envs
+    from structmem_gpu.systems.registry import system_spec
+    from structmem_gpu.systems.stages import SystemSettings, systems_dir_of_job
+
+    if "system_build" not in cfg.method.stages:
+        return None
+    job = JobConfig.from_cfg(cfg)
+    try:
+        envs.check_env(system_spec(job.settings(SystemSettings).name), systems_dir_of_job(job))
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
 def commands() -> Iterator[tuple[str, list[str]]]:
     """(label, overrides): the methods with their figures, then every sweep point (figures
     off: test_plots covers them, and they would take most of a scripted run's time)."""
@@ -159,6 +177,8 @@ def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict
     if missing := missing_official(cfg):  # replication experiments read the official texts
         pytest.skip(f"{missing}: STRUCTMEM_OFFICIAL_DIR is unset or holds no checkouts "
                     "(python jobs/data.py official)")
+    if missing := missing_system(cfg):
+        pytest.skip(missing)
     key = config_hash(cfg)
     if key in shared["done"]:  # the same job as an earlier command: it ran there
         run_dir = shared["done"][key]

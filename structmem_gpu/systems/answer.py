@@ -1,0 +1,58 @@
+"""Our reader over a baseline system's search results (`answer.prompt` of every system method).
+
+The reader is ours, shared with the memory methods (eval/prompts/answer_structmem.reader_system:
+same rules, short phrase, the abstention line), so a system row differs from ours only in the
+memory it shows: each hit of `system_hits` in the system's rank order, grouped by whose memory
+it is (mem0 keeps one store per speaker, as its evaluation harness does), each with the date
+the system stored with it; a graph system's relations as their own lines. Example:
+
+    Memories of Caroline:
+    - [2023-05-08] Is researching adoption agencies
+    Memories of Melanie:
+    - [2023-05-08] Painted a sunset last week
+    Question: What is Caroline researching?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import polars as pl
+
+from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
+from structmem_gpu.eval.prompts.answer_structmem import reader_messages, reader_system
+
+VERSION = "answer_system/1"
+PROMPT_NAME = "system"
+SYSTEM = reader_system(
+    "Relations (subject -- relation -- object) come from a knowledge graph of the conversation; "
+    "use them together with the memories.")
+
+
+def _date(value: str | None) -> str:
+    return (value or "undated")[:10]
+
+
+def render(hits: pl.DataFrame) -> str:
+    """One question's hits (rank order) as the reader's memory block."""
+    if hits.height == 0:
+        return "(no memories retrieved)"
+    blocks: dict[str, list[str]] = {}
+    for owner, kind, text, when in hits.select("owner", "kind", "text", "created_at").iter_rows():
+        head = "Relations" if kind == "relation" else (
+            f"Memories of {owner}" if owner else "Memories")
+        line = f"- {text}" if kind == "relation" else f"- [{_date(when)}] {text}"
+        blocks.setdefault(head, []).append(line)
+    return "\n".join(f"{head}:\n" + "\n".join(lines) for head, lines in blocks.items())
+
+
+def build_prompts(inputs: AnswerInputs) -> Mapping[str, AnswerPrompt]:
+    hits = inputs.require("system_hits", PROMPT_NAME).sort("question_id", "rank")
+    by_q = {str(q): part for (q,), part in hits.group_by("question_id", maintain_order=True)}
+    empty = hits.clear()
+    return {
+        qid: AnswerPrompt(reader_messages(SYSTEM, render(by_q.get(qid, empty)), question, now),
+                          VERSION)
+        for qid, question, now in inputs.questions.select(
+            "question_id", "question", "question_time").iter_rows()
+    }

@@ -1,0 +1,96 @@
+"""The CI tier of the baseline systems: each runs build -> search -> answer -> judge -> report
+on the bundled sample from its own environment, behind the recording front, with its own
+scripted replies (structmem_gpu/systems/<name>.py scripted_reply); a second run into a new run
+directory sends nothing uncached; replies a small model would garble (no JSON, truncated JSON,
+wrong keys) end in a finished run with the dropped memories counted, not a traceback."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from tests.fixtures.pipeline import run_pipeline
+from tests.systems.helpers import missing_env, system_requests, table
+
+pytestmark = [pytest.mark.systems, pytest.mark.timeout(1800)]
+
+# The systems of the CI tier (the others are in the heavy tier, test_heavy_systems.py).
+CI_SYSTEMS = ["mem0", "mem0_graph", "lightrag"]
+
+
+def _overrides(name: str, cache: Path) -> list[str]:
+    return [f"method={name}", "benchmark=sample", "benchmark.conversations=[sample-1]",
+            "benchmark.max_sessions=2",
+            "debug=scripted", "embedder=minilm", f"paths.cache_dir={cache}",
+            "report.plots=false", "system.workers=2"]
+
+
+def _skip_unless_installed(name: str) -> None:
+    if why := missing_env(name):
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("name", CI_SYSTEMS)
+def test_a_system_runs_to_a_report_then_reruns_from_the_cache(name: str, tmp_path: Path) -> None:
+    _skip_unless_installed(name)
+    cache = tmp_path / "cache"
+    first = tmp_path / "run1"
+    run_pipeline(_overrides(name, cache), first)
+    memories = table(first, "memories")
+    hits = table(first, "system_hits")
+    answers = table(first, "answers")
+    units = table(first, "system_units")
+    assert memories.height > 0 and memories["text"].str.len_chars().min() > 0
+    assert hits.height > 0
+    assert answers.height == table(first, "questions").filter(
+        pl.col("category") != 5).height  # every selected question answered
+    assert units["status"].to_list() == ["ok"]
+    report = json.loads((first / "report" / "report.json").read_text())
+    assert report["method"] == name
+    rows = system_requests(first, name)
+    chat = rows.filter(pl.col("prompt_version") == f"{name}/chat")
+    assert chat.height > 0 and not chat["cache_hit"].any()
+    assert rows["stage"].unique().sort().to_list() == ["system_build", "system_search"]
+    # every call the system made is a row (its worker counted them by unit: the front's count)
+    assert int(units["requests"].sum()) == rows.filter(pl.col("stage") == "system_build").height
+
+    second = tmp_path / "run2"
+    run_pipeline(_overrides(name, cache), second)
+    chat2 = system_requests(second, name).filter(pl.col("prompt_version") == f"{name}/chat")
+    assert chat2.height == chat.height and chat2["cache_hit"].all()  # 0 uncached requests
+    assert sorted(table(second, "memories")["text"].to_list()) == sorted(memories["text"].to_list())
+
+
+BAD_REPLIES = {
+    "no JSON": lambda body: {"content": "I am not sure what you mean."},
+    "truncated JSON": lambda body: {"content": '{"facts": ["Caroline went to'},
+    "wrong keys": lambda body: {"content": '{"items": [{"x": 1}]}'},
+}
+
+
+@pytest.mark.parametrize("name", CI_SYSTEMS)
+@pytest.mark.parametrize("kind", list(BAD_REPLIES))
+def test_garbled_replies_are_counted_not_a_traceback(name: str, kind: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    _skip_unless_installed(name)
+    module = importlib.import_module(f"structmem_gpu.systems.{name}")
+    good = module.SPEC.scripted_reply
+    bad = BAD_REPLIES[kind]
+
+    def garbled(body: dict[str, Any]) -> dict[str, Any]:
+        # the build's memory-writing replies are garbled; the search's keyword replies too
+        return bad(body) if not body.get("tools") else good(body)
+
+    monkeypatch.setattr(module, "SPEC", dataclasses.replace(module.SPEC, scripted_reply=garbled))
+    run = tmp_path / "run"
+    run_pipeline(_overrides(name, tmp_path / "cache"), run)
+    units = table(run, "system_units")
+    assert units["status"].to_list() == ["ok"], units["error"].to_list()
+    assert int(units["dropped"].sum()) > 0, f"{name}: nothing counted as dropped ({kind})"
+    assert (run / "report" / "report.json").exists()
