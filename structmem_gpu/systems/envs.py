@@ -41,7 +41,7 @@ def lock_sha256(spec: SystemSpec) -> str:
 
 
 def env_dir(spec: SystemSpec, systems_dir: Path) -> Path:
-    return Path(systems_dir) / spec.env_name
+    return Path(systems_dir).absolute() / spec.env_name
 
 
 def env_python(spec: SystemSpec, systems_dir: Path) -> Path:

@@ -45,7 +45,7 @@ from pydantic import Field
 
 from structmem_gpu.config.settings import COUNT, RUN_ROLE, SIZE, Settings
 from structmem_gpu.core import preempt, schemas
-from structmem_gpu.core.errors import ConfigError
+from structmem_gpu.core.errors import ConfigError, StructMemError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.stage import (
     EMBEDDER_IDENTITY, LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate,
@@ -73,6 +73,10 @@ SYSTEM_HITS: schemas.Schema = {
     "created_at": pl.String(),
     "score": pl.Float64(),
 }
+
+
+class SystemRunError(StructMemError):
+    """A baseline system failed on every conversation (its environment, its worker, the front)."""
 
 
 class SystemSettings(Settings):
@@ -108,7 +112,8 @@ def systems_dir_of_job(job: Any) -> Path:
     """paths.systems_dir (STRUCTMEM_SYSTEMS_DIR, else <root>/.systems: conf/paths)."""
     paths = job.root.paths
     value = getattr(paths, "systems_dir", None) if paths is not None else None
-    return Path(str(value or os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems"))
+    # absolute: workers run with their log folder as working directory
+    return Path(str(value or os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")).absolute()
 
 
 def systems_dir_of(ctx: StageContext) -> Path:
@@ -192,7 +197,7 @@ def _run_units(ctx: StageContext, spec: SystemSpec, phase: str,
     s: SystemSettings = ctx.settings
     python = envs.env_python(spec, systems_dir_of(ctx))
     envs.check_env(spec, systems_dir_of(ctx))
-    base = ctx.run.root / "systems" / spec.name
+    base = ctx.run.root.absolute() / "systems" / spec.name  # workers run elsewhere
     enc = ctx.encoder()
     replies: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
@@ -250,6 +255,12 @@ def _run_units(ctx: StageContext, spec: SystemSpec, phase: str,
                          cache_hits=front.stats.cache_hits, front_errors=front.stats.errors,
                          worker_restarts=pool.restarts)
     preempt.check(ctx.stage.name)  # stopped: finished units are kept (markers) for the requeue
+    failed = [r for r in rows if r["status"] == "error"]
+    if todo and len(failed) == len(todo):  # nothing worked: a setup problem, not a bad reply
+        first = failed[0]
+        raise SystemRunError(
+            f"system {spec.name}: every conversation's {phase} failed (logs/system_{spec.name}_*.log); "
+            f"first, {first['conv_id']}: {first['error']}\n{first['log_tail'] or ''}")
     return replies, rows
 
 

@@ -35,6 +35,7 @@ needs_env = pytest.mark.skipif(
     not MEM0_PY.exists(),
     reason=f"no mem0 environment at {MEM0_PY} (set STRUCTMEM_SYSTEMS_DIR; "
            "`python jobs/data.py systems install mem0`)")
+pytestmark = pytest.mark.systems
 CLOCK = "2023-05-08T13:56:00"
 DIMS = 16
 
