@@ -18,6 +18,8 @@ without the system's cooperation.
 - `POST .../embeddings`: served from the job's encoder (string or list-of-strings input;
   `encoding_format: base64` answered as little-endian float32, as the OpenAI SDK decodes it).
   Token-id inputs are refused with a 400 naming the client option that sends strings.
+- `max_tokens` (a job's `system.max_tokens`, debug=ci) caps every chat body's reply budget
+  before it is keyed and sent; unset, bodies go as the system wrote them.
 - Repeats are served from the front's response cache (`FrontCache`, a segment store beside the
   LLM cache: no SQLite, no locks, safe on a shared filesystem), keyed by the upstream's model
   id and the canonical body (model and stream removed). Systems that put the time of day or
@@ -200,8 +202,10 @@ class RecordingFront:
     """The loopback server (a thread of the job): see the module docstring."""
 
     def __init__(self, upstream: Upstream, *, embed: Callable[[Sequence[str]], Any],
-                 cache: FrontCache | None = None, stage: str = "") -> None:
+                 cache: FrontCache | None = None, stage: str = "",
+                 max_tokens: int | None = None) -> None:
         self.upstream = upstream
+        self.max_tokens = max_tokens  # cap on every chat body's reply budget (None = as sent)
         self._embed = embed
         self._embed_lock = threading.Lock()  # the encoder is not thread-safe
         self.cache = cache
@@ -282,6 +286,10 @@ class RecordingFront:
         if body.get("stream"):
             return 400, {"error": {"message": "stream=true is not supported by the recording front"}}
         t0 = time.perf_counter()
+        if self.max_tokens is not None:  # the capped body is what the upstream sees and keys
+            for name in ("max_tokens", "max_completion_tokens"):
+                if name in body or name == "max_tokens":
+                    body[name] = min(int(body.get(name) or self.max_tokens), self.max_tokens)
         sha = body_hash(body)
         key = body_key(self.upstream.model_id, body)
         reply = self.cache.get(key) if self.cache is not None else None

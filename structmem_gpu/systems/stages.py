@@ -97,6 +97,10 @@ class SystemSettings(Settings):
         "The instant the worker freezes datetime.now() at (mem0 writes today's date into its "
         "prompts; the published runs used their wall clock): a fixed value makes a rerun send "
         "the same requests, so the response cache answers them."))
+    max_tokens: Annotated[int, Field(ge=1)] | None = Field(None, description=(
+        "Cap on the reply budget of every chat request the system sends (max_tokens / "
+        "max_completion_tokens, set where absent); null = the system's own budgets, as "
+        "published. debug=ci caps them: SmolLM2 fills a 2,000-token budget with noise."))
     workers: Annotated[SIZE, RUN_ROLE] = Field(4, description=(
         "Worker processes of the system, each building one conversation at a time: the server "
         "sees up to this many conversations' requests at once."))
@@ -170,6 +174,7 @@ def _unit_key(spec: SystemSpec, settings: SystemSettings, model_id: str, encoder
     canon = json.dumps({"protocol": PROTOCOL_VERSION, "system": spec.name,
                         "lock": envs.lock_sha256(spec), "options": _options(spec, settings),
                         "top_k": settings.top_k, "clock": settings.clock, "model": model_id,
+                        "max_tokens": settings.max_tokens,
                         "encoder": encoder_id, "payload": payload}, sort_keys=True, default=str)
     return hashlib.sha256(canon.encode()).hexdigest()
 
@@ -186,8 +191,8 @@ def _front(ctx: StageContext, spec: SystemSpec) -> Iterator[RecordingFront]:
     def embed(texts: Sequence[str]) -> Any:
         return ctx.encode(list(texts))
 
-    with RecordingFront(_upstream(ctx, spec), embed=embed, cache=cache,
-                        stage=ctx.stage.name) as front:
+    with RecordingFront(_upstream(ctx, spec), embed=embed, cache=cache, stage=ctx.stage.name,
+                        max_tokens=ctx.settings.max_tokens) as front:
         yield front
 
 

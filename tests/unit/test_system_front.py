@@ -166,3 +166,19 @@ def test_unreachable_upstream_is_an_unanswered_row():
         rows = front.take_rows("system_build")
     assert status == 502 and "unreachable" in out["error"]["message"]
     assert rows["unanswered"].to_list() == [True] and rows["parse_ok"].to_list() == [False]
+
+
+def test_the_reply_budget_cap_applies_before_the_key_and_the_upstream():
+    seen: list[dict[str, Any]] = []
+
+    def record(body):
+        seen.append(dict(body))
+        return {"content": "x"}
+
+    with RecordingFront(ScriptedUpstream(record), embed=_embed, max_tokens=96) as front:
+        url = unit_url(front.url, "mem0", "build", "c1") + "/chat/completions"
+        _post(url, {**CHAT, "max_tokens": 2000})
+        _post(url, CHAT)  # none set: the cap is set
+        _post(url, {**CHAT, "max_completion_tokens": 50})  # under the cap: kept
+    assert [b.get("max_tokens") for b in seen] == [96, 96, 96]
+    assert seen[2]["max_completion_tokens"] == 50
