@@ -257,7 +257,8 @@ def systems_main(argv: Sequence[str]) -> int:
                 if state and not args.force and state.get("lock_sha256") == envs.lock_sha256(spec):
                     log.info("%s: installed (%s), same lock", spec.env_name, envs.env_dir(spec, where))
                     continue
-                state = envs.install(spec, where)
+                official = Path(os.environ.get("STRUCTMEM_OFFICIAL_DIR") or "data/official")
+                state = envs.install(spec, where, official_dir=official)
                 log.info("%s: installed in %s s at %s", name, state["installed_s"],
                          envs.env_dir(spec, where))
             elif args.action == "download":

@@ -22,7 +22,7 @@ import polars as pl
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.eval.prompts.answer_structmem import reader_messages, reader_system
 
-VERSION = "answer_system/1"
+VERSION = "answer_system/1"  # bump when the rendering changes
 PROMPT_NAME = "system"
 SYSTEM = reader_system(
     "Relations (subject -- relation -- object) come from a knowledge graph of the conversation; "
@@ -33,15 +33,30 @@ def _date(value: str | None) -> str:
     return (value or "undated")[:10]
 
 
+# How each kind of hit is headed and written (a system's worker says which kind it returns):
+# kind -> (block heading, whether a line carries its date).
+KINDS = {
+    "memory": ("Memories", True),  # mem0, LangMem, Zep's facts: one fact each, dated
+    "relation": ("Relations", False),  # a graph's "subject -- relation -- object"
+    "entity": ("Entities", False),  # Zep's entity summaries
+    "passage": ("Passages", True),  # HippoRAG 2: retrieved turns
+    "context": ("Retrieved context", False),  # LightRAG: one assembled context per question
+}
+
+
 def render(hits: pl.DataFrame) -> str:
     """One question's hits (rank order) as the reader's memory block."""
     if hits.height == 0:
         return "(no memories retrieved)"
     blocks: dict[str, list[str]] = {}
     for owner, kind, text, when in hits.select("owner", "kind", "text", "created_at").iter_rows():
-        head = "Relations" if kind == "relation" else (
-            f"Memories of {owner}" if owner else "Memories")
-        line = f"- {text}" if kind == "relation" else f"- [{_date(when)}] {text}"
+        head, dated = KINDS.get(kind or "memory", (str(kind).capitalize(), True))
+        if owner and kind in (None, "memory"):
+            head = f"Memories of {owner}"
+        if kind == "context":  # already a formatted block: shown as it is
+            blocks.setdefault(head, []).append(text)
+            continue
+        line = f"- [{_date(when)}] {text}" if dated and when else f"- {text}"
         blocks.setdefault(head, []).append(line)
     return "\n".join(f"{head}:\n" + "\n".join(lines) for head, lines in blocks.items())
 

@@ -66,6 +66,11 @@ def check_env(spec: SystemSpec, systems_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"system {spec.name}: no environment at "
                           f"{env_dir(spec, systems_dir)}; run `{fix}` (paths.systems_dir / "
                           f"STRUCTMEM_SYSTEMS_DIR say where)")
+    pinned = spec.repository[1] if spec.repository else None
+    if pinned and not str(state.get("commit") or "").startswith(pinned):
+        raise ConfigError(f"system {spec.name}: {env_dir(spec, systems_dir)} holds commit "
+                          f"{state.get('commit')} of {spec.repository[0]}, not the pinned "
+                          f"{pinned}; run `{fix}` again")
     if state.get("lock_sha256") != lock_sha256(spec):
         raise ConfigError(f"system {spec.name}: {env_dir(spec, systems_dir)} was installed from "
                           f"another lock than {spec.lock_path.name}; run `{fix}` again")
@@ -77,7 +82,32 @@ def _pip(python: Path, *args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
-def install(spec: SystemSpec, systems_dir: Path, *, python: str = sys.executable) -> dict[str, Any]:
+def source_dir(spec: SystemSpec, systems_dir: Path) -> Path:
+    """Where a repository-released system's code is exported (spec.repository)."""
+    return env_dir(spec, systems_dir) / "src"
+
+
+def export_repository(spec: SystemSpec, official_dir: Path, dest: Path) -> str:
+    """`git archive` of the pinned commit of the system's repository into `dest`; returns the
+    full commit. The checkout may be bare, read-only and owned by someone else."""
+    folder, commit = spec.repository or ("", "")
+    repo = Path(official_dir) / folder
+    if not repo.exists():
+        raise ConfigError(f"system {spec.name}: its repository {repo} is missing; fetch the "
+                          f"official checkouts (python jobs/data.py official) or set "
+                          f"STRUCTMEM_OFFICIAL_DIR")
+    git = ["git", "-c", f"safe.directory={repo}", "-C", str(repo)]
+    full = subprocess.run([*git, "rev-parse", "--verify", f"{commit}^{{commit}}"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run([*git, "archive", "--format=tar", full], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return full
+
+
+def install(spec: SystemSpec, systems_dir: Path, *, python: str = sys.executable,
+            official_dir: Path | None = None) -> dict[str, Any]:
     """(Re)create the system's environment from its lock; returns the state it recorded."""
     target = env_dir(spec, systems_dir)
     t0 = time.monotonic()
@@ -94,10 +124,14 @@ def install(spec: SystemSpec, systems_dir: Path, *, python: str = sys.executable
     _pip(py, "--no-deps", *find, *offline, "-r", str(spec.lock_path))
     for extra in spec.extra_installs:
         _pip(py, *find, *offline, *extra)
+    commit = None
+    if spec.repository is not None:
+        commit = export_repository(spec, Path(official_dir or "data/official"),
+                                   source_dir(spec, systems_dir))
     version = subprocess.run([str(py), "-c", "import sys; print(sys.version.split()[0])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     state = {"system": spec.name, "source": spec.source, "lock": spec.lock_path.name,
-             "lock_sha256": lock_sha256(spec), "python": version,
+             "lock_sha256": lock_sha256(spec), "python": version, "commit": commit,
              "installed_s": round(time.monotonic() - t0, 1), "installed_at": time.time(),
              "platform": platform.platform()}
     (target / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")

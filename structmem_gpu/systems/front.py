@@ -157,11 +157,14 @@ class ScriptedUpstream:
 
     def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         message = {"role": "assistant", "content": None, **self.reply(body)}
+        # A scripted reply may carry logprobs (graphiti's reranker reads them): they belong to
+        # the choice, as a server puts them.
+        logprobs = message.pop("logprobs", None)
         text = message.get("content") or json.dumps(message.get("tool_calls") or [])
         prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages", [])) // 4
         return {
             "id": "scripted", "object": "chat.completion", "created": 0, "model": self.model_id,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs,
                          "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": len(text) // 4,
                       "total_tokens": prompt + len(text) // 4},

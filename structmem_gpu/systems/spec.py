@@ -49,6 +49,11 @@ class SystemSpec:
     # Job-side preparation before workers start: files the system would download at run time
     # (tiktoken encodings) made local under the workers' home; returns environment additions.
     prepare: Callable[[Path], Mapping[str, str]] | None = None
+    # A system released as a repository, not a package: (folder under paths.official_dir,
+    # commit), e.g. ("amem.git", "0c8039f"). `systems install` exports that commit's tree into
+    # <env>/src (read from the user's checkout, as the official texts are; never copied into
+    # this repository) and the worker finds it through STRUCTMEM_SYSTEM_SRC.
+    repository: tuple[str, str] | None = None
     # Another system whose environment (and lock) this one runs in: None = its own.
     shares_env_of: str | None = None
 

@@ -164,6 +164,14 @@ def worker_env(spec: SystemSpec, home: Path) -> dict[str, str]:
     return env
 
 
+def worker_env_for(spec: SystemSpec, home: Path, systems_dir: Path) -> dict[str, str]:
+    """worker_env plus where a repository-released system's code was exported."""
+    env = worker_env(spec, home)
+    if spec.repository is not None:
+        env["STRUCTMEM_SYSTEM_SRC"] = str(envs.source_dir(spec, systems_dir))
+    return env
+
+
 def _safe(unit: str) -> str:
     digest = hashlib.sha256(unit.encode()).hexdigest()[:8]
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in unit)[:80] + "-" + digest
@@ -172,7 +180,8 @@ def _safe(unit: str) -> str:
 def _unit_key(spec: SystemSpec, settings: SystemSettings, model_id: str, encoder_id: str,
               payload: Mapping[str, Any]) -> str:
     canon = json.dumps({"protocol": PROTOCOL_VERSION, "system": spec.name,
-                        "lock": envs.lock_sha256(spec), "options": _options(spec, settings),
+                        "lock": envs.lock_sha256(spec), "repository": spec.repository,
+                        "options": _options(spec, settings),
                         "top_k": settings.top_k, "clock": settings.clock, "model": model_id,
                         "max_tokens": settings.max_tokens,
                         "encoder": encoder_id, "payload": payload}, sort_keys=True, default=str)
@@ -231,7 +240,8 @@ def _run_units(ctx: StageContext, spec: SystemSpec, phase: str,
         hello = {"op": "hello", "system": spec.name, "settings": {**_options(spec, s),
                  "top_k": s.top_k}, "clock": s.clock}
         t0 = time.perf_counter()
-        with WorkerPool(spec, python, n=s.workers, env=worker_env(spec, base / "home"),
+        with WorkerPool(spec, python, n=s.workers,
+                        env=worker_env_for(spec, base / "home", systems_dir_of(ctx)),
                         log_dir=ctx.run.logs_dir, hello=hello,
                         unit_timeout_s=s.unit_timeout_s) as pool:
             progress = _progress(len(todo), f"{spec.name} {phase}")
@@ -373,9 +383,11 @@ def _estimate(phase: str) -> Any:
     return estimate
 
 
-def _lock_fingerprint(job: Any) -> str:
+def _lock_fingerprint(job: Any) -> Any:
     spec = system_spec(job.settings(SystemSettings).name)
-    return envs.lock_sha256(spec)
+    if spec.repository is None:  # the fingerprint of every package-released system: as before
+        return envs.lock_sha256(spec)
+    return [envs.lock_sha256(spec), list(spec.repository)]
 
 
 BUILD_STAGE = Stage(

@@ -16,8 +16,8 @@ from tests.systems.helpers import missing_env, system_requests, table
 
 pytestmark = [pytest.mark.systems, pytest.mark.timeout(1800)]
 
-# Tool-calling systems (mem0_graph, zep's reranker, langmem) need a server-side tool parser:
-# the heavy tier runs them against llama.cpp.
+# mem0_graph and langmem need a server-side tool parser, zep's reranker logprobs at the
+# choice: the heavy tier runs them against llama.cpp.
 LLAMACPP_SYSTEMS = ["mem0", "lightrag"]
 
 
