@@ -122,8 +122,7 @@ def _chat_hashes(rows: Any) -> list[str]:
     return rows.filter(rows["prompt_version"] == "langmem/chat")["messages_hash"].to_list()
 
 
-def _build(worker: Worker, store: Path, reply: Callable[[Mapping[str, Any]], dict[str, Any]]
-           = scripted_reply) -> tuple[dict[str, Any], Any]:
+def _build(worker: Worker, store: Path, reply: Any = scripted_reply) -> tuple[dict[str, Any], Any]:
     with RecordingFront(ScriptedUpstream(reply), embed=_embed) as front:
         built = worker.ask(_request(front, "build", store, sessions=SESSIONS))
         return built, front.take_rows("system_build")
@@ -191,7 +190,10 @@ def test_thread_per_message_sends_no_history(tmp_path: Path) -> None:
     assert max(len(b["messages"]) for b in bodies) == 4
 
 
-def _garble(args: str | None = None, content: str | None = None) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+Reply = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+def _garble(args: str | None = None, content: str | None = None) -> Reply:
     """The scripted replies with the memory-writing tool calls' arguments replaced (or the
     tool call replaced by text)."""
     def reply(body: Mapping[str, Any]) -> dict[str, Any]:

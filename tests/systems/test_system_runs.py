@@ -21,7 +21,7 @@ from tests.systems.helpers import missing_env, system_requests, table
 pytestmark = [pytest.mark.systems, pytest.mark.timeout(1800)]
 
 # The systems of the CI tier (the others are in the heavy tier, test_heavy_systems.py).
-CI_SYSTEMS = ["mem0", "mem0_graph", "lightrag", "zep"]
+CI_SYSTEMS = ["mem0", "mem0_graph", "lightrag", "zep", "langmem"]
 
 
 def _overrides(name: str, cache: Path) -> list[str]:

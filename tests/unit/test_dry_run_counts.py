@@ -19,7 +19,11 @@ from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.node.dry_run import estimate
 from tests.fixtures.pipeline import compose_cfg, compose_job, options, run_pipeline
 
-METHODS = options("method")
+# The baseline systems' methods send what their own code decides: the dry run says "not
+# estimated: external system" for them (test_a_system_method_is_not_estimated_by_name).
+SYSTEM_METHODS = [m for m in options("method")
+                  if "system_build" in compose_cfg([f"method={m}"]).method.stages]
+METHODS = [m for m in options("method") if m not in SYSTEM_METHODS]
 BASE = ["debug=scripted", "benchmark=sample"]
 # Switches that change what a stage sends, beside each method's defaults.
 SWITCHES = {
@@ -63,6 +67,17 @@ def test_dry_run_counts_equal_or_bound_the_scripted_run(case: str, tmp_path: Pat
         if row["requests"]:
             assert row["prompt_tokens"] > 0 and row["completion_tokens"] > 0
     assert est["complete"]
+
+
+def test_a_system_method_is_not_estimated_by_name() -> None:
+    assert "mem0" in SYSTEM_METHODS
+    for method in SYSTEM_METHODS:
+        rows = {r["stage"]: r for r in estimate(compose_job([*BASE, f"method={method}"]))["stages"]}
+        for stage in ("system_build", "system_search"):
+            assert rows[stage]["requests"] is None
+            assert rows[stage]["basis"].startswith("not estimated: external system ")
+            assert "(2 conversations)" in rows[stage]["basis"]
+        assert rows["answer"]["requests"] is not None  # our reader on stand-in hits
 
 
 def test_the_sample_seem_estimate_covers_every_llm_stage() -> None:

@@ -34,10 +34,11 @@ Drops (LangMem swallows these silently; counted from the agent's messages and th
 each invoke): a tool call whose arguments are not JSON (langchain-openai files it under
 `invalid_tool_calls`, the tool node never runs it, the agent's turn ends); a `manage_memory`
 call that raised (wrong action, an id for "create", none for "update"; or a call of a tool
-that does not exist) with no successful `manage_memory` call after it in the same invoke; a memory stored without content (wrong argument names: the tool's
-`content` defaults to None and `{"content": null}` is stored, then left out of memories and
-hits); a reply that writes a tool call as text (JSON in the content, no tool call); an agent
-loop that hit the recursion limit. A plain reply without a tool call is the agent's choice to
+that does not exist) with no successful `manage_memory` call after it in the same invoke; a
+memory stored without content (wrong argument names: the tool's `content` defaults to None
+and `{"content": null}` is stored, then left out of memories and hits); a reply that writes
+a tool call as text (JSON in the content, no tool call); an agent loop that hit the recursion
+limit. A plain reply without a tool call is the agent's choice to
 store nothing: reported as `no_tool_call`, not a drop.
 
 Determinism: the clock is frozen (LangGraph stamps items with `datetime.now`, and the prompt
@@ -52,7 +53,6 @@ import datetime as dt
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
                 "OPENAI_PROXY"):
         os.environ.pop(var, None)  # the request's base_url, nothing from the environment
     wc.refuse_network()
-    import langmem  # noqa: F401 - imported after the clock freeze and the network switch
+    import langmem  # after the clock freeze and the network switch
     from langchain.chat_models import init_chat_model
     from langchain_openai import OpenAIEmbeddings
     from langgraph.checkpoint.memory import InMemorySaver
@@ -189,7 +189,8 @@ def _looks_like_a_call(text: str) -> bool:
     return t.startswith(("{", "[")) or TOOL in t or t.lower().startswith("json")
 
 
-def _check(new: list[Any], before: dict[str, Any], after: dict[str, Any]) -> tuple[list[dict[str, str]], bool]:
+def _check(new: list[Any], before: dict[str, Any],
+           after: dict[str, Any]) -> tuple[list[dict[str, str]], bool]:
     """This invoke's drops, judged from its new messages and the store; and whether the agent
     called no tool at all."""
     drops: list[dict[str, str]] = []
