@@ -253,3 +253,24 @@ def test_scripted_reply_answers_the_agent() -> None:
     assert scripted_reply({"messages": [user, tool], "tools": _tools()}) == {"content": "Noted."}
     short = {"role": "user", "content": "1:56 pm on 8 May, 2023 | Caroline: Great!"}
     assert "tool_calls" not in scripted_reply({"messages": [short], "tools": _tools()})
+
+
+@needs_env
+def test_an_agent_that_never_stops_calling_tools_is_a_drop(tmp_path: Path) -> None:
+    """A model that keeps searching hits LangGraph's recursion limit (GraphRecursionError):
+    the message's memory is lost, the unit goes on."""
+    def searching(body: Mapping[str, Any]) -> dict[str, Any]:
+        n = len(body["messages"])
+        return {"tool_calls": [{"id": f"call_s{n}", "type": "function", "function": {
+            "name": "search_memory", "arguments": json.dumps({"query": "support group"})}}]}
+
+    w = Worker(tmp_path / "home", "r")
+    try:
+        w.hello(recursion_limit=5)
+        built, _ = _build(w, tmp_path / "s", searching)
+    finally:
+        assert w.close() == 0
+    n = sum(len(s["turns"]) for s in SESSIONS)
+    assert built["memories"] == [] and built["dropped"] == n
+    assert built["drops"] == [{"where": "agent", "why": "recursion limit"}] * n
+    assert built["no_tool_call"] == 0

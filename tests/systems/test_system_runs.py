@@ -59,6 +59,10 @@ def test_a_system_runs_to_a_report_then_reruns_from_the_cache(name: str, tmp_pat
     assert rows["stage"].unique().sort().to_list() == ["system_build", "system_search"]
     # every call the system made is a row (its worker counted them by unit: the front's count)
     assert int(units["requests"].sum()) == rows.filter(pl.col("stage") == "system_build").height
+    # the workers refuse every non-loopback connection (worker_common.refuse_network): a
+    # system that tried one (telemetry, a download) would have logged the refusal
+    logs = sorted((first / "logs").glob(f"system_{name}_*.log"))
+    assert logs and not any("network refused" in p.read_text(errors="replace") for p in logs)
 
     second = tmp_path / "run2"
     run_pipeline(_overrides(name, cache), second)
@@ -94,3 +98,24 @@ def test_garbled_replies_are_counted_not_a_traceback(name: str, kind: str, tmp_p
     assert units["status"].to_list() == ["ok"], units["error"].to_list()
     assert int(units["dropped"].sum()) > 0, f"{name}: nothing counted as dropped ({kind})"
     assert (run / "report" / "report.json").exists()
+
+
+def test_a_finished_conversation_is_not_rebuilt(tmp_path: Path) -> None:
+    """force=true after a build: conversations with a marker are resumed (no request at all),
+    one whose marker is gone (a crash before it finished) is built again."""
+    _skip_unless_installed("mem0")
+    over = [*_overrides("mem0", tmp_path / "cache"), "benchmark.conversations=null",
+            "stages=[load,system_build]"]
+    run = tmp_path / "run"
+    run_pipeline(over, run)
+    assert sorted(table(run, "system_units")["status"].to_list()) == ["ok", "ok"]
+    markers = sorted((run / "systems" / "mem0" / "done" / "build").glob("*.json"))
+    assert len(markers) == 2
+    markers[0].unlink()
+    run_pipeline([*over, "force=true"], run)
+    units = table(run, "system_units").sort("conv_id")
+    assert sorted(units["status"].to_list()) == ["ok", "resumed"]
+    rebuilt = units.filter(pl.col("status") == "ok")["conv_id"][0]
+    rows = system_requests(run, "mem0")
+    assert set(rows["conv_id"]) == {rebuilt}  # only the rebuilt conversation sent requests
+    assert table(run, "memories")["conv_id"].n_unique() == 2

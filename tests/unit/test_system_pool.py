@@ -69,3 +69,17 @@ def test_a_crash_and_a_hang_are_errors_and_the_rest_goes_on(tmp_path):
     assert "about to crash" in got["crash"]["log_tail"]
     assert got["hang"]["op"] == "error" and "no reply within 3 s" in got["hang"]["error"]
     assert restarts == 2
+
+
+def test_after_a_stop_signal_no_new_unit_starts(tmp_path):
+    from structmem_gpu.core import preempt
+
+    spec = _spec(tmp_path)
+    preempt.request_stop("SIGTERM")
+    try:
+        with WorkerPool(spec, Path(sys.executable), n=2, env={}, log_dir=tmp_path / "logs",
+                        hello={"op": "hello"}, unit_timeout_s=30) as pool:
+            got = dict(pool.run([{"op": "build", "unit": "c0"}, {"op": "build", "unit": "c1"}]))
+    finally:
+        preempt.reset()
+    assert got == {}  # nothing handed out; the stage raises Preempted after the pool

@@ -116,8 +116,13 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
     if _state["HippoRAG"] is not None:
         return {}
     _state["settings"] = dict(req.get("settings") or {})
-    wc.freeze_clock(str(req.get("clock") or "2025-01-01T00:00:00"))
     wc.refuse_network()
+    # pydantic.v1 (imported by openai 1.91's _compat) defines `class ConstrainedDate(date,
+    # metaclass=ConstrainedNumberMeta)`: against the frozen `date` (its own metaclass) that is a
+    # metaclass conflict at import. Imported before the freeze it binds the real class; it reads
+    # no clock at import. HippoRAG itself reads no clock (no datetime call in hipporag/).
+    import pydantic.v1  # noqa: F401
+    wc.freeze_clock(str(req.get("clock") or "2025-01-01T00:00:00"))
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # read at litellm's import
     os.environ.setdefault("OPENAI_API_KEY", "structmem-local")  # the SDK wants one
     # First on the path: a real vllm, if someone installed one, is not imported either

@@ -156,6 +156,9 @@ def _is_loopback(host: Any) -> bool:
 
 def _check(host: Any) -> None:
     if not _is_loopback(host):
+        # logged too: a system that swallows the OSError (telemetry clients do) still leaves
+        # a line in the worker's log, which the systems tier looks for
+        logging.getLogger("structmem_worker").warning("network refused by structmem worker: %s", host)
         raise OSError(f"network refused by structmem worker: {host}")
 
 
