@@ -488,7 +488,8 @@ def system_summary(build: pl.DataFrame | None, search: pl.DataFrame | None,
         return None
     notes = ((manifest.get("stages") or {}).get("system_build") or {}).get("notes") or {}
     where: dict[str, int] = {}
-    for drops in build["drops"].to_list():
+    for drops in [*build["drops"].to_list(),
+                  *(search["drops"].to_list() if search is not None else [])]:
         for d in json.loads(drops or "[]"):
             key = f"{d.get('where')}: {d.get('why')}"
             where[key] = where.get(key, 0) + 1
@@ -502,6 +503,8 @@ def system_summary(build: pl.DataFrame | None, search: pl.DataFrame | None,
         "memories": int(build["memories"].sum() or 0),
         "dropped": int(build["dropped"].sum() or 0),
         "dropped_by_conversation": {c: int(n) for c, n in build.select("conv_id", "dropped").iter_rows()},
+        # what a search lost (Mem0^g: relations of a question whose entity reply was unusable)
+        "search_dropped": int(search["dropped"].sum() or 0) if search is not None else 0,
         "drops": where,
         "failed": failed,
     }

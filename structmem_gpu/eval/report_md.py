@@ -262,7 +262,9 @@ def system_section(rep: Mapping[str, Any]) -> list[str]:
         return []
     out = [f"## Baseline system: {sysrep['system']} {sysrep.get('version') or ''}".rstrip(), "",
            f"{sysrep['conversations']} conversations built; {sysrep['memories']} memories kept, "
-           f"{sysrep['dropped']} dropped by the system (a model reply it could not use).", ""]
+           f"{sysrep['dropped']} dropped by the system (a model reply it could not use)"
+           + (f"; searches lost {sysrep['search_dropped']} results the same way"
+              if sysrep.get("search_dropped") else "") + ".", ""]
     if sysrep["drops"]:
         out += _table(["where: why", "times"], [[k, str(v)] for k, v in sysrep["drops"].items()])
         out += [""]

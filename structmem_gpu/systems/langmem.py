@@ -93,5 +93,8 @@ SPEC = SystemSpec(
     env=ENV,
     scripted_reply=scripted_reply,
     paper_settings="top-40 memories per speaker (StructMem A.4: A-Mem/LangMem top-40)",
-    options={"thread": "conversation"},
+    # harness: where the worker reads the agent's system prompt at run time (mem0's evaluation
+    # code for LangMem, at the pinned commit under paths.official_dir; never copied here).
+    options={"thread": "conversation",
+             "harness": "mem0.git@b3ede5b7c0ac0e847b03786a603c107ac943b3ee:evaluation/src/langmem.py"},
 )

@@ -120,6 +120,12 @@ def systems_dir_of_job(job: Any) -> Path:
     return Path(str(value or os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")).absolute()
 
 
+def official_dir_of(ctx: StageContext) -> Path:
+    paths = ctx.job.root.paths
+    value = getattr(paths, "official_dir", None) if paths is not None else None
+    return Path(str(value or os.environ.get("STRUCTMEM_OFFICIAL_DIR") or "data/official")).absolute()
+
+
 def systems_dir_of(ctx: StageContext) -> Path:
     return systems_dir_of_job(ctx.job)
 
@@ -164,9 +170,13 @@ def worker_env(spec: SystemSpec, home: Path) -> dict[str, str]:
     return env
 
 
-def worker_env_for(spec: SystemSpec, home: Path, systems_dir: Path) -> dict[str, str]:
+def worker_env_for(spec: SystemSpec, home: Path, systems_dir: Path,
+                   official_dir: Path) -> dict[str, str]:
     """worker_env plus where a repository-released system's code was exported."""
     env = worker_env(spec, home)
+    # The official checkouts (paths.official_dir): a worker reads a harness's text at run time
+    # from there (LangMem's agent prompt from mem0's evaluation code), never from a copy.
+    env["STRUCTMEM_OFFICIAL_DIR"] = str(official_dir)
     if spec.repository is not None:
         env["STRUCTMEM_SYSTEM_SRC"] = str(envs.source_dir(spec, systems_dir))
     return env
@@ -241,7 +251,8 @@ def _run_units(ctx: StageContext, spec: SystemSpec, phase: str,
                  "top_k": s.top_k}, "clock": s.clock}
         t0 = time.perf_counter()
         with WorkerPool(spec, python, n=s.workers,
-                        env=worker_env_for(spec, base / "home", systems_dir_of(ctx)),
+                        env=worker_env_for(spec, base / "home", systems_dir_of(ctx),
+                                           official_dir_of(ctx)),
                         log_dir=ctx.run.logs_dir, hello=hello,
                         unit_timeout_s=s.unit_timeout_s) as pool:
             progress = _progress(len(todo), f"{spec.name} {phase}")

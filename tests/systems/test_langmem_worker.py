@@ -34,7 +34,7 @@ needs_env = pytest.mark.skipif(
     not PYTHON.exists(),
     reason=f"no LangMem environment at {PYTHON} (set STRUCTMEM_SYSTEMS_DIR; "
            "`python jobs/data.py systems install langmem`)")
-pytestmark = pytest.mark.systems
+pytestmark = [pytest.mark.systems]
 
 CLOCK = "2025-01-01T00:00:00"
 DIMS = 16
@@ -64,6 +64,13 @@ def _embed(texts: list[str]) -> np.ndarray:
     return m / np.linalg.norm(m, axis=1, keepdims=True)
 
 
+OFFICIAL = os.environ.get("STRUCTMEM_OFFICIAL_DIR", "")
+if not (Path(OFFICIAL) / "mem0.git").exists():
+    pytestmark = [*pytestmark, pytest.mark.skip(
+        reason="STRUCTMEM_OFFICIAL_DIR holds no mem0.git: the LangMem worker reads the "
+               "harness's agent prompt from it (python jobs/data.py official)")]
+
+
 class Worker:
     def __init__(self, home: Path, name: str) -> None:
         home.mkdir(parents=True, exist_ok=True)
@@ -72,6 +79,8 @@ class Worker:
                "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
                "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
                "OPENAI_API_KEY": "structmem-local", "STRUCTMEM_WORKER_HOME": str(home),
+               # the agent's system message is read from mem0's harness at run time
+               "STRUCTMEM_OFFICIAL_DIR": OFFICIAL,
                **SPEC.env}
         self.log = home / f"worker_{name}.log"
         self.proc = subprocess.Popen([str(PYTHON), str(SPEC.worker_path)], env=env, cwd=home,

@@ -88,8 +88,14 @@ def test_garbled_replies_are_counted_not_a_traceback(name: str, kind: str, tmp_p
     bad = BAD_REPLIES[kind]
 
     def garbled(body: dict[str, Any]) -> dict[str, Any]:
-        # the build's memory-writing replies are garbled; the search's keyword replies too
-        return bad(body) if not body.get("tools") else good(body)
+        # every reply garbled; a tool call keeps its name and gets garbled arguments (LangMem
+        # and Mem0^g write memories through tool calls)
+        if not body.get("tools"):
+            return bad(body)
+        reply = good(body)
+        for call in reply.get("tool_calls") or []:
+            call["function"]["arguments"] = bad(body)["content"]
+        return reply
 
     monkeypatch.setattr(module, "SPEC", dataclasses.replace(module.SPEC, scripted_reply=garbled))
     run = tmp_path / "run"

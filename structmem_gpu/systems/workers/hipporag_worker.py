@@ -117,10 +117,17 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
         return {}
     _state["settings"] = dict(req.get("settings") or {})
     wc.refuse_network()
-    # pydantic.v1 (imported by openai 1.91's _compat) defines `class ConstrainedDate(date,
-    # metaclass=ConstrainedNumberMeta)`: against the frozen `date` (its own metaclass) that is a
-    # metaclass conflict at import. Imported before the freeze it binds the real class; it reads
-    # no clock at import. HippoRAG itself reads no clock (no datetime call in hipporag/).
+    # Libraries that cannot be imported after the freeze, imported before it (none reads the
+    # clock at import; HippoRAG itself calls no datetime function at all):
+    # - pydantic.v1 (openai 1.91's _compat) defines `class ConstrainedDate(date,
+    #   metaclass=ConstrainedNumberMeta)`: against the frozen `date` (which has its own
+    #   metaclass) that is a metaclass conflict;
+    # - pandas and pyarrow's Cython modules import `datetime.date/datetime` as C types by module
+    #   attribute: the frozen subclasses (a larger struct) make pyarrow warn "size changed" and
+    #   pandas hang at import (pyarrow.dataset: imported when HippoRAG reads its parquet stores).
+    import pandas  # noqa: F401
+    import pyarrow.dataset
+    import pyarrow.parquet  # noqa: F401
     import pydantic.v1  # noqa: F401
     wc.freeze_clock(str(req.get("clock") or "2025-01-01T00:00:00"))
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # read at litellm's import

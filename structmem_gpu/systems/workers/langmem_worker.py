@@ -76,6 +76,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
     if _state["ready"]:
         return {}
     _state["settings"] = dict(req.get("settings") or {})
+    _state["template"] = harness_template(str(_state["settings"]["harness"]))
     thread = str(_state["settings"].get("thread", "conversation"))
     if thread not in THREADS:
         raise ValueError(f"settings.thread={thread!r}: expected one of {THREADS}")
@@ -138,11 +139,29 @@ def _stamp(value: Any) -> str:
             f"{when.strftime('%B')}, {when.year}")
 
 
+def harness_template(spec: str) -> str:
+    """The agent's system message as mem0's evaluation harness writes it (its f-string with one
+    `{memories}` field), read at run time from the official checkout: `spec` is
+    "<repo>@<commit>:<path>" under $STRUCTMEM_OFFICIAL_DIR."""
+    import re
+    import subprocess
+
+    repo_commit, _, path = spec.partition(":")
+    repo, _, commit = repo_commit.partition("@")
+    where = os.path.join(os.environ.get("STRUCTMEM_OFFICIAL_DIR") or "data/official", repo)
+    source = subprocess.run(["git", "-c", f"safe.directory={where}", "-C", where, "show",
+                             f"{commit}:{path}"], check=True, capture_output=True,
+                            text=True).stdout
+    found = re.search(r'system_msg = f"""(.*?)"""', source, re.S)
+    if not found or "{memories}" not in found.group(1):
+        raise ValueError(f"{spec}: no system_msg f-string with {{memories}} (harness changed?)")
+    return found.group(1)
+
+
 def _prompt(state: dict[str, Any]) -> list[Any]:
     """The system message of every model call: the store's search for the latest message."""
     memories = _state["get_store"]().search(NAMESPACE, query=_content(state["messages"][-1]))
-    system = ("You are a helpful assistant.\n\n## Memories\n<memories>\n"
-              f"{memories}\n</memories>\n")
+    system = _state["template"].replace("{memories}", str(memories))
     return [{"role": "system", "content": system}, *state["messages"]]
 
 
