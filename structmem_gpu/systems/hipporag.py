@@ -2,8 +2,7 @@
 
 The worker (systems/workers/hipporag_worker.py) indexes a conversation as SEEM's paper runs
 HippoRAG 2 on LoCoMo: one passage per dialogue turn ("<session time> <speaker>: <text>"; SEEM
-§4.4 / our specs/seem.md §2: "a passage is one dialogue turn", HippoRAG 2 retrieves the "top-5
-chunks"), one HippoRAG save_dir per conversation, and answers a search with `retrieve(questions,
+§4.4: "a passage is one dialogue turn"; §5.1: HippoRAG 2 retrieves the "top-5 chunks"), one HippoRAG save_dir per conversation, and answers a search with `retrieve(questions,
 num_to_retrieve=k)`: each retrieved passage is a hit (kind "passage", HippoRAG's doc score).
 HippoRAG's own QA step is not run: our answer stage reads the hits.
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import copyreg
+import importlib
 import datetime as _dt
 import ipaddress
 import json
@@ -34,6 +35,9 @@ LOG_TAIL_LINES = 40
 
 _REAL_DATETIME = _dt.datetime
 _REAL_DATE = _dt.date
+
+
+_IMPORT_BEFORE_FREEZE = ("pydantic.v1", "pandas", "pyarrow.dataset", "pyarrow.parquet")
 
 
 class _RealInstances(type):
@@ -58,6 +62,14 @@ def freeze_clock(iso: str) -> None:
     The classes in the `datetime` module are replaced by subclasses (the module's attributes are
     writable; the C types' methods are not). Values they construct are of the subclass, which
     behaves as datetime; the metaclass keeps isinstance checks true for real instances."""
+    # Libraries that subclass or size-check the date classes at import break once they are
+    # replaced (pydantic.v1: a metaclass conflict; pandas: hangs; pyarrow's compiled modules:
+    # "datetime.date size changed"); none reads the clock at import, so they load first.
+    for name in _IMPORT_BEFORE_FREEZE:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue  # not in this system's environment
     frozen = _REAL_DATETIME.fromisoformat(iso)
     if frozen.tzinfo is None:
         frozen = frozen.replace(tzinfo=_dt.UTC)
