@@ -222,53 +222,9 @@ def cache_main(argv: Sequence[str]) -> int:
 
 
 def systems_main(argv: Sequence[str]) -> int:
-    import os
-    import subprocess
+    from structmem_gpu.systems.admin import systems_command
 
-    from structmem_gpu.systems import envs
-    from structmem_gpu.systems.registry import system_names, system_spec
-
-    parser = argparse.ArgumentParser(prog="python jobs/data.py systems",
-                                     description="The baseline systems' own environments.")
-    parser.add_argument("action", choices=("install", "download", "lock", "list"))
-    parser.add_argument("names", nargs="*", metavar="NAME", help="systems (or `all`)")
-    parser.add_argument("--systems-dir", type=Path, default=None,
-                        help="default: $STRUCTMEM_SYSTEMS_DIR, else .systems")
-    parser.add_argument("--force", action="store_true",
-                        help="install: rebuild an environment already installed from its lock")
-    args = parser.parse_args(list(argv))
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    where = args.systems_dir or Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")
-    names = system_names() if args.names in ([], ["all"]) else args.names
-    done: set[str] = set()  # environments handled (mem0_graph runs in mem0's)
-    try:
-        for name in names:
-            spec = system_spec(name)
-            if args.action != "list" and spec.env_name in done:
-                continue
-            done.add(spec.env_name)
-            if args.action == "list":
-                state = envs.env_state(spec, where)
-                ok = state is not None and state.get("lock_sha256") == envs.lock_sha256(spec)
-                print(f"{name:12s} {spec.source:40s} "
-                      f"{'installed' if ok else 'stale' if state else 'not installed'}")
-            elif args.action == "install":
-                state = envs.env_state(spec, where)
-                if state and not args.force and state.get("lock_sha256") == envs.lock_sha256(spec):
-                    log.info("%s: installed (%s), same lock", spec.env_name, envs.env_dir(spec, where))
-                    continue
-                official = Path(os.environ.get("STRUCTMEM_OFFICIAL_DIR") or "data/official")
-                state = envs.install(spec, where, official_dir=official)
-                log.info("%s: installed in %s s at %s", name, state["installed_s"],
-                         envs.env_dir(spec, where))
-            elif args.action == "download":
-                log.info("%s: wheels in %s", name, envs.download(spec, where))
-            else:
-                log.info("%s: lock written to %s", name, envs.lock(spec))
-    except (StructMemError, OSError, subprocess.CalledProcessError) as err:
-        log.error("%s", err)
-        return 2
-    return 0
+    return systems_command(argv)
 
 
 if __name__ == "__main__":

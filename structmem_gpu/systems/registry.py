@@ -9,7 +9,7 @@ from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.systems.spec import SYSTEMS_DIR, SystemSpec
 
 # Modules of this package that are machinery, not systems.
-_NOT_SYSTEMS = frozenset({"answer", "envs", "front", "pool", "protocol", "registry", "spec",
+_NOT_SYSTEMS = frozenset({"admin", "answer", "envs", "front", "pool", "protocol", "registry", "spec",
                           "stages", "workers", "locks"})
 
 

@@ -34,8 +34,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # evaluation: answer -> judge -> metrics -> report (and what the report draws)
     ("eval",),
     # memory methods: load, StructMem, SEEM, baselines, each with its prompts (may use eval's
-    # answer helpers)
-    ("methods",),
+    # answer helpers); the baseline systems run from their own code (front, workers, stages)
+    ("methods", "systems"),
     # notebook-side analysis of finished runs (imported by nothing in a stage)
     ("analysis",),
     # drivers: run (stages, shard merge, sweep summary), node readiness (the models a job names,

@@ -94,3 +94,12 @@ def test_every_packaged_system_has_its_lock_worker_and_method() -> None:
         assert (root / "conf" / "method" / f"{name}.yaml").exists(), f"{name}: no method YAML"
     with pytest.raises(ConfigError, match="expected one of"):
         system_spec("front")  # machinery, not a system
+
+
+def test_the_systems_command_lists_and_refuses_an_unknown_name(tmp_path, capsys) -> None:
+    from structmem_gpu.systems.admin import systems_command
+
+    assert systems_command(["list", "--systems-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "mem0 " in out and "pypi:mem0ai==1.0.5" in out and "not installed" in out
+    assert systems_command(["install", "nosuchsystem", "--systems-dir", str(tmp_path)]) == 2
