@@ -39,6 +39,12 @@ def _skip_unless_installed(name: str) -> None:
 
 @pytest.mark.parametrize("name", CI_SYSTEMS)
 def test_a_system_runs_to_a_report_then_reruns_from_the_cache(name: str, tmp_path: Path) -> None:
+    run_and_rerun(name, tmp_path)
+
+
+def run_and_rerun(name: str, tmp_path: Path) -> None:
+    """The system's whole run, then the same job into a new run directory (shared with the
+    heavy tier, test_heavy_systems.py)."""
     _skip_unless_installed(name)
     cache = tmp_path / "cache"
     first = tmp_path / "run1"
@@ -82,8 +88,12 @@ BAD_REPLIES = {
 @pytest.mark.parametrize("name", CI_SYSTEMS)
 def test_garbled_replies_are_counted_not_a_traceback(name: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """One run per system whose replies cycle through the three kinds (request i gets kind
-    i mod 3): each kind reaches every prompt type the system sends more than twice."""
+    garbled_run(name, tmp_path, monkeypatch)
+
+
+def garbled_run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run whose replies cycle through the three kinds (request i gets kind i mod 3):
+    each kind reaches every prompt type the system sends more than twice."""
     _skip_unless_installed(name)
     module = importlib.import_module(f"structmem_gpu.systems.{name}")
     good = module.SPEC.scripted_reply

@@ -1,0 +1,33 @@
+"""The heavy tier of the baseline systems (marker `systems_heavy`, not in CI): the systems too
+slow or large for CI's budget (HippoRAG 2's 1.5 GB environment, A-MEM's repository code) run
+the CI tier's checks: build -> search -> answer -> judge -> report with their scripted replies,
+a rerun with 0 uncached requests, garbled replies counted. Run by hand:
+
+    make systems CI_SYSTEMS="hipporag amem"
+    python -m pytest -m systems_heavy tests/systems
+
+The last run is recorded in docs/performance.md "Baseline systems".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.systems.test_system_runs import garbled_run, run_and_rerun
+
+pytestmark = [pytest.mark.systems_heavy, pytest.mark.timeout(3600)]
+
+HEAVY_SYSTEMS = ["hipporag", "amem"]
+
+
+@pytest.mark.parametrize("name", HEAVY_SYSTEMS)
+def test_a_heavy_system_runs_then_reruns_from_the_cache(name: str, tmp_path: Path) -> None:
+    run_and_rerun(name, tmp_path)
+
+
+@pytest.mark.parametrize("name", HEAVY_SYSTEMS)
+def test_a_heavy_system_counts_garbled_replies(name: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    garbled_run(name, tmp_path, monkeypatch)
