@@ -141,8 +141,9 @@ def test_per_question_stages_come_from_the_run_method_declarations(tmp_path: Pat
     """SEEM's retrieve sends one query (and filter) request per question: it scales by
     questions, as its declaration says (it reads the questions table), not by turns."""
     # No saved config: the packaged methods' declarations (every method's retrieve reads the
-    # questions table, so a run without a config scales it by questions too).
-    assert question_stages(tmp_path) == frozenset({"answer", "judge", "retrieve"})
+    # questions table, so a run without a config scales it by questions too; so does a baseline
+    # system's search).
+    assert question_stages(tmp_path) == frozenset({"answer", "judge", "retrieve", "system_search"})
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(
         "method:\n  implementations:\n"
@@ -152,7 +153,7 @@ def test_per_question_stages_come_from_the_run_method_declarations(tmp_path: Pat
         "    consolidate: null\n"
         "    gone: structmem_gpu.methods.nowhere:STAGE\n"
     )
-    assert question_stages(tmp_path) == frozenset({"answer", "judge", "retrieve"})
+    assert question_stages(tmp_path) == frozenset({"answer", "judge", "retrieve", "system_search"})
     rows = [{"stage": s, "calls": 10, "prompt_tokens": 100, "completion_tokens": 10}
             for s in ("frames", "retrieve")]
     ex = extrapolate(rows, run_turns=100, run_questions=10, target=Target("t", 1, 1000, 100),
