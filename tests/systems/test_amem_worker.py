@@ -10,35 +10,28 @@ pointing at the official checkouts)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
-import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from structmem_gpu.systems.amem import SPEC, scripted_reply
-from structmem_gpu.systems.front import RecordingFront, ScriptedUpstream
-from structmem_gpu.systems.protocol import unit_url
+from tests.systems.worker_driver import (
+    UNIT,
+    Reply,
+    WorkerProcess,
+    front,
+    hashes,
+    needs_env,
+    request,
+    session,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-# conf/paths/default.yaml: systems_dir = STRUCTMEM_SYSTEMS_DIR, else <root>/.systems
-SYSTEMS = Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ROOT / ".systems")
-PYTHON = SYSTEMS / "amem" / "bin" / "python"
-SRC = SYSTEMS / "amem" / "src"
-needs_env = pytest.mark.skipif(
-    not (PYTHON.exists() and (SRC / "memory_layer.py").exists()),
-    reason=f"no A-MEM environment at {SYSTEMS / 'amem'} (set STRUCTMEM_SYSTEMS_DIR; "
-           "`python jobs/data.py systems install amem` with STRUCTMEM_OFFICIAL_DIR)")
+needs_amem = needs_env("amem")
 pytestmark = [pytest.mark.systems_heavy]
 
-DIMS = 16
-UNIT = "conv-t"
 CLOCK = "2025-01-01T00:00:00"
 TURNS = [
     ("Caroline", "I went to a LGBTQ support group yesterday and it was powerful."),
@@ -48,95 +41,38 @@ TURNS = [
     ("Caroline", "The support group made me feel accepted and hopeful."),
     ("Melanie", "My kids loved the painting of the lake sunrise."),
 ]
-SESSIONS = [{"session_index": 1, "session_time": "2023-05-08T13:56:00",
-             "turns": [{"event_id": f"t:D1:{i + 1}", "speaker": who, "text": text}
-                       for i, (who, text) in enumerate(TURNS)]}]
+SESSIONS = [session(1, "2023-05-08T13:56:00", TURNS, prefix="t")]
 QUESTIONS = [{"question_id": f"{UNIT}:q0", "question": "When did Caroline go to the support group?"},
              {"question_id": f"{UNIT}:q1", "question": "What did Melanie paint?"}]
 
 
-def _embed(texts: list[str]) -> np.ndarray:
-    """Deterministic bag-of-words vectors: texts that share words are close."""
-    m = np.zeros((len(texts), DIMS), dtype=np.float32)
-    for i, text in enumerate(texts):
-        for word in re.findall(r"\w+", text.lower()):
-            m[i, hashlib.sha256(word.encode()).digest()[0] % DIMS] += 1.0
-    m[:, 0] += 1e-3
-    return m / np.linalg.norm(m, axis=1, keepdims=True)
-
-
-class Worker:
-    def __init__(self, home: Path, log: Path) -> None:
-        home.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-               "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0",
-               "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
-               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
-               "OPENAI_API_KEY": "structmem-local", "STRUCTMEM_WORKER_HOME": str(home),
-               "STRUCTMEM_SYSTEM_SRC": str(SRC), **SPEC.env}
-        self.log = log
-        self.proc = subprocess.Popen([str(PYTHON), str(SPEC.worker_path)], env=env, cwd=home,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=log.open("w"), text=True)
-
-    def ask(self, msg: dict[str, Any], ok: bool = True) -> dict[str, Any]:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"worker died:\n{self.log.read_text()[-3000:]}"
-        reply = json.loads(line)
-        if ok:
-            assert reply["op"] != "error", f"{reply['error']}\n{reply.get('log_tail')}"
-        return reply
-
-    def hello(self, **settings: Any) -> dict[str, Any]:
-        return self.ask({"op": "hello", "system": "amem", "clock": CLOCK,
-                         "settings": {**SPEC.options, "top_k": 10, **settings}})
-
-    def close(self) -> int:
-        assert self.proc.stdin
-        self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
-        self.proc.stdin.flush()
-        return self.proc.wait(timeout=60)
-
-
-def _request(front: RecordingFront, phase: str, store: Path, **more: Any) -> dict[str, Any]:
-    return {"op": phase, "unit": UNIT, "base_url": unit_url(front.url, "amem", phase, UNIT),
-            "model": "scripted", "embed_model": "hash-16", "embed_dims": DIMS,
-            "store_dir": str(store), "speakers": ["Caroline", "Melanie"], **more}
+def _worker(tmp: Path, name: str) -> WorkerProcess:
+    return WorkerProcess(SPEC, tmp, name, clock=CLOCK, settings={"top_k": 10})
 
 
 def _hashes(rows: Any, kind: str) -> list[str]:
-    return rows.filter(rows["prompt_version"] == f"amem/{kind}")["messages_hash"].to_list()
+    return hashes(rows, "amem", kind)
 
 
-def _build_once(tmp: Path, name: str, reply: Callable[[Mapping[str, Any]], dict[str, Any]],
-                **settings: Any) -> dict[str, Any]:
-    worker = Worker(tmp / f"home_{name}", tmp / f"worker_{name}.log")
-    try:
-        worker.hello(**settings)
-        with RecordingFront(ScriptedUpstream(reply), embed=_embed) as front:
-            built = worker.ask(_request(front, "build", tmp / f"store_{name}", sessions=SESSIONS))
-    finally:
-        assert worker.close() == 0
+def _build_once(tmp: Path, name: str, reply: Reply, **settings: Any) -> dict[str, Any]:
+    with _worker(tmp, name) as worker:
+        assert worker.hello(**settings)["op"] == "ready"
+        with front(reply) as f:
+            built = worker.ask(request(SPEC, "build", f, tmp / f"store_{name}", sessions=SESSIONS))
     return built
 
 
-@needs_env
+@needs_amem
 def test_build_search_in_another_process_and_rebuild(tmp_path: Path) -> None:
     store = tmp_path / "s1"
-    w1 = Worker(tmp_path / "home1", tmp_path / "worker1.log")
-    try:
+    with _worker(tmp_path, "1") as w1:
         ready = w1.hello()
         assert ready["op"] == "ready" and ready["version"] == "0c8039f"
-        with RecordingFront(ScriptedUpstream(scripted_reply), embed=_embed) as front:
-            built = w1.ask(_request(front, "build", store, sessions=SESSIONS))
-            rows1 = front.take_rows("system_build")
-            rebuilt = w1.ask(_request(front, "build", tmp_path / "s2", sessions=SESSIONS))
-            rows2 = front.take_rows("system_build")
-    finally:
-        assert w1.close() == 0
+        with front(SPEC) as f:
+            built = w1.ask(request(SPEC, "build", f, store, sessions=SESSIONS))
+            rows1 = f.take_rows("system_build")
+            rebuilt = w1.ask(request(SPEC, "build", f, tmp_path / "s2", sessions=SESSIONS))
+            rows2 = f.take_rows("system_build")
 
     mems = built["memories"]
     assert len(mems) == len(TURNS) and built["dropped"] == 0, built["drops"]
@@ -159,14 +95,11 @@ def test_build_search_in_another_process_and_rebuild(tmp_path: Path) -> None:
     assert {p.name for p in store.iterdir()} == {
         "memory_cache.pkl", "retriever_cache.pkl", "retriever_cache_embeddings.npy", "notes.json"}
 
-    w2 = Worker(tmp_path / "home2", tmp_path / "worker2.log")  # the store, read back
-    try:
-        w2.hello()
-        with RecordingFront(ScriptedUpstream(scripted_reply), embed=_embed) as front:
-            found = w2.ask(_request(front, "search", store, questions=QUESTIONS, k=2))
-            rows_s = front.take_rows("system_search")
-    finally:
-        assert w2.close() == 0
+    with _worker(tmp_path, "2") as w2:  # the store, read back
+        assert w2.hello()["op"] == "ready"
+        with front(SPEC) as f:
+            found = w2.ask(request(SPEC, "search", f, store, questions=QUESTIONS, k=2))
+            rows_s = f.take_rows("system_search")
     ids = {m["memory_id"]: m for m in mems}
     for q in QUESTIONS:
         hits = found["results"][q["question_id"]]
@@ -178,7 +111,7 @@ def test_build_search_in_another_process_and_rebuild(tmp_path: Path) -> None:
     # per question: the keyword call (chat) and the keywords' embedding
     assert len(_hashes(rows_s, "chat")) == len(QUESTIONS)
     assert len(_hashes(rows_s, "embeddings")) == len(QUESTIONS)
-    logs = (tmp_path / "worker1.log").read_text() + (tmp_path / "worker2.log").read_text()
+    logs = w1.log_text() + w2.log_text()
     assert "network refused" not in logs
 
 
@@ -190,7 +123,7 @@ def _wrong_keys(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"content": json.dumps({"items": [{"x": 1}]})}
 
 
-@needs_env
+@needs_amem
 def test_garbled_replies_are_counted_and_the_unit_completes(tmp_path: Path) -> None:
     # prose: every analysis is swallowed (note kept, no keywords) and every evolution reply is
     # not JSON (note kept, not evolved)
@@ -208,7 +141,7 @@ def test_garbled_replies_are_counted_and_the_unit_completes(tmp_path: Path) -> N
     assert {d["where"] for d in built["drops"]} == {"add_note"}
 
 
-@needs_env
+@needs_amem
 def test_a_link_to_no_note_is_counted_and_skipped(tmp_path: Path) -> None:
     def far(body: Mapping[str, Any]) -> dict[str, Any]:
         reply = scripted_reply(body)
@@ -217,22 +150,19 @@ def test_a_link_to_no_note_is_counted_and_skipped(tmp_path: Path) -> None:
             out["suggested_connections"] = [99]  # no such note: A-MEM's retrieval would raise
         return {"content": json.dumps(out)}
 
-    worker = Worker(tmp_path / "home", tmp_path / "worker.log")
-    try:
-        worker.hello()
-        with RecordingFront(ScriptedUpstream(far), embed=_embed) as front:
-            built = worker.ask(_request(front, "build", tmp_path / "s", sessions=SESSIONS))
-            found = worker.ask(_request(front, "search", tmp_path / "s", questions=QUESTIONS,
-                                        k=2))
-    finally:
-        assert worker.close() == 0
+    with _worker(tmp_path, "far") as worker:
+        assert worker.hello()["op"] == "ready"
+        with front(far) as f:
+            built = worker.ask(request(SPEC, "build", f, tmp_path / "s", sessions=SESSIONS))
+            found = worker.ask(request(SPEC, "search", f, tmp_path / "s", questions=QUESTIONS,
+                                       k=2))
     assert len(built["memories"]) == len(TURNS)
     assert built["drops"] == [{"where": "evolve", "why": "link to no note"}] * (len(TURNS) - 1)
     assert all(m["metadata"]["links"] == [] for m in built["memories"])
     assert all(len(found["results"][q["question_id"]]) == 2 for q in QUESTIONS)
 
 
-@needs_env
+@needs_amem
 def test_a_failed_call_to_the_front_fails_the_unit(tmp_path: Path) -> None:
     """A-MEM's analysis swallows every exception; a call the front could not answer still
     fails the conversation (an error reply), and the worker serves the next one."""
@@ -241,18 +171,14 @@ def test_a_failed_call_to_the_front_fails_the_unit(tmp_path: Path) -> None:
             raise RuntimeError("the model server is gone")
         return scripted_reply(body)
 
-    worker = Worker(tmp_path / "home", tmp_path / "worker.log")
-    try:
-        worker.hello()
-        with RecordingFront(ScriptedUpstream(broken), embed=_embed) as front:
-            bad = worker.ask(_request(front, "build", tmp_path / "s1", sessions=SESSIONS),
-                             ok=False)
+    with _worker(tmp_path, "broken") as worker:
+        assert worker.hello()["op"] == "ready"
+        with front(broken) as f:
+            bad = worker.call(request(SPEC, "build", f, tmp_path / "s1", sessions=SESSIONS))
         assert bad["op"] == "error" and "InternalServerError" in bad["error"], bad
-        with RecordingFront(ScriptedUpstream(scripted_reply), embed=_embed) as front:
-            good = worker.ask(_request(front, "build", tmp_path / "s2", sessions=SESSIONS))
+        with front(SPEC) as f:
+            good = worker.ask(request(SPEC, "build", f, tmp_path / "s2", sessions=SESSIONS))
         assert len(good["memories"]) == len(TURNS)
-    finally:
-        assert worker.close() == 0
 
 
 def _schema_props(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -260,7 +186,7 @@ def _schema_props(body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(((fmt.get("json_schema") or {}).get("schema") or {}).get("properties") or {})
 
 
-@needs_env
+@needs_amem
 def test_the_commits_missing_import_left_as_it_is(tmp_path: Path) -> None:
     """restore_missing_import=false runs the pinned commit literally: analyze_content's re.sub
     raises NameError, which it swallows: every note is stored without its analysis."""

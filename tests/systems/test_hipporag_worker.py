@@ -11,33 +11,29 @@ are checked with our Python.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import select
-import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from structmem_gpu.systems.front import RecordingFront, ScriptedUpstream
 from structmem_gpu.systems.hipporag import SPEC, scripted_reply
-from structmem_gpu.systems.spec import WORKERS_DIR
+from tests.systems.worker_driver import (
+    Front,
+    Reply,
+    WorkerProcess,
+    front,
+    needs_env,
+    request,
+    session,
+    text_vectors,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-# conf/paths/default.yaml: systems_dir = STRUCTMEM_SYSTEMS_DIR, else <root>/.systems
-SYSTEMS_DIR = Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ROOT / ".systems")
-HIPPO_PY = SYSTEMS_DIR / "hipporag" / "bin" / "python"
-needs_env = pytest.mark.skipif(
-    not HIPPO_PY.exists(),
-    reason=f"no hipporag environment at {HIPPO_PY} (set STRUCTMEM_SYSTEMS_DIR; "
-           "`python jobs/data.py systems install hipporag`)")
+needs_hipporag = needs_env("hipporag")
 pytestmark = [pytest.mark.systems_heavy]
 CLOCK = "2023-05-08T13:56:00"
-DIMS = 16
 WHEN = "2023-05-08T13:56:00"
 TURNS = [("Caroline", "I went to the LGBTQ support group yesterday."),
          ("Melanie", "That sounds great! I painted a lake sunrise last week."),
@@ -45,95 +41,45 @@ TURNS = [("Caroline", "I went to the LGBTQ support group yesterday."),
          ("Melanie", "I ran a charity race for mental health on Saturday."),
          ("Caroline", "My friend Jordan helped me move to Boston."),
          ("Melanie", "Luna, my dog, loves the beach in Maine.")]
-SESSIONS = [{"session_index": 1, "session_time": WHEN,
-             "turns": [{"event_id": f"u:D1:{i + 1}", "speaker": who, "text": text}
-                       for i, (who, text) in enumerate(TURNS)]}]
+SESSIONS = [session(1, WHEN, TURNS)]
 QUESTIONS = [{"question_id": "conv-t:q0", "question": "Where is Caroline researching adoption?"},
              {"question_id": "conv-t:q1", "question": "What did Melanie paint?"}]
 K = 5  # SEEM: HippoRAG 2's top-5 chunks
 
-Reply = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+def _front(reply: Reply = scripted_reply) -> AbstractContextManager[Front]:
+    """Whole-text hash vectors: HippoRAG's graph search asserts that its nodes' vectors differ
+    (bag-of-words vectors of two entities with the same words would not)."""
+    return front(reply, encoder=text_vectors)
 
 
-def _embed(texts: Any) -> np.ndarray:
-    return np.asarray([[b / 255.0 - 0.5 for b in hashlib.sha256(t.encode()).digest()[:DIMS]]
-                       for t in texts], dtype=np.float32)
-
-
-class Front(RecordingFront):
-    """Our front over the scripted replies, keeping every chat body as the worker sent it."""
-
-    def __init__(self, reply: Reply = scripted_reply) -> None:
-        super().__init__(ScriptedUpstream(reply), embed=_embed, stage="test")
-        self.chat_bodies: list[bytes] = []
-
-    def handle(self, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
-        if path.endswith("/chat/completions"):
-            with self._lock:
-                self.chat_bodies.append(raw)
-        return super().handle(path, raw)
-
-
-@pytest.fixture
-def front() -> Iterator[Front]:
-    with Front() as f:
+@pytest.fixture(name="front")
+def front_fixture() -> Iterator[Front]:
+    with _front() as f:
         yield f
 
 
-class Worker:
+class Worker(WorkerProcess):
     def __init__(self, tmp: Path, name: str) -> None:
-        # as stages.worker_env: proxies to a dead port, a fixed hash seed, the worker home
-        env = {**os.environ, **SPEC.env, "HTTP_PROXY": "http://127.0.0.1:9",
-               "HTTPS_PROXY": "http://127.0.0.1:9", "PYTHONHASHSEED": "0",
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "OPENAI_API_KEY": "structmem-local", "STRUCTMEM_WORKER_HOME": str(tmp / "home")}
-        self.log_path = tmp / f"worker_{name}.log"
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed by close()
-        self.proc = subprocess.Popen([str(HIPPO_PY), str(WORKERS_DIR / SPEC.worker)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env, cwd=str(tmp))
+        super().__init__(SPEC, tmp, name, clock=CLOCK, settings={"top_k": K})
 
-    def call(self, msg: Mapping[str, Any], timeout: float = 180) -> dict[str, Any]:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, f"no reply to {msg['op']} within {timeout} s (see {self.log_path})"
-        line = self.proc.stdout.readline()
-        assert line, f"worker died: see {self.log_path}"
-        return json.loads(line)
-
-    def hello(self, **settings: Any) -> None:
-        ready = self.call({"op": "hello", "system": "hipporag", "clock": CLOCK,
-                           "settings": {"top_k": K, **settings}})
+    def hello(self, **settings: Any) -> dict[str, Any]:
+        ready = super().hello(**settings)
         assert ready["op"] == "ready" and ready["version"] == "2.0.0a4", ready
-
-    def close(self) -> int:
-        if self.proc.poll() is None:
-            assert self.proc.stdin
-            self.proc.stdin.write(b'{"op": "exit"}\n')
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-        self.log.close()
-        return self.proc.returncode
+        return ready
 
 
-def _req(op: str, front: Front, store: Path, unit: str = "conv-t", **kw: Any) -> dict[str, Any]:
-    return {"op": op, "unit": unit, "base_url": f"{front.url}/u/hipporag/{op}/{unit}/v1",
-            "model": "stub-model", "embed_model": "stub-embed", "embed_dims": DIMS,
-            "store_dir": str(store), "speakers": ["Caroline", "Melanie"], **kw}
+def _req(op: str, f: Front, store: Path, unit: str = "conv-t", **kw: Any) -> dict[str, Any]:
+    return request(SPEC, op, f, store, unit=unit, **kw)
 
 
-def _run(tmp: Path, front: Front, name: str, store: Path, *, sessions: list[Any] = SESSIONS,
+def _run(tmp: Path, f: Front, name: str, store: Path, *, sessions: list[Any] = SESSIONS,
          search: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    w = Worker(tmp, name)
-    try:
+    with Worker(tmp, name) as w:
         w.hello()
-        built = w.call(_req("build", front, store, sessions=sessions))
-        found = w.call(_req("search", front, store, questions=QUESTIONS, k=K)) if search else None
-    finally:
-        assert w.close() == 0
-    log = w.log_path.read_text(errors="replace")
+        built = w.call(_req("build", f, store, sessions=sessions))
+        found = w.call(_req("search", f, store, questions=QUESTIONS, k=K)) if search else None
+    log = w.log_text()
     assert "network refused" not in log
     # a C extension imported after the clock freeze sees the frozen datetime classes
     assert "size changed" not in log
@@ -149,7 +95,7 @@ def _kind(body: bytes) -> str:
     return "other"
 
 
-@needs_env
+@needs_hipporag
 def test_build_and_search_are_reproducible(tmp_path: Path, front: Front) -> None:
     built, found = _run(tmp_path, front, "a", tmp_path / "store_a")
     assert built["op"] == "built", built
@@ -203,7 +149,7 @@ GARBLED = {
 }
 
 
-@needs_env
+@needs_hipporag
 @pytest.mark.parametrize("kind", list(GARBLED))
 def test_garbled_extraction_is_counted_and_the_unit_completes(tmp_path: Path, kind: str) -> None:
     """HippoRAG keeps empty entity and triple lists for replies it cannot parse: each is one
@@ -213,7 +159,7 @@ def test_garbled_extraction_is_counted_and_the_unit_completes(tmp_path: Path, ki
             return {"content": GARBLED[kind]}
         return scripted_reply(body)
 
-    with Front(broken) as f:
+    with _front(broken) as f:
         built, found = _run(tmp_path, f, "bad", tmp_path / "store")
     assert built["op"] == "built", built
     assert [m["kind"] for m in built["memories"]] == ["passage"] * len(TURNS)
@@ -227,7 +173,7 @@ def test_garbled_extraction_is_counted_and_the_unit_completes(tmp_path: Path, ki
     assert len(f.chat_bodies) == 2 * len(TURNS)
 
 
-@needs_env
+@needs_hipporag
 def test_empty_answers_are_not_drops_short_triples_and_a_lost_filter_are(tmp_path: Path) -> None:
     """`{"named_entities": []}` is an answer, not a loss; a triple of two items is skipped by
     HippoRAG (a drop); a fact-filter reply it cannot parse makes it fall back to dense
@@ -244,7 +190,7 @@ def test_empty_answers_are_not_drops_short_triples_and_a_lost_filter_are(tmp_pat
             return {"content": "[[ ## fact_after_filter ## ]]\nsome facts\n\n[[ ## completed ## ]]"}
         return reply
 
-    with Front(odd) as f:
+    with _front(odd) as f:
         built, found = _run(tmp_path, f, "odd", tmp_path / "store")
     assert built["op"] == "built", built
     assert built["drops"] == [{"where": "triples", "why": "triple not of 3 items",
@@ -257,11 +203,10 @@ def test_empty_answers_are_not_drops_short_triples_and_a_lost_filter_are(tmp_pat
     assert all(len(found["results"][q["question_id"]]) == K for q in QUESTIONS)
 
 
-@needs_env
+@needs_hipporag
 def test_one_worker_serves_several_units_and_survives_a_bad_request(tmp_path: Path,
                                                                      front: Front) -> None:
-    w = Worker(tmp_path, "multi")
-    try:
+    with Worker(tmp_path, "multi") as w:
         w.hello()
         bad = w.call({"op": "build", "unit": "x"})
         assert bad["op"] == "error" and bad["unit"] == "x" and bad["error"].startswith("KeyError")
@@ -281,11 +226,9 @@ def test_one_worker_serves_several_units_and_survives_a_bad_request(tmp_path: Pa
         nothing = w.call(_req("search", front, tmp_path / "never", unit="never",
                               questions=QUESTIONS, k=K))
         assert nothing["op"] == "error" and "build it first" in nothing["error"]
-    finally:
-        assert w.close() == 0
 
 
-@needs_env
+@needs_hipporag
 def test_a_call_that_fails_at_the_front_fails_the_unit(tmp_path: Path) -> None:
     """HippoRAG swallows any exception of an extraction call; the worker does not let a
     failed request pass as an empty extraction."""
@@ -293,7 +236,7 @@ def test_a_call_that_fails_at_the_front_fails_the_unit(tmp_path: Path) -> None:
         raise RuntimeError("the model server is down")
 
     one = [{**SESSIONS[0], "turns": SESSIONS[0]["turns"][:1]}]
-    with Front(failing) as f:
+    with _front(failing) as f:
         built, _ = _run(tmp_path, f, "down", tmp_path / "store", sessions=one, search=False)
     assert built["op"] == "error", built
     assert "failed at the front" in built["error"] and "InternalServerError" in built["error"]

@@ -11,133 +11,77 @@ Needs the environment: $STRUCTMEM_SYSTEMS_DIR/langmem/bin/python
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
-import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from structmem_gpu.systems.front import RecordingFront, ScriptedUpstream
 from structmem_gpu.systems.langmem import SPEC, TOOL, scripted_reply
-from structmem_gpu.systems.protocol import unit_url
+from tests.systems.worker_driver import (
+    SPEAKERS,
+    UNIT,
+    Reply,
+    WorkerProcess,
+    front,
+    hashes,
+    needs_env,
+    needs_official,
+    request,
+    session,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-SYSTEMS_DIR = Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ROOT / ".systems")
-PYTHON = SYSTEMS_DIR / "langmem" / "bin" / "python"
-needs_env = pytest.mark.skipif(
-    not PYTHON.exists(),
-    reason=f"no LangMem environment at {PYTHON} (set STRUCTMEM_SYSTEMS_DIR; "
-           "`python jobs/data.py systems install langmem`)")
-pytestmark = [pytest.mark.systems]
+pytestmark = [pytest.mark.systems, needs_official(
+    "mem0.git", "the LangMem worker reads the harness's agent prompt from it")]
+needs_langmem = needs_env("langmem")
 
 CLOCK = "2025-01-01T00:00:00"
-DIMS = 16
-UNIT = "conv-t"
-SPEAKERS = ["Caroline", "Melanie"]
 SESSIONS = [
-    {"session_index": 1, "session_time": "2023-05-08T13:56:00", "turns": [
-        {"event_id": "t:D1:1", "speaker": "Caroline", "text": "I went to a LGBTQ support group yesterday."},
-        {"event_id": "t:D1:2", "speaker": "Melanie", "text": "That sounds brave! How did it go?"},
-        {"event_id": "t:D1:3", "speaker": "Caroline", "text": "Great, thanks!"}]},
-    {"session_index": 2, "session_time": "2023-05-25T09:10:00", "turns": [
-        {"event_id": "t:D2:1", "speaker": "Melanie", "text": "I painted a sunrise over the lake last week."},
-        {"event_id": "t:D2:2", "speaker": "Caroline", "text": "Lovely! Are you selling your paintings?"}]},
+    session(1, "2023-05-08T13:56:00", [
+        ("Caroline", "I went to a LGBTQ support group yesterday."),
+        ("Melanie", "That sounds brave! How did it go?"),
+        ("Caroline", "Great, thanks!")], prefix="t"),
+    session(2, "2023-05-25T09:10:00", [
+        ("Melanie", "I painted a sunrise over the lake last week."),
+        ("Caroline", "Lovely! Are you selling your paintings?")], prefix="t"),
 ]
 LONG = 4  # turns of three words or more: the scripted agent stores one memory for each
 QUESTIONS = [{"question_id": f"{UNIT}:q0", "question": "When did Caroline go to the support group?"},
              {"question_id": f"{UNIT}:q1", "question": "What did Melanie paint?"}]
 
 
-def _embed(texts: list[str]) -> np.ndarray:
-    """Deterministic bag-of-words vectors: texts that share words are close."""
-    m = np.zeros((len(texts), DIMS), dtype=np.float32)
-    for i, text in enumerate(texts):
-        for word in re.findall(r"\w+", text.lower()):
-            m[i, hashlib.sha256(word.encode()).digest()[0] % DIMS] += 1.0
-    m[:, 0] += 1e-3
-    return m / np.linalg.norm(m, axis=1, keepdims=True)
+class Worker(WorkerProcess):
+    """A LangMem worker (top_k 40) whose log shows no refused network call at its exit."""
 
-
-OFFICIAL = os.environ.get("STRUCTMEM_OFFICIAL_DIR", "")
-if not (Path(OFFICIAL) / "mem0.git").exists():
-    pytestmark = [*pytestmark, pytest.mark.skip(
-        reason="STRUCTMEM_OFFICIAL_DIR holds no mem0.git: the LangMem worker reads the "
-               "harness's agent prompt from it (python jobs/data.py official)")]
-
-
-class Worker:
-    def __init__(self, home: Path, name: str) -> None:
-        home.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-               "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0",
-               "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
-               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
-               "OPENAI_API_KEY": "structmem-local", "STRUCTMEM_WORKER_HOME": str(home),
-               # the agent's system message is read from mem0's harness at run time
-               "STRUCTMEM_OFFICIAL_DIR": OFFICIAL,
-               **SPEC.env}
-        self.log = home / f"worker_{name}.log"
-        self.proc = subprocess.Popen([str(PYTHON), str(SPEC.worker_path)], env=env, cwd=home,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log.open("w"), text=True)
-
-    def ask(self, msg: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"worker died:\n{self.log.read_text()[-3000:]}"
-        reply = json.loads(line)
-        assert reply["op"] != "error", f"{reply['error']}\n{reply.get('log_tail')}"
-        return reply
-
-    def hello(self, **settings: Any) -> dict[str, Any]:
-        return self.ask({"op": "hello", "system": "langmem", "clock": CLOCK,
-                         "settings": {**SPEC.options, "top_k": 40, **settings}})
+    def __init__(self, tmp: Path, name: str) -> None:
+        super().__init__(SPEC, tmp, name, clock=CLOCK, settings={"top_k": 40})
 
     def close(self) -> int:
-        assert self.proc.stdin
-        self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
-        self.proc.stdin.flush()
-        code = self.proc.wait(timeout=60)
-        assert "network refused" not in self.log.read_text()
+        code = super().close()
+        assert "network refused" not in self.log_text()
         return code
 
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[Worker]:
-    w = Worker(tmp_path / "home", "a")
-    try:
+    with Worker(tmp_path, "a") as w:
         ready = w.hello()
         assert ready["op"] == "ready" and ready["version"] == "0.0.29", ready
         yield w
-    finally:
-        assert w.close() == 0
 
 
-def _request(front: RecordingFront, phase: str, store: Path, **more: Any) -> dict[str, Any]:
-    return {"op": phase, "unit": UNIT, "base_url": unit_url(front.url, "langmem", phase, UNIT),
-            "model": "scripted", "embed_model": "hash-16", "embed_dims": DIMS,
-            "store_dir": str(store), "speakers": SPEAKERS, **more}
+def _chat(rows: Any) -> list[str]:
+    return hashes(rows, "langmem")
 
 
-def _chat_hashes(rows: Any) -> list[str]:
-    return rows.filter(rows["prompt_version"] == "langmem/chat")["messages_hash"].to_list()
+def _build(worker: Worker, store: Path, reply: Reply = scripted_reply) -> tuple[dict[str, Any], Any]:
+    with front(reply) as f:
+        built = worker.ask(request(SPEC, "build", f, store, sessions=SESSIONS))
+        return built, f.take_rows("system_build")
 
 
-def _build(worker: Worker, store: Path, reply: Any = scripted_reply) -> tuple[dict[str, Any], Any]:
-    with RecordingFront(ScriptedUpstream(reply), embed=_embed) as front:
-        built = worker.ask(_request(front, "build", store, sessions=SESSIONS))
-        return built, front.take_rows("system_build")
-
-
-@needs_env
+@needs_langmem
 def test_build_search_in_another_process_and_a_byte_identical_rebuild(tmp_path: Path,
                                                                       worker: Worker) -> None:
     built, rows = _build(worker, tmp_path / "s1")
@@ -146,23 +90,20 @@ def test_build_search_in_another_process_and_a_byte_identical_rebuild(tmp_path: 
     assert all(m["kind"] == "memory" and m["text"] for m in mems)
     assert {m["created_at"] for m in mems} == {s["session_time"] for s in SESSIONS}
     assert built["dropped"] == 0 and built["drops"] == [] and built["no_tool_call"] == 1
-    chat = _chat_hashes(rows)
+    chat = _chat(rows)
     assert len(chat) == 2 * LONG + 1  # tool call + acknowledgement; one plain reply
     assert rows["error"].null_count() == rows.height  # nothing failed at the front
     assert (tmp_path / "s1" / "langmem_store.json").exists()
 
     # The search in a fresh process reads the store back from disk: no chat, one embedding
     # per question and speaker.
-    other = Worker(tmp_path / "home2", "b")
-    try:
-        other.hello()
-        with RecordingFront(ScriptedUpstream(scripted_reply), embed=_embed) as front:
-            found = other.ask(_request(front, "search", tmp_path / "s1", questions=QUESTIONS,
-                                       k=40))
-            search_rows = front.take_rows("system_search")
-    finally:
-        assert other.close() == 0
-    assert _chat_hashes(search_rows) == []
+    with Worker(tmp_path, "b") as other:
+        assert other.hello()["op"] == "ready"
+        with front(SPEC) as f:
+            found = other.ask(request(SPEC, "search", f, tmp_path / "s1", questions=QUESTIONS,
+                                      k=40))
+            search_rows = f.take_rows("system_search")
+    assert _chat(search_rows) == []
     assert search_rows.height == len(QUESTIONS) * len(SPEAKERS)
     ids = {m["memory_id"] for m in mems}
     for q in QUESTIONS:
@@ -176,14 +117,13 @@ def test_build_search_in_another_process_and_a_byte_identical_rebuild(tmp_path: 
     # A rebuild into a fresh store (same worker, ids seeded per unit, clock frozen): the same
     # chat bodies byte for byte, the same memory ids.
     rebuilt, rows2 = _build(worker, tmp_path / "s2")
-    assert _chat_hashes(rows2) == chat
+    assert _chat(rows2) == chat
     assert rebuilt["memories"] == mems
 
 
-@needs_env
+@needs_langmem
 def test_thread_per_message_sends_no_history(tmp_path: Path) -> None:
-    w = Worker(tmp_path / "home", "m")
-    try:
+    with Worker(tmp_path, "m") as w:
         assert w.hello(thread="message")["thread"] == "message"
         bodies: list[Mapping[str, Any]] = []
 
@@ -192,14 +132,9 @@ def test_thread_per_message_sends_no_history(tmp_path: Path) -> None:
             return scripted_reply(body)
 
         built, _ = _build(w, tmp_path / "s", record)
-    finally:
-        assert w.close() == 0
     assert len(built["memories"]) == LONG
     # system + user (+ the tool call and its result on the second call): nothing earlier
     assert max(len(b["messages"]) for b in bodies) == 4
-
-
-Reply = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
 def _garble(args: str | None = None, content: str | None = None) -> Reply:
@@ -228,7 +163,7 @@ GARBLED = {
 }
 
 
-@needs_env
+@needs_langmem
 @pytest.mark.parametrize("kind", list(GARBLED))
 def test_garbled_tool_calls_are_counted_as_dropped(kind: str, tmp_path: Path,
                                                    worker: Worker) -> None:
@@ -264,7 +199,7 @@ def test_scripted_reply_answers_the_agent() -> None:
     assert "tool_calls" not in scripted_reply({"messages": [short], "tools": _tools()})
 
 
-@needs_env
+@needs_langmem
 def test_an_agent_that_never_stops_calling_tools_is_a_drop(tmp_path: Path) -> None:
     """A model that keeps searching hits LangGraph's recursion limit (GraphRecursionError):
     the message's memory is lost, the unit goes on."""
@@ -273,12 +208,9 @@ def test_an_agent_that_never_stops_calling_tools_is_a_drop(tmp_path: Path) -> No
         return {"tool_calls": [{"id": f"call_s{n}", "type": "function", "function": {
             "name": "search_memory", "arguments": json.dumps({"query": "support group"})}}]}
 
-    w = Worker(tmp_path / "home", "r")
-    try:
-        w.hello(recursion_limit=5)
+    with Worker(tmp_path, "r") as w:
+        assert w.hello(recursion_limit=5)["op"] == "ready"
         built, _ = _build(w, tmp_path / "s", searching)
-    finally:
-        assert w.close() == 0
     n = sum(len(s["turns"]) for s in SESSIONS)
     assert built["memories"] == [] and built["dropped"] == n
     assert built["drops"] == [{"where": "agent", "why": "recursion limit"}] * n

@@ -7,137 +7,63 @@ skipped without it; the scripted replies are checked with our Python.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import select
-import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from structmem_gpu.systems.front import RecordingFront, ScriptedUpstream
-from structmem_gpu.systems.spec import WORKERS_DIR
 from structmem_gpu.systems.zep import SPEC, scripted_reply
+from tests.systems.worker_driver import Front, WorkerProcess, front, needs_env, request, session
 
-ROOT = Path(__file__).resolve().parents[2]
-# conf/paths/default.yaml: systems_dir = STRUCTMEM_SYSTEMS_DIR, else <root>/.systems
-SYSTEMS_DIR = Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ROOT / ".systems")
-ZEP_PY = SYSTEMS_DIR / "zep" / "bin" / "python"
-needs_env = pytest.mark.skipif(
-    not ZEP_PY.exists(),
-    reason=f"no zep environment at {ZEP_PY} (set STRUCTMEM_SYSTEMS_DIR; "
-           "`python jobs/data.py systems install zep`)")
+needs_zep = needs_env("zep")
 pytestmark = pytest.mark.systems
 CLOCK = "2023-05-08T13:56:00"
-DIMS = 16
-
-
-def _session(index: int, time: str, *turns: tuple[str, str]) -> dict[str, Any]:
-    return {"session_index": index, "session_time": time,
-            "turns": [{"event_id": f"u:D{index}:{i + 1}", "speaker": who, "text": text}
-                      for i, (who, text) in enumerate(turns)]}
-
 
 SESSIONS = [  # ISO dates, as stages.build_payloads sends them
-    _session(1, "2023-05-08T13:56:00",
-             ("Caroline", "I went to the LGBTQ support group yesterday."),
-             ("Melanie", "That sounds great! I painted a lake sunrise.")),
-    _session(2, "2023-05-25T13:14:00",
-             ("Caroline", "I am researching adoption agencies in Boston."),
-             ("Melanie", "I ran a charity race for mental health on Saturday.")),
+    session(1, "2023-05-08T13:56:00", [
+        ("Caroline", "I went to the LGBTQ support group yesterday."),
+        ("Melanie", "That sounds great! I painted a lake sunrise.")]),
+    session(2, "2023-05-25T13:14:00", [
+        ("Caroline", "I am researching adoption agencies in Boston."),
+        ("Melanie", "I ran a charity race for mental health on Saturday.")]),
 ]
 EPISODES = 4  # one per message
 QUESTIONS = [{"question_id": "conv-t:q0", "question": "Where is Caroline researching adoption?"}]
 
-Reply = Callable[[Mapping[str, Any]], dict[str, Any]]
 
-
-def _embed(texts: Any) -> np.ndarray:
-    return np.asarray([[b / 255.0 - 0.5 for b in hashlib.sha256(t.encode()).digest()[:DIMS]]
-                       for t in texts], dtype=np.float32)
-
-
-class Front(RecordingFront):
-    """Our front over the scripted replies, keeping every chat body as the worker sent it."""
-
-    def __init__(self, reply: Reply = scripted_reply) -> None:
-        super().__init__(ScriptedUpstream(reply), embed=_embed, stage="test")
-        self.chat_bodies: list[bytes] = []
-
-    def handle(self, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
-        if path.endswith("/chat/completions"):
-            with self._lock:
-                self.chat_bodies.append(raw)
-        return super().handle(path, raw)
-
-
-@pytest.fixture
-def front() -> Iterator[Front]:
-    with Front() as f:
+@pytest.fixture(name="front")
+def front_fixture() -> Iterator[Front]:
+    with front(SPEC) as f:
         yield f
 
 
-class Worker:
-    def __init__(self, tmp: Path, name: str) -> None:
-        env = {**os.environ, **SPEC.env, "HTTP_PROXY": "http://127.0.0.1:9",
-               "HTTPS_PROXY": "http://127.0.0.1:9", "STRUCTMEM_WORKER_HOME": str(tmp / "home")}
-        self.log_path = tmp / f"worker_{name}.log"
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed by close()
-        self.proc = subprocess.Popen([str(ZEP_PY), str(WORKERS_DIR / SPEC.worker)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env, cwd=str(tmp))
-
-    def call(self, msg: Mapping[str, Any], timeout: float = 180) -> dict[str, Any]:
-        assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, f"no reply to {msg['op']} within {timeout} s"
-        line = self.proc.stdout.readline()
-        assert line, f"worker died: see {self.log_path}"
-        return json.loads(line)
-
-    def close(self) -> int:
-        if self.proc.poll() is None:
-            assert self.proc.stdin
-            self.proc.stdin.write(b'{"op": "exit"}\n')
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=60)
-        self.log.close()
-        return self.proc.returncode
+def _worker(tmp: Path, name: str) -> WorkerProcess:
+    return WorkerProcess(SPEC, tmp, name, clock=CLOCK, settings={"top_k": 10})
 
 
-def _req(op: str, front: Front, store: Path, unit: str = "conv-t", **kw: Any) -> dict[str, Any]:
-    return {"op": op, "unit": unit, "base_url": f"{front.url}/u/zep/{op}/{unit}/v1",
-            "model": "stub-model", "embed_model": "stub-embed", "embed_dims": DIMS,
-            "store_dir": str(store), "speakers": ["Caroline", "Melanie"], **kw}
-
-
-def _hello(w: Worker, **settings: Any) -> None:
-    ready = w.call({"op": "hello", "system": "zep", "clock": CLOCK,
-                    "settings": {"top_k": 10, **settings}})
+def _hello(w: WorkerProcess, **settings: Any) -> None:
+    ready = w.hello(**settings)
     assert ready["op"] == "ready" and ready["version"] == "0.31.2", ready
 
 
-def _run(tmp: Path, front: Front, name: str, store: Path, *, search: bool = True,
+def _req(op: str, f: Front, store: Path, unit: str = "conv-t", **kw: Any) -> dict[str, Any]:
+    return request(SPEC, op, f, store, unit=unit, **kw)
+
+
+def _run(tmp: Path, f: Front, name: str, store: Path, *, search: bool = True,
          **settings: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    w = Worker(tmp, name)
-    try:
+    with _worker(tmp, name) as w:
         _hello(w, **settings)
-        built = w.call(_req("build", front, store, sessions=SESSIONS))
-        found = w.call(_req("search", front, store, questions=QUESTIONS, k=10)) if search else None
-    finally:
-        assert w.close() == 0
-    assert "network refused" not in w.log_path.read_text(errors="replace")
+        built = w.call(_req("build", f, store, sessions=SESSIONS))
+        found = w.call(_req("search", f, store, questions=QUESTIONS, k=10)) if search else None
+    assert "network refused" not in w.log_text()
     return built, found
 
 
-@needs_env
+@needs_zep
 def test_build_and_search_are_reproducible(tmp_path: Path, front: Front) -> None:
     built, found = _run(tmp_path, front, "a", tmp_path / "store_a")
     assert built["op"] == "built", built
@@ -177,7 +103,7 @@ def test_build_and_search_are_reproducible(tmp_path: Path, front: Front) -> None
     assert built2["memories"] == mems and found2 == found
 
 
-@needs_env
+@needs_zep
 @pytest.mark.parametrize(("garble", "why"), [
     ("I am not sure what you mean.", "JSONDecodeError"),  # retried (4 attempts), then raised
     ('{"items": [{"x": 1}]}', "ValidationError"),  # wrong keys: raised at once
@@ -190,7 +116,7 @@ def test_garbled_replies_drop_episodes_and_the_unit_completes(tmp_path: Path, ga
             return {"content": garble}
         return scripted_reply(body)
 
-    with Front(broken) as f:
+    with front(broken) as f:
         t0 = time.monotonic()
         built, found = _run(tmp_path, f, "bad", tmp_path / "store")
         wall = time.monotonic() - t0
@@ -204,7 +130,7 @@ def test_garbled_replies_drop_episodes_and_the_unit_completes(tmp_path: Path, ga
     assert len(f.chat_bodies) == EPISODES * attempts
 
 
-@needs_env
+@needs_zep
 def test_a_fact_graphiti_skips_is_counted(tmp_path: Path) -> None:
     """graphiti logs and skips an extracted fact whose entity name is empty."""
     def broken(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,7 +142,7 @@ def test_a_fact_graphiti_skips_is_counted(tmp_path: Path) -> None:
             reply = {"content": json.dumps({"edges": edges})}
         return reply
 
-    with Front(broken) as f:
+    with front(broken) as f:
         built, _ = _run(tmp_path, f, "skip", tmp_path / "store", search=False)
     assert built["op"] == "built", built
     assert built["drops"] == [{"where": "fact", "why": "empty entity name"}] * EPISODES
@@ -224,13 +150,12 @@ def test_a_fact_graphiti_skips_is_counted(tmp_path: Path) -> None:
     assert all(m["text"] != "dangling" for m in built["memories"])
 
 
-@needs_env
+@needs_zep
 def test_one_worker_serves_several_units_and_survives_a_bad_request(tmp_path: Path,
                                                                      front: Front) -> None:
     """Each unit's Kùzu file is closed after use (graphiti's close() leaves it open); a failed
     request is one error reply with the log's tail, and the worker goes on."""
-    w = Worker(tmp_path, "multi")
-    try:
+    with _worker(tmp_path, "multi") as w:
         _hello(w)
         bad = w.call({"op": "build", "unit": "x"})
         assert bad["op"] == "error" and bad["unit"] == "x" and bad["error"].startswith("KeyError")
@@ -247,8 +172,6 @@ def test_one_worker_serves_several_units_and_survives_a_bad_request(tmp_path: Pa
             assert f["op"] == "found", f
             kinds = [h["kind"] for h in f["results"]["conv-t:q0"]]
             assert kinds.count("memory") <= 1 and kinds.count("entity") <= 1 and kinds
-    finally:
-        assert w.close() == 0
 
 
 # --- the scripted replies, with our own Python (no zep environment needed) ----------------
