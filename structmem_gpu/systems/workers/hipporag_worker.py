@@ -423,12 +423,7 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hipporag")
-    except PackageNotFoundError:
-        return "unknown"
+    return wc.package_version("hipporag")
 
 
 if __name__ == "__main__":

@@ -402,12 +402,7 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("langmem")
-    except PackageNotFoundError:
-        return "unknown"
+    return wc.package_version("langmem")
 
 
 if __name__ == "__main__":

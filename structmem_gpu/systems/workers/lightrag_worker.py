@@ -236,12 +236,7 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("lightrag-hku")
-    except PackageNotFoundError:
-        return "unknown"
+    return wc.package_version("lightrag-hku")
 
 
 if __name__ == "__main__":

@@ -286,12 +286,7 @@ def _search_one(m: Any, query: str, uid: str, k: int, drops: list[dict[str, Any]
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mem0ai")
-    except PackageNotFoundError:
-        return "unknown"
+    return wc.package_version("mem0ai")
 
 
 if __name__ == "__main__":

@@ -263,6 +263,17 @@ class _Ring(logging.Handler):
         return "\n".join(self.lines)
 
 
+def package_version(dist: str) -> str:
+    """The installed version of the system's distribution ("unknown" when it has no metadata):
+    the worker's `ready` reply, recorded in the manifest notes."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def serve(handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]], system: str,
           version: str) -> None:
     """The protocol loop: one JSON request per stdin line, one JSON reply per line on the REAL

@@ -349,12 +349,7 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("graphiti-core")
-    except PackageNotFoundError:
-        return "unknown"
+    return wc.package_version("graphiti-core")
 
 
 if __name__ == "__main__":
