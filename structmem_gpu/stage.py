@@ -430,15 +430,20 @@ class StageContext:
         return out
 
 
+def http_backend_of(backend: Any) -> Any:
+    """The HTTP client under a (wrapped) backend (the one with a `base_url`), or None when it
+    has none (offline, scripted)."""
+    be = backend
+    for _ in range(8):  # CachedBackend/DedupBackend -> SeededBackend -> SupervisedBackend -> HTTPBackend
+        if isinstance(getattr(be, "base_url", None), str):
+            return be
+        be = getattr(be, "inner", None)
+        if be is None:
+            break
+    return None
+
+
 def endpoint_of(backend: Any) -> str:
     """The URL behind a (wrapped) backend, or its repr when it has none (offline, scripted)."""
-    be = backend
-    for _ in range(8):  # CachedBackend/DedupBackend -> SupervisedBackend -> HTTPBackend
-        url = getattr(be, "base_url", None)
-        if isinstance(url, str):
-            return url
-        nxt = getattr(be, "inner", None)
-        if nxt is None:
-            break
-        be = nxt
-    return repr(backend)
+    http = http_backend_of(backend)
+    return http.base_url if http is not None else repr(backend)

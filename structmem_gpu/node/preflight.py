@@ -320,18 +320,12 @@ def check_official(job: Job) -> list[Finding]:
 def check_systems(job: Job) -> list[Finding]:
     """A baseline system's stages need its own environment, installed from the committed lock
     (structmem_gpu/systems/envs.py)."""
-    from structmem_gpu.systems import envs
-    from structmem_gpu.systems.stages import SystemSettings, systems_dir_of_job
-    from structmem_gpu.systems.registry import system_spec
+    from structmem_gpu.systems.stages import SystemSettings, env_problem
 
     if not any(getattr(s, "settings", None) is SystemSettings for s in job.stages):
         return []
-    try:
-        spec = system_spec(job.config.settings(SystemSettings).name)
-        envs.check_env(spec, systems_dir_of_job(job.config))
-    except StructMemError as err:
-        return [Finding(str(err))]
-    return []
+    problem = env_problem(job.config)
+    return [Finding(problem)] if problem else []
 
 
 # The checks, in order; one line adds one. The GPU memory plan is not among them: the dry run

@@ -45,10 +45,12 @@ from pydantic import Field
 
 from structmem_gpu.config.settings import COUNT, RUN_ROLE, SIZE, Settings
 from structmem_gpu.core import preempt, schemas
+from structmem_gpu.core.artifacts import atomic_write_text
 from structmem_gpu.core.errors import ConfigError, StructMemError
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.stage import (
     EMBEDDER_IDENTITY, LLM_IDENTITY, EstimateInputs, Stage, StageContext, StageEstimate,
+    http_backend_of,
 )
 from structmem_gpu.systems import envs
 from structmem_gpu.systems.front import FrontCache, HTTPUpstream, RecordingFront, ScriptedUpstream
@@ -112,37 +114,47 @@ class SystemSettings(Settings):
 # --- the job side of one system --------------------------------------------------------
 
 
-def systems_dir_of_job(job: Any) -> Path:
-    """paths.systems_dir (STRUCTMEM_SYSTEMS_DIR, else <root>/.systems: conf/paths)."""
+def _job_path(job: Any, key: str, env: str, default: str) -> Path:
+    """paths.<key> as conf/paths resolves it (its env variable, else its default), absolute:
+    workers run with their log folder as working directory."""
     paths = job.root.paths
-    value = getattr(paths, "systems_dir", None) if paths is not None else None
-    # absolute: workers run with their log folder as working directory
-    return Path(str(value or os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")).absolute()
+    value = getattr(paths, key, None) if paths is not None else None
+    return Path(str(value or os.environ.get(env) or default)).absolute()
+
+
+def systems_dir_of_job(job: Any) -> Path:
+    """paths.systems_dir (STRUCTMEM_SYSTEMS_DIR, else <root>/.systems)."""
+    return _job_path(job, "systems_dir", "STRUCTMEM_SYSTEMS_DIR", ".systems")
 
 
 def official_dir_of(ctx: StageContext) -> Path:
-    paths = ctx.job.root.paths
-    value = getattr(paths, "official_dir", None) if paths is not None else None
-    return Path(str(value or os.environ.get("STRUCTMEM_OFFICIAL_DIR") or "data/official")).absolute()
+    """paths.official_dir (STRUCTMEM_OFFICIAL_DIR, else <data_dir>/official)."""
+    return _job_path(ctx.job, "official_dir", "STRUCTMEM_OFFICIAL_DIR", "data/official")
 
 
 def systems_dir_of(ctx: StageContext) -> Path:
     return systems_dir_of_job(ctx.job)
 
 
+def env_problem(job: Any) -> str | None:
+    """Why the job's baseline system cannot run on this machine (its environment missing or
+    installed from another lock or commit: one line naming the install command); None when it
+    can. The preflight's check and the command tests' skip."""
+    try:
+        envs.check_env(system_spec(job.settings(SystemSettings).name), systems_dir_of_job(job))
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
 def _upstream(ctx: StageContext, spec: SystemSpec) -> HTTPUpstream | ScriptedUpstream:
     """The job's chat backend as the front forwards to it: its HTTP endpoint, or the system's
     scripted replies when the job's backend is the scripted LLM (unit tests, debug=scripted)."""
-    be: Any = ctx.llm()
-    for _ in range(8):  # CachedBackend -> SeededBackend -> SupervisedBackend -> HTTPBackend
-        if isinstance(getattr(be, "base_url", None), str):
-            return HTTPUpstream(be.base_url, be.served_name, be.model_id,
-                                api_key=getattr(be, "_api_key", None),
-                                timeout_s=float(getattr(be, "request_timeout_s", 600.0)))
-        nxt = getattr(be, "inner", None)
-        if nxt is None:
-            break
-        be = nxt
+    be = http_backend_of(ctx.llm())
+    if be is not None:
+        return HTTPUpstream(be.base_url, be.served_name, be.model_id,
+                            api_key=getattr(be, "_api_key", None),
+                            timeout_s=float(getattr(be, "request_timeout_s", 600.0)))
     if spec.scripted_reply is None:
         raise ConfigError(f"system {spec.name} has no scripted replies; run it with an HTTP "
                           f"backend (llm=llamacpp_cpu, vllm_*, or llm.base_url=...)")
@@ -262,11 +274,8 @@ def _run_units(ctx: StageContext, spec: SystemSpec, phase: str,
                 status = "ok" if reply.get("op") in ("built", "found") else "error"
                 if status == "ok":
                     replies[unit] = reply
-                    marker = base / "done" / phase / f"{_safe(unit)}.json"
-                    marker.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = marker.with_suffix(".part")
-                    tmp.write_text(json.dumps({"key": keys[unit], "reply": reply}))
-                    os.replace(tmp, marker)
+                    atomic_write_text(base / "done" / phase / f"{_safe(unit)}.json",
+                                      json.dumps({"key": keys[unit], "reply": reply}))
                 else:
                     log.warning("%s %s %s failed: %s", spec.name, phase, unit, reply.get("error"))
                 rows.append(_unit_row(unit, phase, reply, status, calls,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import polars as pl
@@ -10,10 +9,7 @@ import polars as pl
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.systems import envs
 from structmem_gpu.systems.registry import system_spec
-
-
-def systems_dir() -> Path:
-    return Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")
+from tests.systems.worker_driver import systems_dir
 
 
 def missing_env(name: str) -> str | None:

@@ -97,18 +97,11 @@ def missing_system(cfg: DictConfig) -> str | None:
     """The baseline system's environment the config runs in, when this machine lacks it (None:
     installed, or no system). CI installs them (make systems); elsewhere the command skips."""
     from structmem_gpu.config.job import JobConfig
-    from structmem_gpu.systems import envs
-    from structmem_gpu.systems.registry import system_spec
-    from structmem_gpu.systems.stages import SystemSettings, systems_dir_of_job
+    from structmem_gpu.systems.stages import env_problem
 
     if "system_build" not in cfg.method.stages:
         return None
-    job = JobConfig.from_cfg(cfg)
-    try:
-        envs.check_env(system_spec(job.settings(SystemSettings).name), systems_dir_of_job(job))
-    except ConfigError as err:
-        return str(err)
-    return None
+    return env_problem(JobConfig.from_cfg(cfg))
 
 
 def commands() -> Iterator[tuple[str, list[str]]]:

@@ -222,14 +222,18 @@ def _open(req: dict[str, Any]) -> Any:
     ie = rag.openie
     ner, triples = ie.ner, ie.triple_extraction
 
+    def count_empty(out: Any, found: Any, where: str, key: str, chunk_key: str) -> Any:
+        """An empty extraction is a drop unless the reply said so itself (an empty list)."""
+        if not found and _unit is not None:
+            if out.metadata.get("error"):
+                _unit.drop(where, "reply not parsed", chunk_key)
+            elif not _says_empty(str(out.response or ""), key):
+                _unit.drop(where, f"no {key} list in the reply", chunk_key)
+        return out
+
     def counted_ner(chunk_key: str, passage: str) -> Any:
         out = ner(chunk_key, passage)
-        if not out.unique_entities and _unit is not None:
-            if out.metadata.get("error"):
-                _unit.drop("ner", "reply not parsed", chunk_key)
-            elif not _says_empty(str(out.response or ""), "named_entities"):
-                _unit.drop("ner", "no named_entities list in the reply", chunk_key)
-        return out
+        return count_empty(out, out.unique_entities, "ner", "named_entities", chunk_key)
 
     def counted_triples(chunk_key: str, passage: str, named_entities: list[str]) -> Any:
         if _unit is not None:
@@ -239,12 +243,7 @@ def _open(req: dict[str, Any]) -> Any:
         finally:
             if _unit is not None:
                 _unit.local.passage = None
-        if not out.triples and _unit is not None:
-            if out.metadata.get("error"):
-                _unit.drop("triples", "reply not parsed", chunk_key)
-            elif not _says_empty(str(out.response or ""), "triples"):
-                _unit.drop("triples", "no triples list in the reply", chunk_key)
-        return out
+        return count_empty(out, out.triples, "triples", "triples", chunk_key)
 
     ie.ner, ie.triple_extraction = counted_ner, counted_triples
     if not getattr(openie_openai, "_structmem_counted", False):
