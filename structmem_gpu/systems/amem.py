@@ -134,6 +134,7 @@ def scripted_reply(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 SPEC = SystemSpec(
+    tier="heavy",  # repository code with its own model stack: the heavy tier
     name="amem",
     title="A-MEM",
     requirements=REQUIREMENTS,

@@ -157,6 +157,7 @@ def scripted_reply(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 SPEC = SystemSpec(
+    tier="heavy",  # 1.5 GB environment / repository code: the heavy tier
     name="hipporag",
     title="HippoRAG 2",
     requirements=REQUIREMENTS,

@@ -13,14 +13,16 @@ _NOT_SYSTEMS = frozenset({"admin", "answer", "envs", "front", "pool", "protocol"
                           "stages", "workers", "locks"})
 
 
-def system_names() -> list[str]:
-    """Every packaged system (a module of this package with a SPEC)."""
+def system_names(tier: str | None = None) -> list[str]:
+    """Every packaged system (a module of this package with a SPEC), or those of one test tier
+    (SystemSpec.tier: "ci" | "heavy")."""
     names = []
     for info in pkgutil.iter_modules([str(SYSTEMS_DIR)]):
         if info.name in _NOT_SYSTEMS or info.name.startswith("_"):
             continue
         mod = importlib.import_module(f"structmem_gpu.systems.{info.name}")
-        if isinstance(getattr(mod, "SPEC", None), SystemSpec):
+        spec = getattr(mod, "SPEC", None)
+        if isinstance(spec, SystemSpec) and tier in (None, spec.tier):
             names.append(info.name)
     return sorted(names)
 

@@ -54,6 +54,10 @@ class SystemSpec:
     # <env>/src (read from the user's checkout, as the official texts are; never copied into
     # this repository) and the worker finds it through STRUCTMEM_SYSTEM_SRC.
     repository: tuple[str, str] | None = None
+    # Which test tier runs it: "ci" (the systems tier, `make systems` installs it) or "heavy"
+    # (too slow or large for CI: marker systems_heavy, run by hand). The Makefile's install list
+    # and both tiers' test lists read it (`python jobs/data.py systems install ci`).
+    tier: str = "ci"
     # Another system whose environment (and lock) this one runs in: None = its own.
     shares_env_of: str | None = None
 

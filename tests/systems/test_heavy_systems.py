@@ -3,7 +3,7 @@ slow or large for CI's budget (HippoRAG 2's 1.5 GB environment, A-MEM's reposito
 the CI tier's checks: build -> search -> answer -> judge -> report with their scripted replies,
 a rerun with 0 uncached requests, garbled replies counted. Run by hand:
 
-    make systems CI_SYSTEMS="hipporag amem"
+    make systems CI_SYSTEMS=heavy
     python -m pytest -m systems_heavy tests/systems
 
 The last run is recorded in docs/performance.md "Baseline systems".
@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from structmem_gpu.systems.registry import system_names
 from tests.systems.test_system_runs import garbled_run, run_and_rerun
 
 pytestmark = [pytest.mark.systems_heavy, pytest.mark.timeout(3600)]
 
-HEAVY_SYSTEMS = ["hipporag", "amem"]
+HEAVY_SYSTEMS = system_names("heavy")
 
 
 @pytest.mark.parametrize("name", HEAVY_SYSTEMS)

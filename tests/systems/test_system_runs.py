@@ -16,13 +16,14 @@ from typing import Any
 import polars as pl
 import pytest
 
+from structmem_gpu.systems.registry import system_names
 from tests.fixtures.pipeline import run_pipeline
 from tests.systems.helpers import missing_env, system_requests, table
 
 pytestmark = [pytest.mark.systems, pytest.mark.timeout(1800)]
 
 # The systems of the CI tier (the others are in the heavy tier, test_heavy_systems.py).
-CI_SYSTEMS = ["mem0", "mem0_graph", "lightrag", "zep", "langmem"]
+CI_SYSTEMS = system_names("ci")
 
 
 def _overrides(name: str, cache: Path) -> list[str]:
