@@ -27,7 +27,9 @@ def systems_command(argv: Sequence[str]) -> int:
                         help="default: $STRUCTMEM_SYSTEMS_DIR, else .systems")
     parser.add_argument("--force", action="store_true",
                         help="install: rebuild an environment already installed from its lock")
-    args = parser.parse_args(list(argv))
+    # intermixed: `install --systems-dir D ci` (the Makefile's order) keeps `ci` a NAME; plain
+    # parse_args binds the empty NAME list before the option and refuses the name after it
+    args = parser.parse_intermixed_args(list(argv))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     where = args.systems_dir or Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")
     # `all`, or a tier (`ci`, `heavy`: SystemSpec.tier), or names

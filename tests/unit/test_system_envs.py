@@ -103,3 +103,24 @@ def test_the_systems_command_lists_and_refuses_an_unknown_name(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "mem0 " in out and "pypi:mem0ai==1.0.5" in out and "not installed" in out
     assert systems_command(["install", "nosuchsystem", "--systems-dir", str(tmp_path)]) == 2
+
+
+def test_the_makefile_systems_command_parses(tmp_path, capsys) -> None:
+    """The Makefile's own argument order (option before the names) is accepted: CI ran
+    `systems install --systems-dir D ci` and argparse refused `ci` before parse_intermixed_args."""
+    import re
+    import shlex
+
+    from structmem_gpu.systems.admin import systems_command
+    from structmem_gpu.systems.registry import system_names
+
+    root = Path(__file__).resolve().parents[2]
+    line = next(ln for ln in (root / "Makefile").read_text().splitlines()
+                if ln.startswith("\t") and "jobs/data.py systems install" in ln)
+    argv = shlex.split(line.split("jobs/data.py", 1)[1].split(";", 1)[0])
+    assert argv[:2] == ["systems", "install"]
+    argv = ["list"] + [str(tmp_path) if a == "$(STRUCTMEM_SYSTEMS_DIR)" else
+                       re.sub(r"\$\(CI_SYSTEMS\)", "ci", a) for a in argv[2:]]
+    assert systems_command(argv) == 0
+    listed = [ln.split()[0] for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert listed == system_names("ci")
