@@ -61,6 +61,7 @@ CACHE_DIRNAME = "system_responses.seg"  # under paths.cache_dir/llm, beside llm_
 CACHE_KIND = "front-response"
 CACHE_FORMAT = "front/1"
 PUBLISH_EVERY = 64  # replies per published segment (and at close)
+BODY_PREFIX = "body/"  # key prefix of the stored chat bodies (FrontCache.body_for)
 
 
 def body_key(model_id: str, body: Mapping[str, Any]) -> str:
@@ -91,11 +92,23 @@ class FrontCache:
             got = self.store.get_many([key]).get(key)
         return None if got is None else json.loads(got)
 
-    def put(self, key: str, reply: Mapping[str, Any]) -> None:
+    def put(self, key: str, reply: Mapping[str, Any],
+            body: Mapping[str, Any] | None = None) -> None:
+        """Store a reply; with `body`, also the body under BODY_PREFIX + its sha256 (the
+        requests row's messages_hash), so `jobs/report.py differential` can read what a system
+        sent, as LLMCache.messages_for does for our own stages."""
         with self._lock:
-            self._pending.append((key, json.dumps(reply).encode(), None))
+            sha = body_hash(body) if body is not None else None
+            self._pending.append((key, json.dumps(reply).encode(), sha))
+            if body is not None:
+                self._pending.append((BODY_PREFIX + sha, json.dumps(body).encode(), None))
             if len(self._pending) >= PUBLISH_EVERY:
                 self._flush()
+
+    def body_for(self, sha256: str) -> dict[str, Any] | None:
+        """The chat body behind a front row's messages_hash (None: not stored, e.g. a cache
+        written before bodies were kept, or a call that got no reply)."""
+        return self.get(BODY_PREFIX + sha256)
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -310,7 +323,7 @@ class RecordingFront:
                 self._record(system, phase, unit, "chat", sha, None, None, t0, False, None, error)
                 return 500, {"error": {"message": error}}
             if self.cache is not None:
-                self.cache.put(key, reply)
+                self.cache.put(key, reply, body)
         usage = reply.get("usage") or {}
         choice = (reply.get("choices") or [{}])[0]
         message = choice.get("message") or {}

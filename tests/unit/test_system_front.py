@@ -75,6 +75,11 @@ def test_chat_is_attributed_recorded_and_cached(tmp_path):
         assert _post(url, {**CHAT, "temperature": 0.5})[0] == 200  # another body: sent
         assert front.take_rows("s")["cache_hit"].to_list() == [True, False]
     assert len(calls) == 1
+    # the body behind each row's messages_hash is kept (jobs/report.py differential reads it)
+    kept = FrontCache(tmp_path / "cache")
+    body = kept.body_for(rows["messages_hash"][0])
+    assert body is not None and body["messages"] == CHAT["messages"]
+    assert kept.body_for("0" * 64) is None
 
 
 def test_tool_calls_pass_through_and_are_recorded():
