@@ -19,11 +19,13 @@
     # the judge's false-accept / false-reject rates on dial481/locomo-audit's answer sets
     # (stored per judge identity; report.md and compare show them beside the judge)
     python jobs/report.py judge-audit judge=same_as_llm [eval.judge_audit.per_set=null] [--force]
+    # an official pipeline's run against our port's, request by request -> RUN_PORT/differential/
+    python jobs/report.py differential RUN_OFFICIAL RUN_PORT [--out DIR] [--cache-dir DIR] [--k 10]
 
 A folder that is not itself a run directory (a multirun sweep dir) stands for the run
 directories below it. Expected errors (a missing shard, shards of different configs) print
 one line naming the shard and exit with code 2. Thin wrapper over structmem_gpu.run.merge,
-structmem_gpu.analysis.compare and structmem_gpu.eval.agreement.
+structmem_gpu.analysis.compare, .differential and structmem_gpu.eval.agreement.
 """
 
 from __future__ import annotations
@@ -78,12 +80,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from structmem_gpu.analysis.compare import compare_runs, discover_runs, write_comparison
+    from structmem_gpu.analysis.comparison_stats import write_stats
 
     runs = discover_runs(*args.dirs)
     df = compare_runs(runs, reference=args.reference)
     paths = write_comparison(df, args.out, reference=args.reference)
-    from structmem_gpu.analysis.comparison_stats import write_stats
-
     write_stats(df, args.out, reference=args.reference, md=paths["md"])  # paired tests, seeds
     print(paths["md"].read_text(encoding="utf-8"))
     from structmem_gpu.analysis.sweep_plots import write_sweep_plots
@@ -97,23 +98,16 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     import polars as pl
 
     from structmem_gpu.core.artifacts import RunDir
-    from structmem_gpu.eval.agreement import (
-        agreement_markdown,
-        judge_agreement,
-        write_agreement,
-    )
+    from structmem_gpu.eval.agreement import agreement_markdown, judge_agreement, write_agreement
 
     run = RunDir(args.run_dir)
     judgments = run.read_table("judgments")
     names = judgments["judge_name"].unique().to_list()
     if len(names) < 2:
-        raise StructMemError(
-            f"{run.table_path('judgments')}: only judge(s) {names}; agreement "
-            f"needs several (run stages=[judge,report] judge=panel_example there)"
-        )
+        raise StructMemError(f"{run.table_path('judgments')}: only judge(s) {names}; agreement "
+                             "needs several (run stages=[judge,report] judge=panel_example there)")
     table = judge_agreement(judgments.filter(pl.col("judge_name").is_not_null()))
-    out = args.out or run.report_dir
-    paths = write_agreement(table, out)
+    paths = write_agreement(table, args.out or run.report_dir)
     print(agreement_markdown(table))
     print(f"written: {paths['md']}, {paths['json']}")
     return 0
@@ -172,6 +166,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_differential(args: argparse.Namespace) -> int:
+    from structmem_gpu.analysis.differential import differential
+    from structmem_gpu.analysis.differential_report import default_out, write_differential
+
+    diff = differential(args.official, args.port, args.cache_dir, args.k)
+    paths = write_differential(diff, args.out or default_out(args.official, args.port))
+    print(paths["md"].read_text("utf-8") + "written: " + ", ".join(map(str, paths.values())))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -180,18 +184,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("dirs", nargs="+", type=Path, help="shard run directories or a sweep dir")
     m.add_argument("--force", action="store_true", help="replace an existing merged directory")
     m.add_argument("--no-report", action="store_true", help="merge tables only")
-    m.add_argument(
-        "--by-config",
-        action="store_true",
-        help="a sweep crossed with shards: merge each config's shards into OUT/<its overrides>",
-    )
-    m.add_argument(
-        "--override",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Hydra overrides of the shards' job, when they have no .hydra/config.yaml",
-    )
+    m.add_argument("--by-config", action="store_true", help="a sweep crossed with shards: merge "
+                   "each config's shards into OUT/<its overrides>")
+    m.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="Hydra overrides of the shards' job, when they have no .hydra/config.yaml")
     m.set_defaults(fn=cmd_merge)
     c = sub.add_parser("compare", help="compare finished runs (comparison.md/.csv/.json)")
     c.add_argument("out", type=Path, help="where comparison.* go")
@@ -229,6 +225,13 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--force", action="store_true",
                    help="judge again (replies still come from the response cache)")
     j.set_defaults(fn=cmd_judge_audit)
+    d = sub.add_parser("differential", help="an official pipeline's requests against our port's")
+    d.add_argument("official", type=Path, help="run of the official pipeline (through the front)")
+    d.add_argument("port", type=Path, help="run of our port")
+    d.add_argument("--out", type=Path, help="default: PORT/differential/<OFFICIAL's name>")
+    d.add_argument("--cache-dir", type=Path, help="the runs' paths.cache_dir (default: saved)")
+    d.add_argument("--k", type=int, help="retrieved items compared per question (default 10)")
+    d.set_defaults(fn=cmd_differential)
     return ap
 
 

@@ -239,11 +239,17 @@ class ResponseCache:
 
     def messages_for(self, messages_hash: str) -> list[dict[str, str]] | None:
         """The full messages behind a `messages_hash` of requests.parquet (None if unknown)."""
+        row = self.row_for(messages_hash)
+        return None if row is None else json.loads(row["messages"])
+
+    def row_for(self, messages_hash: str) -> dict[str, Any] | None:
+        """One stored row (COLUMNS) behind a `messages_hash` (None if unknown): its model,
+        sampling and schema too, which `jobs/report.py differential` lists beside the messages."""
         self.flush()
         with self._lock:
             key = self._store.key_for_tag(messages_hash)
             raw = self._store.get_many([key]) if key is not None else {}
-        return None if key is None else json.loads(json.loads(raw[key])["messages"])
+        return None if key is None else json.loads(raw[key])
 
     def __len__(self) -> int:
         self.flush()
