@@ -64,9 +64,11 @@ def cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / "data-gym-cache"
 
 
-def seed_cl100k() -> Path:
-    """Put the packaged cl100k_base file where tiktoken reads it (idempotent); its path."""
-    target = cache_dir() / hashlib.sha1(CL100K_URL.encode()).hexdigest()
+def seed_cl100k(folder: Path | None = None) -> Path:
+    """Put the packaged cl100k_base file where tiktoken reads it (idempotent); its path.
+    `folder`: a cache directory of another process (a baseline system's worker, which gets
+    it as TIKTOKEN_CACHE_DIR), else this process's own (cache_dir())."""
+    target = (cache_dir() if folder is None else Path(folder)) / hashlib.sha1(CL100K_URL.encode()).hexdigest()
     if target.is_file() and _sha256(target) == CL100K_SHA256:
         return target
     source = _packaged_cl100k()

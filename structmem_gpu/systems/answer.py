@@ -41,6 +41,7 @@ KINDS = {
     "entity": ("Entities", False),  # Zep's entity summaries
     "passage": ("Passages", True),  # HippoRAG 2: retrieved turns
     "context": ("Retrieved context", False),  # LightRAG: one assembled context per question
+    "synthesis": ("Syntheses", False),  # LightMem's cross-event summaries (lightmem_official)
 }
 
 

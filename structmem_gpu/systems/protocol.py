@@ -23,7 +23,8 @@ Requests (job -> worker) and replies (worker -> job), one line each:
      "store_dir": "<run>/systems/mem0/store/conv-26",
      "speakers": ["Caroline", "Melanie"],
      "sessions": [{"session_index": 1, "session_time": "2023-05-08T13:56:00",
-                   "turns": [{"event_id": "conv-26:D1:1", "speaker": "Caroline", "text": "..."}]}]}
+                   "turns": [{"event_id": "conv-26:D1:1", "speaker": "Caroline", "text": "...",
+                              "raw_text": "...", "image_caption": null}]}]}
     -> {"op": "built", "unit": "conv-26",
         "memories": [{"memory_id": "...", "owner": "Caroline", "text": "...",
                       "created_at": "2023-05-08T13:56:00", "metadata": {...}}],
@@ -39,6 +40,10 @@ Requests (job -> worker) and replies (worker -> job), one line each:
     any request that fails -> {"op": "error", "unit": "conv-26", "error": "<type>: <message>",
                                "log_tail": "<last lines of the worker's log>"}
     {"op": "exit"} -> the worker exits 0.
+
+A turn's `text` has its image caption inline ("... [image: <caption>]"); `raw_text` and
+`image_caption` are the two apart, for a system's own LoCoMo driver that renders the caption
+its way (LightMem's "(image description: ...)").
 
 `settings` is the system's settings block (conf/method/<system>.yaml `system.options`) plus
 the paper's retrieval depth; `clock` is the instant the worker freezes `datetime.now()` at

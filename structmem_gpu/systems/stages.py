@@ -333,8 +333,11 @@ def build_payloads(turns: pl.DataFrame) -> dict[str, dict[str, Any]]:
             sessions.append({
                 "session_index": int(idx),
                 "session_time": when.isoformat() if when is not None else None,
+                # text: what the systems read (caption inline); raw_text + image_caption:
+                # for a system's own LoCoMo driver that renders the caption its way
                 "turns": [{"event_id": e, "speaker": sp,
-                           "text": (t or "") + (f" [image: {c}]" if c else "")}
+                           "text": (t or "") + (f" [image: {c}]" if c else ""),
+                           "raw_text": t or "", "image_caption": c}
                           for e, sp, t, c in sess.select("event_id", "speaker", "text",
                                                          "image_caption").iter_rows()],
             })

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from structmem_gpu.systems.registry import system_names
+from tests.fixtures.lingua import build_tiny_lingua
 from tests.systems.test_system_runs import garbled_run, run_and_rerun
 
 pytestmark = [pytest.mark.systems_heavy, pytest.mark.timeout(3600)]
@@ -23,12 +24,21 @@ pytestmark = [pytest.mark.systems_heavy, pytest.mark.timeout(3600)]
 HEAVY_SYSTEMS = system_names("heavy")
 
 
+def _extra(name: str, tmp_path: Path) -> list[str]:
+    """What a system needs beyond the sample job: LightMem's own code loads an LLMLingua-2
+    model (a 12-layer random-weight stand-in: its segmenter reads layers 8-11)."""
+    if name == "lightmem_official":
+        model = build_tiny_lingua(tmp_path / "lingua", layers=12)
+        return [f"system.options={{llmlingua_model:'{model}',device:cpu}}"]
+    return []
+
+
 @pytest.mark.parametrize("name", HEAVY_SYSTEMS)
 def test_a_heavy_system_runs_then_reruns_from_the_cache(name: str, tmp_path: Path) -> None:
-    run_and_rerun(name, tmp_path)
+    run_and_rerun(name, tmp_path, _extra(name, tmp_path))
 
 
 @pytest.mark.parametrize("name", HEAVY_SYSTEMS)
 def test_a_heavy_system_counts_garbled_replies(name: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    garbled_run(name, tmp_path, monkeypatch)
+    garbled_run(name, tmp_path, monkeypatch, _extra(name, tmp_path))

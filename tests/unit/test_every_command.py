@@ -43,6 +43,7 @@ from structmem_gpu.eval.published import comparison_lines, load_published, match
 from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import config_hash, run_stages
+from structmem_gpu.systems.registry import system_spec
 from tests.fixtures.data import tiny_longmemeval
 from tests.fixtures.pipeline import CONF_DIR, load_job, options
 
@@ -164,6 +165,12 @@ def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict
     # LLMLingua-2 stages: the tests' small stand-in model (tests/fixtures/lingua.py), offline
     lingua = ([f"compress.model={request.getfixturevalue('tiny_lingua_model')}", "segment.layers=[0,1]"]
               if {"compress", "segment"} & set(base.method.stages) else [])
+    # a baseline system that runs LLMLingua-2 itself (an `llmlingua_model` option, LightMem's
+    # code): the 12-layer stand-in (its segmenter reads layers 8-11), on the CPU
+    system = OmegaConf.select(base, "system.name") if "system_build" in base.method.stages else None
+    if system and "llmlingua_model" in system_spec(system).options:
+        model = request.getfixturevalue("tiny_lingua_model_12")
+        lingua = [*lingua, f"system.options={{llmlingua_model:'{model}',device:cpu}}"]
     cfg = _compose([*overrides, *PROFILE, *benchmark_overrides(base, shared["data"]), *lingua,
                     f"paths.cache_dir={shared['cache']}"])
     check_config(cfg)  # what jobs/run.py checks before any stage runs

@@ -58,7 +58,6 @@ speaker and ISO session time).
 from __future__ import annotations
 
 import base64
-import io
 import json
 import logging
 import os
@@ -68,7 +67,6 @@ import sys
 import tempfile
 import types
 import urllib.request
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -178,40 +176,6 @@ def _nltk_markers() -> None:
     nltk.data.path.insert(0, str(root))
 
 
-# --------------------------------------------------------------------------- printed drops
-
-
-class _Prints(io.TextIOBase):
-    """sys.stdout while A-MEM runs: every line goes on to the log (stderr); lines that say a
-    reply was swallowed are counted (PRINT_RULES, matched at the start of a line)."""
-
-    def __init__(self, out: Any) -> None:
-        self.out = out
-        self.buf = ""
-        self.drops: list[dict[str, str]] = []
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:
-        self.out.write(s)
-        self.buf += s
-        while "\n" in self.buf:
-            line, self.buf = self.buf.split("\n", 1)
-            for needle, where, why in PRINT_RULES:
-                if line.startswith(needle):
-                    self.drops.append({"where": where, "why": why})
-                    break
-        return len(s)
-
-    def flush(self) -> None:
-        self.out.flush()
-
-    def take(self) -> list[dict[str, str]]:
-        out, self.drops = self.drops, []
-        return out
-
-
 # --------------------------------------------------------------------------- protocol
 
 
@@ -228,7 +192,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
     _install_stand_ins()
     _nltk_markers()
     sys.path.insert(0, src)
-    _state["prints"] = _Prints(sys.stdout)
+    _state["prints"] = wc.PrintWatcher(sys.stdout, PRINT_RULES)
     old, sys.stdout = sys.stdout, _state["prints"]
     try:
         import memory_layer as ml
@@ -239,19 +203,6 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
         ml.re = re  # analyze_content's re.sub (see the module docstring)
     _state["ml"], _state["ta"] = ml, ta
     return {}
-
-
-def _locomo_time(value: str | None) -> str | None:
-    """The session time as LoCoMo writes it ("1:56 pm on 8 May, 2023"), which is what A-MEM's
-    driver passes; a value that is not ISO goes as it is."""
-    if not value:
-        return None
-    try:
-        t = datetime.fromisoformat(value)
-    except ValueError:
-        return value
-    hour = t.hour % 12 or 12
-    return f"{hour}:{t.minute:02d} {'am' if t.hour < 12 else 'pm'} on {t.day} {t:%B}, {t.year}"
 
 
 def _agent(req: dict[str, Any]) -> Any:
@@ -297,7 +248,7 @@ def _build(req: dict[str, Any]) -> dict[str, Any]:
     store.mkdir(parents=True, exist_ok=True)
     for name in (MEMORY_FILE, RETRIEVER_FILE, EMBEDDINGS_FILE, NOTES_FILE):
         (store / name).unlink(missing_ok=True)  # a rebuild starts empty
-    prints: _Prints = _state["prints"]
+    prints: wc.PrintWatcher = _state["prints"]
     prints.take()
     drops: list[dict[str, str]] = []
     notes_lost = 0
@@ -321,7 +272,7 @@ def _build(req: dict[str, Any]) -> dict[str, Any]:
 
         llm.get_completion = get_completion  # this instance only
         for session in sorted(req["sessions"], key=lambda s: s["session_index"]):
-            when = _locomo_time(session.get("session_time"))
+            when = wc.locomo_time(session.get("session_time"))
             for turn in session["turns"]:
                 content = "Speaker " + str(turn["speaker"]) + "says : " + str(turn["text"])
                 ids_before = list(ms.memories)
@@ -409,7 +360,7 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
         raise FileNotFoundError(f"{store / MEMORY_FILE}: no A-MEM store (build first)")
     k = int(req.get("k") or _state["settings"].get("top_k", 10))
     info = json.loads((store / NOTES_FILE).read_text()) if (store / NOTES_FILE).exists() else {}
-    prints: _Prints = _state["prints"]
+    prints: wc.PrintWatcher = _state["prints"]
     old, sys.stdout = sys.stdout, prints
     agent = None
     results: dict[str, list[dict[str, Any]]] = {}
@@ -444,19 +395,5 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
             "dropped": len(drops), "drops": drops}
 
 
-def _version() -> str:
-    """The pinned commit `systems install` exported (its record beside `src`)."""
-    src = os.environ.get("STRUCTMEM_SYSTEM_SRC")
-    if src:
-        state = Path(src).parent / "structmem_system.json"
-        try:
-            commit = json.loads(state.read_text()).get("commit")
-        except (OSError, ValueError):
-            commit = None
-        if commit:
-            return str(commit)[:7]
-    return "unknown"
-
-
 if __name__ == "__main__":
-    wc.serve({"hello": _hello, "build": _build, "search": _search}, SYSTEM, _version())
+    wc.serve({"hello": _hello, "build": _build, "search": _search}, SYSTEM, wc.repository_version())

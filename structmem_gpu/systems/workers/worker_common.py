@@ -13,9 +13,11 @@ it puts this file's directory on sys.path and imports this module by name.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copyreg
 import importlib
 import datetime as _dt
+import io
 import ipaddress
 import json
 import logging
@@ -245,6 +247,147 @@ class DropCounter(logging.Handler):
         return out
 
 
+class PrintWatcher(io.TextIOBase):
+    """sys.stdout while a system that prints (not logs) its swallowed failures runs: every line
+    goes on to `out` (the worker's log); a line starting with a rule's needle is one drop.
+    `rules` are (needle, where, why). Thread-safe: systems print from their own pools."""
+
+    def __init__(self, out: Any, rules: list[tuple[str, str, str]]) -> None:
+        self.out = out
+        self.rules = list(rules)
+        self.buf = ""
+        self.drops: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.out.write(s)
+        with self._lock:
+            self.buf += s
+            while "\n" in self.buf:
+                line, self.buf = self.buf.split("\n", 1)
+                for needle, where, why in self.rules:
+                    if line.startswith(needle):
+                        self.drops.append({"where": where, "why": why})
+                        break
+        return len(s)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def take(self) -> list[dict[str, str]]:
+        with self._lock:
+            out, self.drops = self.drops, []
+        return out
+
+
+def run_forked(fn: Callable[[], Any]) -> Any:
+    """`fn()` in a forked child (the worker's imports and patches inherited, nothing a previous
+    unit left behind), its JSON-able result returned; its exception re-raised here as a
+    RuntimeError with the child's traceback. For systems that keep per-process state between
+    conversations (module globals, library caches), so a unit's requests do not depend on the
+    units its worker served before. POSIX only (fork)."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: run, write one JSON document, leave without cleanup handlers
+        os.close(read_fd)
+        try:
+            out = {"ok": fn()}
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+            out = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+        try:
+            with os.fdopen(write_fd, "w", encoding="utf-8") as f:
+                json.dump(out, f, default=str)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, encoding="utf-8") as f:
+        raw = f.read()
+    _, status = os.waitpid(pid, 0)
+    if not raw:
+        raise RuntimeError(f"the unit's child process died (wait status {status}) before it "
+                           f"replied: see the worker's log")
+    out = json.loads(raw)
+    if "error" in out:
+        raise RuntimeError(f"{out['error']}\n{out['trace'][-2000:]}")
+    return out["ok"]
+
+
+def locomo_time(value: str | None) -> str | None:
+    """An ISO session time as LoCoMo writes it ("1:56 pm on 8 May, 2023"): what the systems'
+    own LoCoMo drivers read; a value that is not ISO goes as it is."""
+    if not value:
+        return None
+    try:
+        t = _REAL_DATETIME.fromisoformat(value)
+    except ValueError:
+        return value
+    hour = t.hour % 12 or 12
+    return f"{hour}:{t.minute:02d} {'am' if t.hour < 12 else 'pm'} on {t.day} {t:%B}, {t.year}"
+
+
+class SubPhases:
+    """Attributes a system's calls to its steps when one client serves them all: while
+    `step(name)` is active, every httpx request to the unit's base URL goes to the same URL
+    with the phase segment `<phase>.<name>` (`/u/<system>/build.extract/<unit>/v1/...`), so
+    the front's requests rows (request_id's phase field) say which step sent each call.
+    `install()` patches httpx.Client.send (the OpenAI SDK sends through it), once per worker;
+    outside a step, and for other URLs, requests go unchanged."""
+
+    def __init__(self) -> None:
+        # one step at a time per worker, seen by every thread (systems send from their pools)
+        self._base: str | None = None  # the unit's URL path, /u/<system>/<phase>/<unit>/v1
+        self._step: str | None = None
+
+    def install(self) -> None:
+        """Route httpx's requests through `route` (once per worker process)."""
+        import httpx
+
+        real = httpx.Client.send
+        me = self
+
+        def send(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            routed = me.route(request.url.path)
+            if routed != request.url.path:
+                request.url = request.url.copy_with(path=routed)
+            return real(client, request, *args, **kwargs)
+
+        httpx.Client.send = send  # type: ignore[method-assign]
+
+    def unit(self, base_url: str | None) -> None:
+        """The unit being served (its base URL from the request), or None."""
+        from urllib.parse import urlsplit
+
+        self._base = None if base_url is None else urlsplit(base_url).path.rstrip("/")
+        self._step = None
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Any:
+        old, self._step = self._step, name
+        try:
+            yield
+        finally:
+            self._step = old
+
+    def route(self, path: str) -> str:
+        if self._base is None or self._step is None:
+            return path
+        prefix = self._base
+        if not path.startswith(prefix):
+            return path
+        parts = prefix.split("/")  # ["", "u", system, phase, unit, "v1"]
+        if len(parts) < 6 or parts[1] != "u":
+            return path
+        parts[3] = f"{parts[3].split('.', 1)[0]}.{self._step}"
+        return "/".join(parts) + path[len(prefix):]
+
+
 # --------------------------------------------------------------------------- protocol loop
 
 
@@ -272,6 +415,22 @@ def package_version(dist: str) -> str:
         return version(dist)
     except PackageNotFoundError:
         return "unknown"
+
+
+def repository_version() -> str:
+    """The pinned commit `systems install` exported for a repository-released system (its
+    record beside STRUCTMEM_SYSTEM_SRC): the worker's `ready` version; "unknown" without one."""
+    src = os.environ.get("STRUCTMEM_SYSTEM_SRC")
+    if src:
+        state = os.path.join(os.path.dirname(os.path.abspath(src)), "structmem_system.json")
+        try:
+            with open(state, encoding="utf-8") as f:
+                commit = json.load(f).get("commit")
+        except (OSError, ValueError):
+            commit = None
+        if commit:
+            return str(commit)[:7]
+    return "unknown"
 
 
 def serve(handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]], system: str,
