@@ -124,3 +124,27 @@ def test_the_makefile_systems_command_parses(tmp_path, capsys) -> None:
     assert systems_command(argv) == 0
     listed = [ln.split()[0] for ln in capsys.readouterr().out.splitlines() if ln.strip()]
     assert listed == system_names("ci")
+
+
+def test_a_tier_skips_a_repository_system_without_its_checkout(tmp_path, monkeypatch) -> None:
+    """`systems install ci` (make systems) skips a repository-released system of the tier whose
+    checkout is not in STRUCTMEM_OFFICIAL_DIR (its tests skip too), with a warning; named on
+    the command line, it is installed or fails."""
+    from structmem_gpu.systems.admin import systems_command
+
+    installed: list[str] = []
+
+    def install(spec, where, *, official_dir):  # records, installs nothing
+        installed.append(spec.name)
+        return {"installed_s": 0.0}
+
+    monkeypatch.setattr(envs, "install", install)
+    monkeypatch.setenv("STRUCTMEM_OFFICIAL_DIR", str(tmp_path / "official"))
+    ci = system_names("ci")
+    assert "seem_skill" in ci and system_spec("seem_skill").repository is not None
+    assert systems_command(["install", "--systems-dir", str(tmp_path / "s"), "ci"]) == 0
+    assert "seem_skill" not in installed and installed
+    assert all(system_spec(n).repository is None for n in installed)
+    installed.clear()
+    assert systems_command(["install", "seem_skill", "--systems-dir", str(tmp_path / "s")]) == 0
+    assert installed == ["seem_skill"]

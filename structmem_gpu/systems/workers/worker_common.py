@@ -337,8 +337,9 @@ class SubPhases:
     `step(name)` is active, every httpx request to the unit's base URL goes to the same URL
     with the phase segment `<phase>.<name>` (`/u/<system>/build.extract/<unit>/v1/...`), so
     the front's requests rows (request_id's phase field) say which step sent each call.
-    `install()` patches httpx.Client.send (the OpenAI SDK sends through it), once per worker;
-    outside a step, and for other URLs, requests go unchanged."""
+    `install()` patches httpx.Client.send (the OpenAI SDK sends through it; openai 3.x sends
+    through httpx2's, patched too where installed), once per worker; outside a step, and for
+    other URLs, requests go unchanged."""
 
     def __init__(self) -> None:
         # one step at a time per worker, seen by every thread (systems send from their pools)
@@ -346,10 +347,20 @@ class SubPhases:
         self._step: str | None = None
 
     def install(self) -> None:
-        """Route httpx's requests through `route` (once per worker process)."""
-        import httpx
+        """Route httpx's (and httpx2's) requests through `route` (once per worker process)."""
+        found = []
+        for name in ("httpx", "httpx2"):  # httpx2: the fork openai 3.x sends through
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            self._patch(module.Client)
+            found.append(name)
+        if not found:
+            raise ImportError("SubPhases needs httpx or httpx2 (the OpenAI SDK's HTTP client)")
 
-        real = httpx.Client.send
+    def _patch(self, client_cls: Any) -> None:
+        real = client_cls.send
         me = self
 
         def send(client: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -358,7 +369,7 @@ class SubPhases:
                 request.url = request.url.copy_with(path=routed)
             return real(client, request, *args, **kwargs)
 
-        httpx.Client.send = send  # type: ignore[method-assign]
+        client_cls.send = send
 
     def unit(self, base_url: str | None) -> None:
         """The unit being served (its base URL from the request), or None."""
