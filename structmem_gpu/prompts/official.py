@@ -1,9 +1,13 @@
 """The official prompt texts, read at run time from the user's checkouts (README "Official
 texts"); none of them is part of this repository.
 
-    prompts.sources.lightmem     zjunlp/LightMem: build prompts (src/lightmem/memory/prompts.py),
-                                 the StructMem reader (experiments/locomo/prompts.py
-                                 ANSWER_PROMPT_StructMem), the LoCoMo judge
+    prompts.sources.lightmem     zjunlp/LightMem: build prompts, each from the file its LoCoMo
+                                 build reads it from (LIGHTMEM_FILES: the extraction prompts
+                                 from experiments/locomo/prompts.py, the consolidation template
+                                 and UPDATE_PROMPT from src/lightmem/memory/prompts.py), the
+                                 consolidation system message (src/lightmem/memory/utils.py
+                                 call_summary_llm), the readers (experiments/locomo/prompts.py
+                                 ANSWER_PROMPT_StructMem, ANSWER_PROMPT), the LoCoMo judge
                                  (experiments/locomo/llm_judge.py ACCURACY_PROMPT)
     prompts.sources.mem0         mem0ai/mem0 before 9315e30: the LoCoMo judge
                                  (evaluation/metrics/llm_judge.py ACCURACY_PROMPT)
@@ -30,21 +34,49 @@ from structmem_gpu.core.hashing import stable_hash
 from structmem_gpu.prompts import sources as S
 
 SOURCE_NAMES = ("lightmem", "mem0", "longmemeval")
-LIGHTMEM_BUILD_FILE = "src/lightmem/memory/prompts.py"
-LIGHTMEM_READER_FILE = "experiments/locomo/prompts.py"
+# LightMem keeps two files of prompts with partly equal names and partly different texts: the
+# package's (src/lightmem/memory/prompts.py) and its LoCoMo scripts' (experiments/locomo/
+# prompts.py, `from prompts import ...` in add_locomo.py and search_locomo.py).
+LIGHTMEM_PACKAGE_PROMPTS = "src/lightmem/memory/prompts.py"
+LIGHTMEM_LOCOMO_PROMPTS = "experiments/locomo/prompts.py"
+LIGHTMEM_READER_FILE = LIGHTMEM_LOCOMO_PROMPTS
 LIGHTMEM_JUDGE_FILE = "experiments/locomo/llm_judge.py"
 MEM0_JUDGE_FILE = "evaluation/metrics/llm_judge.py"
 LONGMEMEVAL_FILE = "src/evaluation/evaluate_qa.py"
 LONGMEMEVAL_FUNCTION = "get_anscheck_prompt"
-# The build prompts by use (methods/structmem/prompts/reference.py fills them).
-BUILD_NAMES = {
-    "fact": "LoCoMo_Event_Binding_factual",
-    "relation": "LoCoMo_Event_Binding_relational",
-    "synthesis": "LoCoMo_Cross_Event_Consolidation",
+# The one home of "which file": each LightMem text by name, from the file the official LoCoMo
+# code path reads it from (LightMem 8fc9a91).
+LIGHTMEM_FILES = {
+    # add_locomo.py imports them from its own prompts.py and passes them to add_memory as
+    # METADATA_GENERATE_PROMPT ({"factual", "relational"} with --extraction_mode event, the
+    # flat text alone with flat).
+    "LoCoMo_Event_Binding_factual": LIGHTMEM_LOCOMO_PROMPTS,
+    "LoCoMo_Event_Binding_relational": LIGHTMEM_LOCOMO_PROMPTS,
+    "METADATA_GENERATE_PROMPT_locomo": LIGHTMEM_LOCOMO_PROMPTS,
+    # utils.call_summary_llm imports it from the package (`from lightmem.memory.prompts import`).
+    "LoCoMo_Cross_Event_Consolidation": LIGHTMEM_PACKAGE_PROMPTS,
+    # lightmem.py (LightMemory.offline_update_all_entries) imports it from the package.
+    "UPDATE_PROMPT": LIGHTMEM_PACKAGE_PROMPTS,
+    # search_locomo.py imports them from its own prompts.py.
+    "ANSWER_PROMPT_StructMem": LIGHTMEM_LOCOMO_PROMPTS,
+    "ANSWER_PROMPT": LIGHTMEM_LOCOMO_PROMPTS,
 }
+# add_locomo.py's extraction prompts per --extraction_mode (extract.reference_mode): event =
+# StructMem (both perspectives), flat = LightMem's flat memory (the factual perspective only).
+EXTRACTION_NAMES = {
+    "event": {"fact": "LoCoMo_Event_Binding_factual",
+              "relation": "LoCoMo_Event_Binding_relational"},
+    "flat": {"fact": "METADATA_GENERATE_PROMPT_locomo"},
+}
+SYNTHESIS_NAME = "LoCoMo_Cross_Event_Consolidation"
+# The StructMem build prompts by use (methods/structmem/prompts/reference.py fills them).
+BUILD_NAMES = {**EXTRACTION_NAMES["event"], "synthesis": SYNTHESIS_NAME}
+# The consolidation request's fixed parts written in code, not in a prompts file: the literal
+# system message of call_summary_llm and the text it sends when no related entry was found.
+LIGHTMEM_UTILS_FILE = "src/lightmem/memory/utils.py"
+SUMMARY_FUNCTION = "call_summary_llm"
 # The offline update's system prompt (LightMemory.offline_update_all_entries; methods/structmem/prompts/update.py
-# fills the user message). Kept out of BUILD_NAMES: the extract/consolidate fingerprints hash
-# exactly those three texts.
+# fills the user message). Kept out of BUILD_NAMES: only the update stage reads it.
 UPDATE_NAME = "UPDATE_PROMPT"
 # Readers of experiments/locomo/prompts.py (search_locomo.py): with event summaries (StructMem,
 # --enable-summary) and without (LightMem; our flat memory), with the fields each is filled with.
@@ -123,13 +155,74 @@ def _constant(
 
 
 def lightmem_build(spec: str, var: str, what: str) -> OfficialText:
-    """A build prompt of src/lightmem/memory/prompts.py (methods/structmem/prompts/reference.py fills it)."""
-    return _constant("lightmem", spec, LIGHTMEM_BUILD_FILE, var, what)[1]
+    """A LightMem text read from the file its LoCoMo code path reads it from (LIGHTMEM_FILES;
+    methods/structmem/prompts/reference.py fills the build prompts)."""
+    if var not in LIGHTMEM_FILES:
+        raise ConfigError(f"prompts.sources.lightmem: no LightMem text {var!r} is known; "
+                          f"expected one of {sorted(LIGHTMEM_FILES)}")
+    return _constant("lightmem", spec, LIGHTMEM_FILES[var], var, what)[1]
 
 
 def build_texts(spec: str) -> dict[str, OfficialText]:
-    """The three build prompts, by use."""
-    return {use: lightmem_build(spec, var, f"the {use} prompt") for use, var in BUILD_NAMES.items()}
+    """The StructMem build prompts by use (fact, relation, synthesis), the flat mode's factual
+    prompt ("fact[flat]") and the consolidation call's fixed parts ("synthesis[system]",
+    "synthesis[no_context]")."""
+    out = {use: lightmem_build(spec, var, f"the {use} prompt") for use, var in BUILD_NAMES.items()}
+    out["fact[flat]"] = lightmem_build(spec, EXTRACTION_NAMES["flat"]["fact"],
+                                       "the flat mode's factual prompt")
+    out.update({f"synthesis[{k}]": t for k, t in lightmem_summary_call(spec).items()})
+    return out
+
+
+def _summary_what(src: S.Source) -> str:
+    return f"{SUMMARY_FUNCTION} in {LIGHTMEM_UTILS_FILE} at {S.describe_commit(src)}"
+
+
+def _system_content(fn: ast.FunctionDef) -> str | None:
+    """The "content" string of the first dict literal in `fn` with "role": "system"."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Dict):
+            continue
+        items = {k.value: v for k, v in zip(node.keys, node.values, strict=True)
+                 if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+        role, content = items.get("role"), items.get("content")
+        if (isinstance(role, ast.Constant) and role.value == "system"
+                and isinstance(content, ast.Constant) and isinstance(content.value, str)):
+            return content.value
+    return None
+
+
+def _no_context(fn: ast.FunctionDef) -> str | None:
+    """The fallback string of `supplementary_context=<text> or "..."` in `fn`'s format call."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            v = kw.value
+            if (kw.arg == "supplementary_context" and isinstance(v, ast.BoolOp)
+                    and isinstance(v.op, ast.Or) and isinstance(v.values[-1], ast.Constant)
+                    and isinstance(v.values[-1].value, str)):
+                return v.values[-1].value
+    return None
+
+
+def lightmem_summary_call(spec: str) -> dict[str, OfficialText]:
+    """The consolidation request's fixed parts as call_summary_llm writes them in code (read
+    from its AST, never executed): "system", the literal content of its {"role": "system"}
+    message, and "no_context", what it fills {supplementary_context} with when no related
+    entry was found. A ConfigError names what is absent."""
+    src = _src("lightmem", spec)
+    fn = S.function(src, LIGHTMEM_UTILS_FILE, SUMMARY_FUNCTION, "the consolidation call")
+    found = {"system": _system_content(fn), "no_context": _no_context(fn)}
+    shapes = {"system": '{"role": "system", "content": "<literal text>"}',
+              "no_context": 'supplementary_context=<text> or "<literal text>"'}
+    missing = [f"{k} ({shapes[k]})" for k, v in found.items() if v is None]
+    if missing:
+        raise ConfigError(f"{src.where()}: {_summary_what(src)} has no literal "
+                          f"{' and no '.join(missing)} (the consolidation request's fixed parts)")
+    commit = S.resolved_commit(src)
+    return {k: OfficialText("lightmem", LIGHTMEM_UTILS_FILE, f"{SUMMARY_FUNCTION}[{k}]", str(v),
+                            commit) for k, v in found.items()}
 
 
 def lightmem_update(spec: str) -> OfficialText:
@@ -140,7 +233,7 @@ def lightmem_update(spec: str) -> OfficialText:
 def lightmem_reader(spec: str, name: str = READER_NAME) -> OfficialText:
     """A reader template of READERS (search_locomo.py fills it with str.format)."""
     what = f"the reader {name}"
-    src, t = _constant("lightmem", spec, LIGHTMEM_READER_FILE, name, what)
+    src, t = _constant("lightmem", spec, LIGHTMEM_FILES[name], name, what)
     _fields_check(src, t, READERS[name], what)
     return t
 
@@ -259,7 +352,7 @@ def _texts_of(name: str, spec: str) -> dict[str, OfficialText]:
         assert judge is not None
         out["judge_locomo"] = judge
         # Only the update stage needs it (and stops naming it where it is absent).
-        if UPDATE_NAME in S.string_constants(_src(name, spec), LIGHTMEM_BUILD_FILE):
+        if UPDATE_NAME in S.string_constants(_src(name, spec), LIGHTMEM_FILES[UPDATE_NAME]):
             out["update"] = lightmem_update(spec)
         return out
     if name == "mem0":

@@ -46,6 +46,12 @@ Issue 43 added two launch keys: `question_groups` and `group_plan` (run/groups.p
 extract / audit_extraction fingerprints moved, on purpose. A finished extract stage reruns once
 from the response cache (its request ids and entries are unchanged), writes the same entries
 table, so every later stage's inputs hash as before and they do not rerun.
+Issue 45 added `extract.reference_mode` (role "result", "event" by default: which official
+prompt the fact perspective sends with prompts.sources.lightmem; "flat" in
+experiment=flat_locomo_reference_code): the config hashes of the StructMem-family jobs (those
+with an extract stage) and their extract / audit_extraction fingerprints moved, on purpose.
+Without the LightMem texts the extract requests are unchanged: a finished extract stage reruns
+once from the response cache and writes the same entries table.
 """
 
 from __future__ import annotations

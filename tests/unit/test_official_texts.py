@@ -37,13 +37,25 @@ READER = (
 FLAT_READER = "FAKE flat.\n{speaker_1_name}|{speaker_1_memories}|{speaker_2_name}|{speaker_2_memories}|{question}"
 JUDGE = "FAKE judge {{json}}. Q={question} G={gold_answer} R={generated_answer}"
 LIGHTMEM_FILES = {
+    # as in LightMem, the package file holds extraction prompts of the same names (decoys here:
+    # the LoCoMo build reads those of experiments/locomo/prompts.py)
     "src/lightmem/memory/prompts.py": (
-        'LoCoMo_Event_Binding_factual = "FAKE fact"\n'
-        'LoCoMo_Event_Binding_relational = "FAKE relation"\n'
+        'LoCoMo_Event_Binding_factual = "DECOY fact"\n'
+        'LoCoMo_Event_Binding_relational = "DECOY relation"\n'
         'LoCoMo_Cross_Event_Consolidation = "FAKE {bucket} {speakers} {aggregated_text} '
         '{supplementary_context}"\n'
     ),
-    "experiments/locomo/prompts.py": f"ANSWER_PROMPT_StructMem = {READER!r}\nANSWER_PROMPT = {FLAT_READER!r}\n",
+    "src/lightmem/memory/utils.py": (
+        "def call_summary_llm(manager, buffer_text, supplementary_text):\n"
+        "    prompt = P.format(supplementary_context=supplementary_text or 'FAKE none')\n"
+        "    return [{'role': 'system', 'content': 'FAKE system'}, {'role': 'user', 'content': prompt}]\n"
+    ),
+    "experiments/locomo/prompts.py": (
+        f"ANSWER_PROMPT_StructMem = {READER!r}\nANSWER_PROMPT = {FLAT_READER!r}\n"
+        'LoCoMo_Event_Binding_factual = "FAKE fact"\n'
+        'LoCoMo_Event_Binding_relational = "FAKE relation"\n'
+        'METADATA_GENERATE_PROMPT_locomo = "FAKE flat"\n'
+    ),
     "experiments/locomo/llm_judge.py": f"import json\nACCURACY_PROMPT = {JUDGE!r}\n",
 }
 MEM0_FILES = {"evaluation/metrics/llm_judge.py": f"ACCURACY_PROMPT = {('MEM0 ' + JUDGE)!r}\n"}
@@ -106,7 +118,8 @@ def test_work_tree_bare_clone_and_commit_read_the_same_texts(tmp_path: Path) -> 
     bare = tmp_path / "bare.git"
     subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
     # A second commit changes the reader: PATH@first still reads the first text.
-    write(work, {"experiments/locomo/prompts.py": "ANSWER_PROMPT_StructMem = 'NEW {speaker_1_name}'\n"})
+    write(work, {"experiments/locomo/prompts.py": "ANSWER_PROMPT_StructMem = 'NEW {speaker_1_name}'\n"
+                                                  "LoCoMo_Event_Binding_relational = 'NEW'\n"})
     git(work, "commit", "-qam", "two")
     texts = {
         "plain": official.lightmem_reader(str(plain)),
@@ -118,8 +131,18 @@ def test_work_tree_bare_clone_and_commit_read_the_same_texts(tmp_path: Path) -> 
     assert texts["at-commit"].commit == first
     # the same text at another commit keeps its prompt version (the response cache holds)
     assert len({t.version("reader") for t in texts.values()}) == 1
-    assert official.build_texts(str(bare))["fact"].text == "FAKE fact"
+    built = official.build_texts(str(bare))
+    assert {k: t.text for k, t in built.items()} == {
+        "fact": "FAKE fact", "relation": "FAKE relation", "fact[flat]": "FAKE flat",
+        "synthesis": "FAKE {bucket} {speakers} {aggregated_text} {supplementary_context}",
+        "synthesis[system]": "FAKE system", "synthesis[no_context]": "FAKE none"}
+    assert {k: t.file for k, t in built.items()} == {
+        "fact": "experiments/locomo/prompts.py", "relation": "experiments/locomo/prompts.py",
+        "fact[flat]": "experiments/locomo/prompts.py", "synthesis": "src/lightmem/memory/prompts.py",
+        "synthesis[system]": "src/lightmem/memory/utils.py",
+        "synthesis[no_context]": "src/lightmem/memory/utils.py"}
     assert reference.reference_prompt(f"{work}@{first}", "relation") == "FAKE relation"
+    assert reference.reference_prompt(str(work), "relation") == "NEW"  # the work tree
 
 
 @pytest.mark.parametrize(
@@ -258,8 +281,11 @@ def test_manifest_records_commit_and_hashes_never_the_text(tmp_path: Path) -> No
     rec = official.manifest(cfg(lightmem=str(work), mem0=str(m0)))
     assert rec is not None and rec["lightmem"]["commit"] == commit
     texts = rec["lightmem"]["texts"]
-    assert set(texts) == {"fact", "relation", "synthesis", "reader[ANSWER_PROMPT_StructMem]",
+    assert set(texts) == {"fact", "relation", "synthesis", "fact[flat]", "synthesis[system]",
+                          "synthesis[no_context]", "reader[ANSWER_PROMPT_StructMem]",
                           "reader[ANSWER_PROMPT]", "judge_locomo"}
+    assert texts["relation"]["file"] == "experiments/locomo/prompts.py"
+    assert texts["synthesis[system]"]["name"] == "call_summary_llm[system]"
     assert texts["judge_locomo"]["sha256_10"] == official.locomo_judge(str(work), None).digest
     assert "FAKE" not in str(rec["lightmem"])
     assert "llm_judge.py" in rec["mem0"]["incomplete"] and rec["judge_locomo_from"] == "mem0"

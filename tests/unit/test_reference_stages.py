@@ -94,7 +94,7 @@ def test_reference_format_batches(tiny_lingua_model: str, tmp_path: Path) -> Non
     batch's topic markers and the compressed texts."""
     from tests.unit.test_segment_reference import lightmem_source
 
-    lightmem_source("src/lightmem/memory/prompts.py")  # skips without the checkout
+    lightmem_source("experiments/locomo/prompts.py")  # skips without the checkout
     from tests import official_repos
 
     spec = official_repos.spec("lightmem")
@@ -131,3 +131,15 @@ def test_our_format_gives_each_session_its_date() -> None:
     text = render_batch(turns)
     assert text.count("Session date:") == 2 and "2024-03-17 19:05" in text
     assert [line for line in text.splitlines() if line.startswith("[")] == ["[1] Ana: a", "[2] Bo: b", "[3] Ana: c"]
+
+
+def test_flat_reference_profile_sends_the_flat_mode_prompt() -> None:
+    """add_locomo.py --extraction_mode flat: METADATA_GENERATE_PROMPT_locomo as the only
+    extraction prompt; the StructMem profile keeps event mode."""
+    from structmem_gpu.methods.structmem.extract import ExtractSettings
+
+    flat = ExtractSettings.from_cfg(compose_cfg(["experiment=flat_locomo_reference_code"]))
+    event = ExtractSettings.from_cfg(compose_cfg(["experiment=structmem_locomo_reference_code"]))
+    assert (flat.reference_mode, tuple(flat.perspectives)) == ("flat", ("fact",))
+    assert event.reference_mode == "event" and tuple(event.perspectives) == ("fact", "relation")
+    assert not flat.check() and not event.check()

@@ -66,7 +66,7 @@ from structmem_gpu.methods.structmem.windows import (
     windows_by_conversation,
 )
 from structmem_gpu.methods.structmem.prompts import synthesis
-from structmem_gpu.methods.structmem.prompts.reference import reference_fingerprint
+from structmem_gpu.methods.structmem.prompts.reference import texts_fingerprint
 from structmem_gpu.config.settings import (
     COUNT,
     External,
@@ -220,6 +220,7 @@ def plan_conversation(
         from structmem_gpu.methods.structmem.prompts import reference
 
         version = reference.version(s.reference_dir, "synthesis")
+        texts = reference.used_texts(s.reference_dir, ["synthesis"])  # read once, not per window
     else:
         version = synthesis.prompt_version(s.prompt_variant)
     # Each entry rendered once for the conversation (it is listed in ~20 windows' prompts).
@@ -232,7 +233,7 @@ def plan_conversation(
         buffer_recs = records[w.start : w.end]
         if s.reference_dir is not None:
             messages = reference.reference_synthesis_messages(
-                s.reference_dir, buffer_recs, [records[p] for p in context]
+                s.reference_dir, buffer_recs, [records[p] for p in context], texts
             )
         else:
             messages = synthesis.messages(s.prompt_variant, synthesis.user_message(
@@ -444,7 +445,8 @@ STAGE = Stage(
     settings=ConsolidateSettings,
     depends=(*EMBEDDER_IDENTITY, *LLM_IDENTITY),
     version="2",  # 2: the seed query is encoded as an entry (no query instruction)
-    extra_fingerprint=reference_fingerprint,
+    extra_fingerprint=lambda job: texts_fingerprint(
+        job.settings(ConsolidateSettings).reference_dir, ["synthesis"]),
     uses=("llm", "encoder"),
     estimate=estimate_consolidate,
 )

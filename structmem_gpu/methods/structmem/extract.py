@@ -60,7 +60,7 @@ from structmem_gpu.methods.structmem.extraction_windows import (
 )
 from structmem_gpu.methods.structmem.prompts import extraction_prompt
 from structmem_gpu.prompts import extraction_schema, render_window
-from structmem_gpu.methods.structmem.prompts.reference import reference_fingerprint
+from structmem_gpu.methods.structmem.prompts.reference import texts_fingerprint
 from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.config.settings import (
     COUNT,
@@ -167,6 +167,12 @@ class ExtractSettings(Settings):
         "date; each occurrence's entries take that occurrence's session date (a deviation, "
         "README \"Replicating the papers\": dates the model wrote into an entry's text stay "
         "anchored to the first date)."))
+    reference_mode: Literal["event", "flat"] = Field("event", description=(
+        "With prompts.sources.lightmem only: add_locomo.py's --extraction_mode, i.e. which "
+        "official prompt the fact perspective sends. event = LoCoMo_Event_Binding_factual (and "
+        "the relational prompt: StructMem); flat = METADATA_GENERATE_PROMPT_locomo, LightMem's "
+        "flat memory (the fact perspective only; experiment=flat_locomo_reference_code). "
+        "Ignored with our own prompts."))
     # A LightMem checkout: its prompts (methods/structmem/prompts/reference.py).
     reference_dir: Annotated[str | None, External("prompts.sources.lightmem")] = None
 
@@ -177,6 +183,11 @@ class ExtractSettings(Settings):
                        "extract.turns_per_request is null (a window needs a size)")
         if not self.perspectives:
             out.append("extract.perspectives=[]: expected at least one of 'fact', 'relation'")
+        if self.reference_mode == "flat" and self.reference_dir is not None \
+                and tuple(self.perspectives) != ("fact",):
+            out.append(f"extract.reference_mode=flat with extract.perspectives="
+                       f"{list(self.perspectives)}: LightMem's flat mode has the factual prompt "
+                       "only; expected perspectives=[fact]")
         return out
 
 
@@ -286,11 +297,11 @@ def reference_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -
     from structmem_gpu.methods.structmem.prompts import reference as R
 
     assert s.reference_dir is not None
-    system = R.reference_prompt(s.reference_dir, kind)
+    system = R.reference_prompt(s.reference_dir, kind, s.reference_mode)
     user = (R.render_reference_batch(window.turns, window.topics) if window.topics
             else R.render_reference_window(window.turns))
     schema = _shared_reference_schema(len(window.turns), kind, s.max_items)
-    ver = R.version(s.reference_dir, kind)
+    ver = R.version(s.reference_dir, kind, s.reference_mode)
     rid = request_id("extract", window.conv_id, window.turns[0].event_id, kind, ver, user, schema)
     return LLMRequest(
         request_id=rid,
@@ -667,6 +678,12 @@ def estimate_extract(inp: EstimateInputs) -> StageEstimate:
     )
 
 
+def reference_texts_fingerprint(job: Any) -> str | None:
+    """The official extraction prompts this job's requests send (prompts.sources.lightmem)."""
+    s = job.settings(ExtractSettings)
+    return texts_fingerprint(s.reference_dir, s.perspectives, s.reference_mode)
+
+
 STAGE = Stage(
     name=STAGE_NAME,
     run=run_extract,
@@ -676,7 +693,7 @@ STAGE = Stage(
     optional_reads=("compressed_turns", "segments"),
     settings=ExtractSettings,
     depends=LLM_IDENTITY,
-    extra_fingerprint=reference_fingerprint,
+    extra_fingerprint=reference_texts_fingerprint,
     uses=("llm",),
     estimate=estimate_extract,
     loads=("window_tokenizer",),  # packs its windows by extract.window_tokenizer

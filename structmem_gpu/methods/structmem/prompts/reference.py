@@ -2,19 +2,27 @@
 `prompts.reference_dir`: a zjunlp/LightMem checkout, work tree or git repository).
 
 The reference prompt texts are NOT part of this repository. With the LightMem source set,
-the extract and consolidate stages read them at run time from the user's checkout
-(docs/methods.md "StructMem: reference code": `src/lightmem/memory/prompts.py`, variables
-`LoCoMo_Event_Binding_factual`, `LoCoMo_Event_Binding_relational`,
-`LoCoMo_Cross_Event_Consolidation`). The file is parsed with `ast` (its string constants are
-read, nothing of it is executed).
+the extract and consolidate stages read them at run time from the user's checkout, each from
+the file LightMem's LoCoMo build reads it from (prompts/official.py LIGHTMEM_FILES):
+`experiments/locomo/prompts.py` for the extraction prompts add_locomo.py imports
+(`LoCoMo_Event_Binding_factual`, `LoCoMo_Event_Binding_relational`; with
+`extract.reference_mode=flat`, its flat mode, `METADATA_GENERATE_PROMPT_locomo`),
+`src/lightmem/memory/prompts.py` for `LoCoMo_Cross_Event_Consolidation` (imported by
+`utils.call_summary_llm`), and from `src/lightmem/memory/utils.py` `call_summary_llm` itself
+the consolidation request's literal system message and its "no related entries" text. The
+files are parsed with `ast` (their string constants are read, nothing of them is executed).
 
 The extraction user message then has the reference's line format (§3.2): one topic marker,
 then `[<ISO time with ms>, <weekday>] <source_id>.<speaker>: <text>` with source ids counting
 from 0 in the window and the time stepping one second per turn; the reply is the reference's
 `{"data": [{"source_id": 0, "fact": "..."}]}` (or `"relation"`), schema-constrained to the
 window's source ids and mapped back to our turns (source_id + 1). The synthesis template's
-placeholders `{bucket}`, `{speakers}`, `{aggregated_text}`, `{supplementary_context}` are
-filled with our windows, records `[<time>, <weekday>] <speaker>: <text>`.
+placeholders are filled as LightMem's `summarize` fills them: `{bucket}` = "<first time> -
+<last time>" of the window's entries (ISO with ms), `{speakers}` = their sorted speakers,
+`{aggregated_text}` / `{supplementary_context}` = records `[<time>, <weekday>] <speaker>:
+<text>` (utils.format_entries_for_prompt; entry kinds are never stored there, so no tag).
+An entry's time is its session's (docs/methods.md "StructMem: reference code": the reference
+stamps each entry with its source message's time, a second apart per turn).
 """
 
 from __future__ import annotations
@@ -31,11 +39,14 @@ from structmem_gpu.llm.types import Message
 from structmem_gpu.prompts import list_reply_schema
 from structmem_gpu.prompts.official import (
     BUILD_NAMES,
-    LIGHTMEM_BUILD_FILE,
-    build_texts,
+    EXTRACTION_NAMES,
+    LIGHTMEM_FILES,
+    SYNTHESIS_NAME,
+    OfficialText,
     lightmem_build,
-    source_spec,
+    lightmem_summary_call,
 )
+from structmem_gpu.prompts.official import fingerprint as official_fingerprint
 
 if TYPE_CHECKING:
     from structmem_gpu.methods.structmem.prompts.synthesis import Record
@@ -53,32 +64,63 @@ class ReferenceTurn(Protocol):
     def text(self) -> str: ...
 
 
-PROMPTS_FILE = LIGHTMEM_BUILD_FILE
 NAMES = BUILD_NAMES
+MODES = tuple(EXTRACTION_NAMES)  # extract.reference_mode: add_locomo.py's --extraction_mode
 SYNTHESIS_FIELDS = ("bucket", "speakers", "aggregated_text", "supplementary_context")
-NO_CONTEXT = "No additional context available."
-SYNTHESIS_ROLE = "You are a conversation summarisation assistant who pays attention to time."
 
 
-def reference_prompt(reference_dir: str, use: str) -> str:
-    """The reference prompt for "fact" | "relation" | "synthesis" from the LightMem source
-    `reference_dir` (`PATH` or `PATH@COMMIT`, prompts/sources.py); a clear error when absent."""
-    name = NAMES.get(use)
-    if name is None:
-        raise ConfigError(f"no reference prompt for {use!r}; expected one of {sorted(NAMES)}")
-    text = lightmem_build(reference_dir, name, f"the {use} prompt").text
+def prompt_name(use: str, mode: str = "event") -> str:
+    """The LightMem variable for "fact" | "relation" (per extraction mode) | "synthesis"."""
     if use == "synthesis":
-        missing = [f for f in SYNTHESIS_FIELDS if "{" + f + "}" not in text]
+        return SYNTHESIS_NAME
+    names = EXTRACTION_NAMES.get(mode)
+    if names is None:
+        raise ConfigError(f"extract.reference_mode={mode!r}: expected one of {list(MODES)}")
+    if use not in names:
+        raise ConfigError(f"no reference prompt for {use!r} in LightMem's {mode} extraction mode; "
+                          f"expected one of {sorted(names)}")
+    return names[use]
+
+
+def prompt_file(use: str, mode: str = "event") -> str:
+    """The checkout file that use's prompt is read from."""
+    return LIGHTMEM_FILES[prompt_name(use, mode)]
+
+
+def official_text(reference_dir: str, use: str, mode: str = "event") -> OfficialText:
+    name = prompt_name(use, mode)
+    t = lightmem_build(reference_dir, name, f"the {use} prompt")
+    if use == "synthesis":
+        missing = [f for f in SYNTHESIS_FIELDS if "{" + f + "}" not in t.text]
         if missing:
             raise ConfigError(
-                f"prompts.sources.lightmem: {name} in {PROMPTS_FILE} lacks placeholders {missing}"
+                f"prompts.sources.lightmem: {name} in {t.file} lacks placeholders {missing}"
             )
-    return text
+    return t
 
 
-def version(reference_dir: str, use: str) -> str:
-    """'reference-fact/<hash of the text>': a changed checkout is a new prompt version."""
-    return f"reference-{use}/{stable_hash(reference_prompt(reference_dir, use), length=10)}"
+def reference_prompt(reference_dir: str, use: str, mode: str = "event") -> str:
+    """The reference prompt for "fact" | "relation" | "synthesis" from the LightMem source
+    `reference_dir` (`PATH` or `PATH@COMMIT`, prompts/sources.py), for extraction mode `mode`
+    (event | flat); a clear error when absent."""
+    return official_text(reference_dir, use, mode).text
+
+
+def used_texts(reference_dir: str, uses: Sequence[str], mode: str = "event") -> dict[str, OfficialText]:
+    """The official texts requests of `uses` send: the synthesis adds call_summary_llm's
+    system message and its no-context text."""
+    out = {u: official_text(reference_dir, u, mode) for u in uses}
+    if "synthesis" in uses:
+        out.update({f"synthesis[{k}]": v for k, v in lightmem_summary_call(reference_dir).items()})
+    return out
+
+
+def version(reference_dir: str, use: str, mode: str = "event") -> str:
+    """'reference-fact/<hash of the texts sent>': a changed checkout text is a new prompt
+    version (the synthesis': its template, system message and no-context text)."""
+    texts = used_texts(reference_dir, [use], mode)
+    material = [t.text for _, t in sorted(texts.items())]
+    return f"reference-{use}/{stable_hash(*material, length=10)}"
 
 
 _IMAGE = re.compile(r"\[image: (.*)\]$", re.DOTALL)
@@ -136,34 +178,45 @@ def _record_line(r: Record) -> str:
     return f"[{r.time.isoformat(timespec='milliseconds')}, {r.time:%a}] {r.speaker}: {r.text}"
 
 
+def _stamp(when: datetime) -> str:
+    return when.isoformat(timespec="milliseconds")
+
+
+def _record_line(r: Record) -> str:
+    return f"[{_stamp(r.time)}, {r.time:%a}] {r.speaker}: {r.text}"
+
+
 def reference_synthesis_messages(
-    reference_dir: str, buffer: Sequence[Record], context: Sequence[Record]
+    reference_dir: str, buffer: Sequence[Record], context: Sequence[Record],
+    texts: dict[str, OfficialText] | None = None,
 ) -> tuple[Message, ...]:
+    """LightMem's summarize + call_summary_llm: its literal system message, the template
+    filled with the window's time range ("<first> - <last>", the entries' ISO times with ms),
+    sorted speakers and records; the no-context text when no related entry was found.
+    `texts`: used_texts(reference_dir, ["synthesis"]), read once by a caller with many windows."""
     if not buffer:
         raise ValueError("a synthesis needs at least one buffer entry")
-    template = reference_prompt(reference_dir, "synthesis")
+    texts = texts if texts is not None else used_texts(reference_dir, ["synthesis"])
     start, end = buffer[0].time, buffer[-1].time
     try:
-        user = template.format(
-            bucket=f"{start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S}",
+        user = texts["synthesis"].text.format(
+            bucket=f"{_stamp(start)} - {_stamp(end)}",
             speakers=", ".join(sorted({r.speaker for r in buffer})),
             aggregated_text="\n".join(_record_line(r) for r in buffer),
-            supplementary_context="\n".join(_record_line(r) for r in context) or NO_CONTEXT,
+            supplementary_context=("\n".join(_record_line(r) for r in context)
+                                   or texts["synthesis[no_context]"].text),
         )
     except (KeyError, IndexError, ValueError) as e:
         raise ConfigError(
-            f"prompts.sources.lightmem: {NAMES['synthesis']} in {PROMPTS_FILE} is not a format "
-            f"template with only {list(SYNTHESIS_FIELDS)} ({e!r})"
+            f"prompts.sources.lightmem: {NAMES['synthesis']} in {LIGHTMEM_FILES[SYNTHESIS_NAME]} "
+            f"is not a format template with only {list(SYNTHESIS_FIELDS)} ({e!r})"
         ) from e
-    return (Message("system", SYNTHESIS_ROLE), Message("user", user))
+    return (Message("system", texts["synthesis[system]"].text), Message("user", user))
 
 
-def reference_fingerprint(job: Any) -> str | None:
-    """Stage fingerprint material: the LightMem source's commit and build prompt texts
-    (None without prompts.sources.lightmem / prompts.reference_dir)."""
-    spec = source_spec(job, "lightmem")
-    if spec is None:
+def texts_fingerprint(reference_dir: str | None, uses: Sequence[str], mode: str = "event") -> str | None:
+    """Stage fingerprint material: the commit and hash of every official text the stage's
+    requests send (None without prompts.sources.lightmem / prompts.reference_dir)."""
+    if reference_dir is None:
         return None
-    texts = build_texts(spec)
-    return stable_hash(*(t.text for t in texts.values()), next(iter(texts.values())).commit)
-
+    return official_fingerprint(used_texts(reference_dir, uses, mode))
