@@ -87,15 +87,25 @@ def source_dir(spec: SystemSpec, systems_dir: Path) -> Path:
     return env_dir(spec, systems_dir) / "src"
 
 
+def repository_path(spec: SystemSpec, official_dir: Path) -> Path:
+    """`<official_dir>/<folder>` of a repository-released system; ConfigError (one line: how to
+    get it) when it is missing."""
+    folder = (spec.repository or ("", ""))[0]
+    repo = Path(official_dir) / folder
+    if not repo.exists():
+        how = (f"clone {spec.repository_url} as a bare repository there (git clone --bare "
+               f"{spec.repository_url} {repo})" if spec.repository_url else
+               f"put a clone (bare) of {spec.title}'s repository there")
+        raise ConfigError(f"system {spec.name}: its repository {repo} is missing; {how}, or "
+                          f"point STRUCTMEM_OFFICIAL_DIR at a folder holding {folder}")
+    return repo
+
+
 def export_repository(spec: SystemSpec, official_dir: Path, dest: Path) -> str:
     """`git archive` of the pinned commit of the system's repository into `dest`; returns the
     full commit. The checkout may be bare, read-only and owned by someone else."""
-    folder, commit = spec.repository or ("", "")
-    repo = Path(official_dir) / folder
-    if not repo.exists():
-        raise ConfigError(f"system {spec.name}: its repository {repo} is missing; fetch the "
-                          f"official checkouts (python jobs/data.py official) or set "
-                          f"STRUCTMEM_OFFICIAL_DIR")
+    commit = (spec.repository or ("", ""))[1]
+    repo = repository_path(spec, official_dir)
     git = ["git", "-c", f"safe.directory={repo}", "-C", str(repo)]
     full = subprocess.run([*git, "rev-parse", "--verify", f"{commit}^{{commit}}"], check=True,
                           capture_output=True, text=True).stdout.strip()
@@ -111,6 +121,9 @@ def install(spec: SystemSpec, systems_dir: Path, *, python: str = sys.executable
     """(Re)create the system's environment from its lock; returns the state it recorded."""
     target = env_dir(spec, systems_dir)
     t0 = time.monotonic()
+    official = Path(official_dir or "data/official")
+    if spec.repository is not None:
+        repository_path(spec, official)  # missing: say so before anything is removed or built
     if target.exists():
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -126,8 +139,7 @@ def install(spec: SystemSpec, systems_dir: Path, *, python: str = sys.executable
         _pip(py, *find, *offline, *extra)
     commit = None
     if spec.repository is not None:
-        commit = export_repository(spec, Path(official_dir or "data/official"),
-                                   source_dir(spec, systems_dir))
+        commit = export_repository(spec, official, source_dir(spec, systems_dir))
     version = subprocess.run([str(py), "-c", "import sys; print(sys.version.split()[0])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     state = {"system": spec.name, "source": spec.source, "lock": spec.lock_path.name,

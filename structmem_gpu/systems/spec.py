@@ -54,6 +54,9 @@ class SystemSpec:
     # <env>/src (read from the user's checkout, as the official texts are; never copied into
     # this repository) and the worker finds it through STRUCTMEM_SYSTEM_SRC.
     repository: tuple[str, str] | None = None
+    # Where that repository is published (said by `systems install` when the folder is
+    # missing: clone it there as a bare repository); None = not said.
+    repository_url: str | None = None
     # Which test tier runs it: "ci" (the systems tier, `make systems` installs it) or "heavy"
     # (too slow or large for CI: marker systems_heavy, run by hand). The Makefile's install list
     # and both tiers' test lists read it (`python jobs/data.py systems install ci`).

@@ -82,6 +82,21 @@ def test_a_repository_system_exports_its_pinned_commit_and_checks_it(tmp_path, l
         envs.export_repository(missing, tmp_path / "official", dest)
 
 
+def test_install_refuses_a_missing_repository_first_saying_how_to_get_it(tmp_path, lock):
+    """One line naming the path and the clone command, before any environment is touched."""
+    spec = _spec(tmp_path, repository=("absent.git", "abc"),
+                 repository_url="https://example.org/absent")
+    systems = tmp_path / "systems"
+    (systems / "fake").mkdir(parents=True)
+    (systems / "fake" / "kept").write_text("x")
+    with pytest.raises(ConfigError) as err:
+        envs.install(spec, systems, official_dir=tmp_path / "official")
+    where = tmp_path / "official" / "absent.git"
+    assert f"git clone --bare https://example.org/absent {where}" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert (systems / "fake" / "kept").exists()  # the environment there is left alone
+
+
 def test_every_packaged_system_has_its_lock_worker_and_method() -> None:
     root = Path(__file__).resolve().parents[2]
     names = system_names()
