@@ -54,20 +54,6 @@ NO_ENTITY = {"where": "extraction", "why": "session without entities (reply not 
 _state: dict[str, Any] = {"settings": {}, "loop": None, "drops": None}
 
 
-def _refuse_installs() -> None:
-    """pipmaster `pip install`s a binding's missing package when its module is imported: in a
-    locked environment that is a bug to see, not a download to allow."""
-    import pipmaster
-
-    def refuse(*args: Any, **kw: Any) -> Any:
-        raise RuntimeError(f"run-time install refused by structmem worker: {args!r}; add the "
-                           "package to the system's lock (systems/locks/lightrag.txt)")
-
-    for name in dir(pipmaster):
-        if name.startswith(("install", "ensure", "uninstall")):
-            setattr(pipmaster, name, refuse)
-
-
 def _hello(req: dict[str, Any]) -> dict[str, Any]:
     if _state["loop"] is not None:
         return {}
@@ -80,7 +66,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
                            "the job's structmem_gpu.systems.lightrag.prepare() writes it; "
                            "tiktoken would download it")
     wc.refuse_network()
-    _refuse_installs()
+    wc.refuse_pipmaster("lightrag.txt")
     import lightrag
     import lightrag.llm.openai  # imported now: a failure shows at hello
 

@@ -493,19 +493,5 @@ def _hits(found: dict[str, Any], short: Any, long: Any, unit: str, a: str, b: st
     return hits
 
 
-def _version() -> str:
-    """The pinned commit `systems install` exported (its record beside `src`)."""
-    src = os.environ.get("STRUCTMEM_SYSTEM_SRC")
-    if src:
-        state = Path(src).parent / "structmem_system.json"
-        try:
-            commit = json.loads(state.read_text()).get("commit")
-        except (OSError, ValueError):
-            commit = None
-        if commit:
-            return str(commit)[:7]
-    return "unknown"
-
-
 if __name__ == "__main__":
-    wc.serve({"hello": _hello, "build": _build, "search": _search}, SYSTEM, _version())
+    wc.serve({"hello": _hello, "build": _build, "search": _search}, SYSTEM, wc.repository_version())

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import os
 import sys
@@ -121,20 +120,6 @@ def _install_stand_ins() -> None:
         sys.modules[mod.__name__] = mod
 
 
-def _refuse_installs() -> None:
-    """pipmaster `pip install`s a missing package when a MiniRAG module is imported: in a
-    locked environment that is a bug to see, not a download to allow."""
-    import pipmaster
-
-    def refuse(*args: Any, **kw: Any) -> Any:
-        raise RuntimeError(f"run-time install refused by structmem worker: {args!r}; add the "
-                           "package to the system's lock (systems/locks/minirag.txt)")
-
-    for name in dir(pipmaster):
-        if name.startswith(("install", "ensure", "uninstall")):
-            setattr(pipmaster, name, refuse)
-
-
 def _count_rejected_rows() -> None:
     """Wrap MiniRAG's relationship-record parser, which sees every record the entity parser
     did not take: a record whose first field names an entity or a relationship and that it
@@ -172,7 +157,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
                            "the job's structmem_gpu.systems.minirag SPEC.prepare writes it; "
                            "tiktoken would download it")
     wc.refuse_network()
-    _refuse_installs()
+    wc.refuse_pipmaster("minirag.txt")
     _install_stand_ins()
     sys.path.insert(0, src)
     import minirag
@@ -191,7 +176,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
     # One loop for the worker's life: MiniRAG's storages keep asyncio locks.
     _state["loop"] = asyncio.new_event_loop()
     asyncio.set_event_loop(_state["loop"])
-    return {"version": _version(), "package": str(minirag.__version__)}
+    return {"version": wc.repository_version(), "package": str(minirag.__version__)}
 
 
 def _rag(req: dict[str, Any], extra_llm: Any = None) -> Any:
@@ -357,19 +342,5 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
     return _state["loop"].run_until_complete(_asearch(req))
 
 
-def _version() -> str:
-    """The pinned commit `systems install` exported (its record beside `src`)."""
-    src = os.environ.get("STRUCTMEM_SYSTEM_SRC")
-    if src:
-        state = Path(src).parent / "structmem_system.json"
-        try:
-            commit = json.loads(state.read_text()).get("commit")
-        except (OSError, ValueError):
-            commit = None
-        if commit:
-            return str(commit)[:7]
-    return "unknown"
-
-
 if __name__ == "__main__":
-    wc.serve({"hello": _hello, "build": _build, "search": _search}, SYSTEM, _version())
+    wc.serve({"hello": _hello, "build": _build, "search": _search}, SYSTEM, wc.repository_version())

@@ -428,6 +428,21 @@ def package_version(dist: str) -> str:
         return "unknown"
 
 
+def refuse_pipmaster(lock: str) -> None:
+    """pipmaster (LightRAG, MiniRAG) `pip install`s a missing package when a module is
+    imported: in a locked environment that is a bug to see, not a download to allow. `lock`:
+    the system's lock file, named in the error."""
+    import pipmaster
+
+    def refuse(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError(f"run-time install refused by structmem worker: {args!r}; add the "
+                           f"package to the system's lock (systems/locks/{lock})")
+
+    for name in dir(pipmaster):
+        if name.startswith(("install", "ensure", "uninstall")):
+            setattr(pipmaster, name, refuse)
+
+
 def repository_version() -> str:
     """The pinned commit `systems install` exported for a repository-released system (its
     record beside STRUCTMEM_SYSTEM_SRC): the worker's `ready` version; "unknown" without one."""
