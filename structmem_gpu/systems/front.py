@@ -12,7 +12,9 @@ without the system's cooperation.
 - `POST .../chat/completions`: the body goes to the upstream unchanged except for `model`
   (set to the upstream's served name: some systems hard-code "gpt-4o-mini") and `stream`
   (refused: no system we run streams). Tool calls, `response_format`, logprobs and
-  logit_bias pass through. The upstream is the job's backend (vLLM, llama.cpp, an external
+  logit_bias pass through; to llama-cpp-python (flavor "llamacpp"), which answers a
+  json_schema response_format with HTTP 500, the same schema goes in its json_object form
+  (`HTTPUpstream.wire_body`; graphiti and A-MEM send json_schema). The upstream is the job's backend (vLLM, llama.cpp, an external
   endpoint: `HTTPUpstream`) or, for unit tests and the CI tier, the system's scripted replies
   (`ScriptedUpstream`).
 - `POST .../embeddings`: served from the job's encoder (string or list-of-strings input;
@@ -131,12 +133,16 @@ class HTTPUpstream:
     """An OpenAI-compatible chat endpoint (the job's vLLM / llama.cpp server or an external one)."""
 
     def __init__(self, base_url: str, served_name: str, model_id: str, *,
-                 api_key: str | None = None, timeout_s: float = 600.0) -> None:
+                 api_key: str | None = None, timeout_s: float = 600.0,
+                 flavor: str = "vllm") -> None:
         self.base_url = base_url.rstrip("/")
         self.served_name = served_name
         self.model_id = model_id
         self._api_key = api_key  # never logged
         self.timeout_s = timeout_s
+        # The backend's structured-output form (llm/structured.py FLAVORS): a system's
+        # json_schema response_format is sent in it (`wire_body`)
+        self.flavor = flavor
         # A loopback upstream (the job's own server) never goes through a proxy from the
         # environment; an external endpoint is reached as the environment says.
         host = urllib.parse.urlparse(self.base_url).hostname or ""
@@ -144,8 +150,22 @@ class HTTPUpstream:
         self._opener = urllib.request.build_opener(
             *([urllib.request.ProxyHandler({})] if loopback else []))
 
+    def wire_body(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The body as this backend takes it: `model` its served name; for llama-cpp-python
+        (flavor "llamacpp", which answers json_schema with HTTP 500) a system's
+        `{"type": "json_schema", "json_schema": {"schema": S}}` as `{"type": "json_object",
+        "schema": S}`, the same constraint in its form. The cache key and the requests row keep
+        the body the system sent."""
+        out = {**body, "model": self.served_name}
+        fmt = out.get("response_format")
+        if self.flavor == "llamacpp" and isinstance(fmt, Mapping) and fmt.get("type") == "json_schema":
+            schema = (fmt.get("json_schema") or {}).get("schema")
+            out["response_format"] = ({"type": "json_object", "schema": schema}
+                                      if isinstance(schema, Mapping) else {"type": "json_object"})
+        return out
+
     def chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        data = json.dumps({**body, "model": self.served_name}).encode()
+        data = json.dumps(self.wire_body(body)).encode()
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"

@@ -154,7 +154,8 @@ def _upstream(ctx: StageContext, spec: SystemSpec) -> HTTPUpstream | ScriptedUps
     if be is not None:
         return HTTPUpstream(be.base_url, be.served_name, be.model_id,
                             api_key=getattr(be, "_api_key", None),
-                            timeout_s=float(getattr(be, "request_timeout_s", 600.0)))
+                            timeout_s=float(getattr(be, "request_timeout_s", 600.0)),
+                            flavor=str(getattr(be, "flavor", "vllm")))
     if spec.scripted_reply is None:
         raise ConfigError(f"system {spec.name} has no scripted replies; run it with an HTTP "
                           f"backend (llm=llamacpp_cpu, vllm_*, or llm.base_url=...)")

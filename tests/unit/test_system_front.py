@@ -187,3 +187,17 @@ def test_the_reply_budget_cap_applies_before_the_key_and_the_upstream():
         _post(url, {**CHAT, "max_completion_tokens": 50})  # under the cap: kept
     assert [b.get("max_tokens") for b in seen] == [96, 96, 96]
     assert seen[2]["max_completion_tokens"] == 50
+
+
+def test_a_json_schema_body_goes_to_llamacpp_in_its_form():
+    """llama-cpp-python answers response_format json_schema with HTTP 500 (graphiti, A-MEM
+    send it): the front sends the same schema as {"type": "json_object", "schema": ...}."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    body = {**CHAT, "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "x", "schema": schema}}}
+    llama = HTTPUpstream("http://127.0.0.1:9/v1", "smollm2", "m", flavor="llamacpp")
+    assert llama.wire_body(body)["response_format"] == {"type": "json_object", "schema": schema}
+    assert llama.wire_body(body)["model"] == "smollm2"
+    assert llama.wire_body(CHAT)["response_format"] == {"type": "json_object"}  # untouched
+    vllm = HTTPUpstream("http://127.0.0.1:9/v1", "qwen", "m")
+    assert vllm.wire_body(body)["response_format"] == body["response_format"]
