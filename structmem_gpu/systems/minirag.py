@@ -32,6 +32,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from structmem_gpu.systems.lightrag import _STOP, _WORDS  # the same scripted-reply word rules
 from structmem_gpu.systems.lightrag import prepare as _o200k_prepare
 from structmem_gpu.systems.spec import SystemSpec
 
@@ -58,15 +59,6 @@ ENV = {
 TUPLE = "<|>"
 RECORD = "##"
 COMPLETE = "<|COMPLETE|>"
-_WORDS = 12
-_STOP = frozenset([
-    "a", "an", "the", "and", "or", "but", "so", "of", "to", "in", "on", "at", "for", "with",
-    "from", "by", "about", "what", "when", "where", "why", "how", "who", "whom", "which", "did",
-    "do", "does", "is", "are", "was", "were", "be", "been", "has", "have", "had", "will",
-    "would", "can", "could", "should", "i", "you", "he", "she", "it", "we", "they", "my",
-    "your", "his", "her", "its", "our", "their", "me", "him", "them", "this", "that", "these",
-    "those", "as", "if", "than", "then", "there", "here", "not", "no", "yes",
-])
 
 
 def _data_block(prompt: str) -> str:

@@ -39,7 +39,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import worker_common as wc
 
 SYSTEM = "lightrag"
-O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 API_KEY = "structmem-local"  # the front needs none; the SDK wants one
 
 # lightrag 1.5.7 (lightrag/operate.py) logs these and skips the row.
@@ -59,12 +58,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
         return {}
     _state["settings"] = dict(req.get("settings") or {})
     wc.freeze_clock(str(req.get("clock") or "2025-01-01T00:00:00"))  # track ids, timestamps
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR", "")
-    blob = Path(cache) / hashlib.sha1(O200K_URL.encode()).hexdigest()
-    if not cache or not blob.is_file():
-        raise RuntimeError(f"TIKTOKEN_CACHE_DIR={cache!r} has no o200k_base ({blob.name}): "
-                           "the job's structmem_gpu.systems.lightrag.prepare() writes it; "
-                           "tiktoken would download it")
+    wc.require_o200k("structmem_gpu.systems.lightrag.prepare()")
     wc.refuse_network()
     wc.refuse_pipmaster("lightrag.txt")
     import lightrag

@@ -48,7 +48,6 @@ installs are replaced by a refusal.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import sys
@@ -60,7 +59,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import worker_common as wc
 
 SYSTEM = "minirag"
-O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 API_KEY = "structmem-local"  # the front needs none; the SDK wants one
 SEP = "<SEP>"
 # What MiniRAG writes into a working_dir (its JSON KV and doc status stores, NanoVectorDB
@@ -150,12 +148,7 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
     if not src or not (Path(src) / "minirag" / "minirag.py").exists():
         raise RuntimeError(f"STRUCTMEM_SYSTEM_SRC={src!r} holds no minirag/minirag.py: run "
                            "`python jobs/data.py systems install minirag`")
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR", "")
-    blob = Path(cache) / hashlib.sha1(O200K_URL.encode()).hexdigest()
-    if not cache or not blob.is_file():
-        raise RuntimeError(f"TIKTOKEN_CACHE_DIR={cache!r} has no o200k_base ({blob.name}): "
-                           "the job's structmem_gpu.systems.minirag SPEC.prepare writes it; "
-                           "tiktoken would download it")
+    wc.require_o200k("structmem_gpu.systems.minirag SPEC.prepare")
     wc.refuse_network()
     wc.refuse_pipmaster("minirag.txt")
     _install_stand_ins()

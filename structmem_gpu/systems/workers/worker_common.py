@@ -428,6 +428,23 @@ def package_version(dist: str) -> str:
         return "unknown"
 
 
+# tiktoken's o200k_base URL: its cache file is named sha1(URL) (systems/lightrag.py writes it)
+O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+
+
+def require_o200k(prepared_by: str) -> None:
+    """Refuse to start when TIKTOKEN_CACHE_DIR lacks o200k_base (tiktoken would download it);
+    `prepared_by`: the job-side function that writes it, named in the error."""
+    import hashlib
+    from pathlib import Path
+
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR", "")
+    blob = Path(cache) / hashlib.sha1(O200K_URL.encode()).hexdigest()
+    if not cache or not blob.is_file():
+        raise RuntimeError(f"TIKTOKEN_CACHE_DIR={cache!r} has no o200k_base ({blob.name}): "
+                           f"the job's {prepared_by} writes it; tiktoken would download it")
+
+
 def refuse_pipmaster(lock: str) -> None:
     """pipmaster (LightRAG, MiniRAG) `pip install`s a missing package when a module is
     imported: in a locked environment that is a bug to see, not a download to allow. `lock`:
