@@ -19,6 +19,7 @@ import pytest
 
 from structmem_gpu.systems.amem import SPEC, scripted_reply
 from tests.systems.worker_driver import (
+    CONVERSATION,
     UNIT,
     Reply,
     WorkerProcess,
@@ -33,14 +34,7 @@ needs_amem = needs_env("amem")
 pytestmark = [pytest.mark.systems_heavy]
 
 CLOCK = "2025-01-01T00:00:00"
-TURNS = [
-    ("Caroline", "I went to a LGBTQ support group yesterday and it was powerful."),
-    ("Melanie", "That sounds brave! I painted a sunrise over the lake last week."),
-    ("Caroline", "Lovely! I am researching adoption agencies in Boston."),
-    ("Melanie", "Adoption is wonderful. I ran a charity race for mental health."),
-    ("Caroline", "The support group made me feel accepted and hopeful."),
-    ("Melanie", "My kids loved the painting of the lake sunrise."),
-]
+TURNS = CONVERSATION
 SESSIONS = [session(1, "2023-05-08T13:56:00", TURNS, prefix="t")]
 QUESTIONS = [{"question_id": f"{UNIT}:q0", "question": "When did Caroline go to the support group?"},
              {"question_id": f"{UNIT}:q1", "question": "What did Melanie paint?"}]

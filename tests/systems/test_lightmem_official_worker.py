@@ -20,6 +20,7 @@ import pytest
 from structmem_gpu.systems.lightmem_official import SPEC, scripted_reply
 from tests.fixtures.lingua import build_tiny_lingua
 from tests.systems.worker_driver import (
+    CONVERSATION,
     UNIT,
     WorkerProcess,
     front,
@@ -32,16 +33,8 @@ from tests.systems.worker_driver import (
 pytestmark = [pytest.mark.systems_heavy, needs_env("lightmem_official")]
 
 CLOCK = "2025-01-01T00:00:00"
-S1 = [
-    ("Caroline", "I went to a LGBTQ support group yesterday and it was powerful."),
-    ("Melanie", "That sounds brave! I painted a sunrise over the lake last week."),
-    ("Caroline", "Lovely! I am researching adoption agencies in Boston."),
-    ("Melanie", "Adoption is wonderful. I ran a charity race for mental health."),
-]
-S2 = [
-    ("Caroline", "The support group made me feel accepted and hopeful."),
-    ("Melanie", "My kids loved the painting of the lake sunrise."),
-]
+S1 = CONVERSATION[:4]
+S2 = CONVERSATION[4:]
 QUESTIONS = [{"question_id": f"{UNIT}:q0", "question": "When did Caroline go to the support group?"},
              {"question_id": f"{UNIT}:q1", "question": "What did Melanie paint?"}]
 

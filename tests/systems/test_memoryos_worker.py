@@ -22,6 +22,7 @@ import pytest
 
 from structmem_gpu.systems.memoryos import SPEC, USER_DATA, scripted_reply
 from tests.systems.worker_driver import (
+    CONVERSATION,
     UNIT,
     Reply,
     WorkerProcess,
@@ -37,12 +38,7 @@ pytestmark = [pytest.mark.systems_heavy]
 
 CLOCK = "2025-01-01T00:00:00"
 TURNS = [
-    ("Caroline", "I went to a LGBTQ support group yesterday and it was powerful."),
-    ("Melanie", "That sounds brave! I painted a sunrise over the lake last week."),
-    ("Caroline", "Lovely! I am researching adoption agencies in Boston."),
-    ("Melanie", "Adoption is wonderful. I ran a charity race for mental health."),
-    ("Caroline", "The support group made me feel accepted and hopeful."),
-    ("Melanie", "My kids loved the painting of the lake sunrise."),
+    *CONVERSATION,
     ("Caroline", "I want to become a counselor for transgender youth."),
     ("Melanie", "You would be great at counseling, Caroline."),
 ]

@@ -20,6 +20,7 @@ import pytest
 
 from structmem_gpu.systems.seem_skill import SPEC, scripted_reply
 from tests.systems.worker_driver import (
+    CONVERSATION,
     UNIT,
     Reply,
     WorkerProcess,
@@ -34,15 +35,9 @@ needs_seem = needs_env("seem_skill")
 pytestmark = [pytest.mark.systems]
 
 CLOCK = "2025-01-01T00:00:00"
-S1 = [
-    ("Caroline", "I went to a LGBTQ support group yesterday and it was powerful."),
-    ("Melanie", "That sounds brave! I painted a sunrise over the lake last week."),
-    ("Caroline", "Lovely! I am researching adoption agencies in Boston."),
-    ("Melanie", "Adoption is wonderful. I ran a charity race for mental health."),
-]
+S1 = CONVERSATION[:4]
 S2 = [
-    ("Caroline", "The support group made me feel accepted and hopeful."),
-    ("Melanie", "My kids loved the painting of the lake sunrise."),
+    *CONVERSATION[4:],
     ("Caroline", "Boston has great agencies, I will visit them in June."),
 ]
 TURNS = len(S1) + len(S2)

@@ -38,6 +38,15 @@ ROOT = Path(__file__).resolve().parents[2]
 DIMS = 16
 UNIT = "conv-t"
 SPEAKERS = ["Caroline", "Melanie"]
+# The worker tests' conversation: six turns (support group, painting, adoption), LoCoMo-like
+CONVERSATION = [
+    ("Caroline", "I went to a LGBTQ support group yesterday and it was powerful."),
+    ("Melanie", "That sounds brave! I painted a sunrise over the lake last week."),
+    ("Caroline", "Lovely! I am researching adoption agencies in Boston."),
+    ("Melanie", "Adoption is wonderful. I ran a charity race for mental health."),
+    ("Caroline", "The support group made me feel accepted and hopeful."),
+    ("Melanie", "My kids loved the painting of the lake sunrise."),
+]
 
 Reply = Callable[[Mapping[str, Any]], dict[str, Any]]
 
