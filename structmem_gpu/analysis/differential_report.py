@@ -19,6 +19,7 @@ from pathlib import Path
 import polars as pl
 
 from structmem_gpu.analysis.differential import Differential, StageDiff
+from structmem_gpu.analysis.deviations import Explanation, explain
 from structmem_gpu.analysis.differential_memory import overlap_means
 from structmem_gpu.core.artifacts import atomic_write_parquet, atomic_write_text
 
@@ -42,10 +43,14 @@ def _params(c: Counter[str]) -> str:
 
 
 def stages_frame(d: Differential) -> pl.DataFrame:
+    ex = explain(d)
     rows = []
     for s in d.stages:
         f = s.first
+        e = ex.stage(s.stage)
         rows.append({
+            "explained": "; ".join(f"{k} ({n})" for k, n in sorted(e.explained.items())) or None,
+            "unexplained": len(e.unexplained),
             "stage": s.stage, "official": s.official, "port": s.port, "identical": s.identical,
             "share": s.share, "official_unknown": len(s.official_unknown),
             "port_unknown": len(s.port_unknown), "differing": len(s.pairs),
@@ -144,12 +149,31 @@ def _frame_table(df: pl.DataFrame) -> list[str]:
     return out + ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.iter_rows()]
 
 
+def _explained(ex: Explanation) -> list[str]:
+    """Per stage: the listed deviations that explain its differences, and what none explains."""
+    lines = ["## Listed deviations (analysis/deviations.py)", ""]
+    if not ex.deviations:
+        return lines + [f"no deviations are listed for official method {ex.method!r}: every "
+                        "difference above is unexplained by design"]
+    lines += ["| stage | identical | explained by (differences) | unexplained |", "|---|---:|---|---:|"]
+    for s in ex.stages:
+        named = "; ".join(f"{k} ({n})" for k, n in sorted(s.explained.items())) or "—"
+        lines.append(f"| {s.stage} | {s.identical} | {named} | {len(s.unexplained)} |")
+    lines += ["", "Where each is listed: " + "; ".join(
+        f"**{d.name}**: {d.listed}" for d in ex.deviations)]
+    if ex.unexplained:
+        lines += ["", f"Unexplained ({len(ex.unexplained)}, first 20):", ""]
+        lines += [f"- {u}" for u in ex.unexplained[:20]]
+    return lines
+
+
 def differential_markdown(d: Differential) -> str:
     caches = " and ".join(f"`{c}`" for c in dict.fromkeys(d.cache_dirs))
     lines = ["# Request-level differential", "",
              f"official: `{d.official}` · port: `{d.port}` · response cache: {caches}", "",
              IDENTICAL, ""]
-    lines += _stage_table(d) + [""] + _settings(d) + [""] + _diffs(d)
+    lines += _stage_table(d) + [""] + _settings(d) + [""] + _explained(explain(d)) + [""]
+    lines += _diffs(d)
     lines += ["## Memory sizes per conversation", ""]
     lines += _frame_table(d.memory) if d.memory.width > 1 else ["no memory tables in either run"]
     lines += ["", f"## Retrieved sets: overlap@{d.k} by text", ""]

@@ -67,7 +67,8 @@ from structmem_gpu.stage import LLM_IDENTITY, EstimateInputs, Stage, StageContex
 
 log = logging.getLogger(__name__)
 
-OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns", "entry_updates", "system_hits")
+OPTIONAL_TABLES = ("retrievals", "entries", "syntheses", "turns", "entry_updates", "system_hits",
+                   "system_readers")
 # The llm-config keys that change replies, within one llm config (a judge's, a panel member's).
 _ANSWER_PREFIX = re.compile(r"^\s*(final\s+)?answer\s*:\s*", re.IGNORECASE)
 # answer.protocol values (see the module docstring).

@@ -19,8 +19,10 @@ from collections.abc import Mapping
 
 import polars as pl
 
+from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.eval.answer import AnswerInputs, AnswerPrompt
 from structmem_gpu.eval.prompts.answer_structmem import reader_messages, reader_system
+from structmem_gpu.llm.types import Message
 
 VERSION = "answer_system/1"  # bump when the rendering changes
 PROMPT_NAME = "system"
@@ -72,3 +74,24 @@ def build_prompts(inputs: AnswerInputs) -> Mapping[str, AnswerPrompt]:
         for qid, question, now in inputs.questions.select(
             "question_id", "question", "question_time").iter_rows()
     }
+
+
+OWN_READER_VERSION = "system_own_reader/1"  # the prompt is the system's; only the wrapping is ours
+
+
+def own_reader(inputs: AnswerInputs) -> Mapping[str, AnswerPrompt]:
+    """The system's own reader (`answer.prompt=structmem_gpu.systems.answer:own_reader`): per
+    question the prompt its QA harness built from what it retrieved (`system_readers`, from
+    the search reply's "readers"), sent as one system message, the reply as a whole the
+    prediction (LightMem's search_locomo sends its prompt so, with no final-line rule)."""
+    table = inputs.require("system_readers", "structmem_gpu.systems.answer:own_reader")
+    prompts = dict(table.select("question_id", "prompt").iter_rows())
+    missing = [q for q in inputs.questions["question_id"].to_list() if q not in prompts]
+    if missing:
+        raise ConfigError(
+            f"answer.prompt=structmem_gpu.systems.answer:own_reader: the system returned no "
+            f"reader prompt for {len(missing)} question(s) (first: {missing[0]}); its worker "
+            f"builds none: use answer.prompt=structmem_gpu.systems.answer:build_prompts")
+    return {qid: AnswerPrompt((Message("system", prompts[qid]),), OWN_READER_VERSION,
+                              raw_reply=True)
+            for qid in inputs.questions["question_id"].to_list()}

@@ -35,7 +35,8 @@ Requests (job -> worker) and replies (worker -> job), one line each:
      "questions": [{"question_id": "conv-26:q0", "question": "..."}], "k": 10}
     -> {"op": "found", "unit": "conv-26",
         "results": {"conv-26:q0": [{"memory_id": "...", "owner": "Caroline", "text": "...",
-                                     "created_at": "...", "score": 0.61}]}}
+                                     "created_at": "...", "score": 0.61}]},
+        "readers": {"conv-26:q0": "<prompt>"}}   # optional: the system's own reader prompt
 
     any request that fails -> {"op": "error", "unit": "conv-26", "error": "<type>: <message>",
                                "log_tail": "<last lines of the worker's log>"}
@@ -48,7 +49,10 @@ its way (LightMem's "(image description: ...)").
 `settings` is the system's settings block (conf/method/<system>.yaml `system.options`) plus
 the paper's retrieval depth; `clock` is the instant the worker freezes `datetime.now()` at
 (before the system is imported), so prompts that embed today's date are the same on every
-rerun and the response cache hits. `dropped` counts the memories the system lost on this unit
+rerun and the response cache hits. `readers` (optional) is the prompt the system's own QA
+harness would send for each question (LightMem's search_locomo builds one from what it
+retrieved): the search stage keeps it in `system_readers`, and
+`answer.prompt=structmem_gpu.systems.answer:own_reader` sends it. `dropped` counts the memories the system lost on this unit
 (an unparseable or empty model reply it swallowed), `drops` says where and why.
 """
 

@@ -64,6 +64,15 @@ log = logging.getLogger(__name__)
 CIRCUIT = "system"
 HITS = "system_hits"
 SEARCH_UNITS = "system_search_units"  # system_units rows of the search (phase "search")
+# A system's own reader prompt per question, where its harness builds one (the search reply's
+# "readers"; LightMem's search_locomo.build_prompt_with_speaker_memories): what
+# `answer.prompt=structmem_gpu.systems.answer:own_reader` sends instead of our reader.
+READERS = "system_readers"
+SYSTEM_READERS: schemas.Schema = {
+    "question_id": pl.String(),
+    "conv_id": pl.String(),
+    "prompt": pl.String(),  # the whole prompt, sent as one system message (as the harness does)
+}
 SYSTEM_HITS: schemas.Schema = {
     "question_id": pl.String(),
     "conv_id": pl.String(),
@@ -377,6 +386,9 @@ def run_search(ctx: StageContext) -> dict[str, pl.DataFrame]:
     }
     replies, rows = _run_units(ctx, spec, "search", payloads)
     hits: list[dict[str, Any]] = []
+    readers = [{"question_id": str(qid), "conv_id": unit, "prompt": str(prompt)}
+               for unit, reply in sorted(replies.items())
+               for qid, prompt in (reply.get("readers") or {}).items()]
     for unit, reply in sorted(replies.items()):
         for qid, found in (reply.get("results") or {}).items():
             for rank, h in enumerate(found):
@@ -390,9 +402,9 @@ def run_search(ctx: StageContext) -> dict[str, pl.DataFrame]:
         "question_id", "conv_id", pl.lit(CIRCUIT).alias("circuit"), "rank",
         pl.col("memory_id").alias("item_id"), pl.col("score").fill_null(0.0))
     units = schemas.frame(sorted(rows, key=lambda r: r["conv_id"]), schemas.SYSTEM_UNITS)
-    ctx.notes.update(questions=questions.height, hits=hits_df.height)
+    ctx.notes.update(questions=questions.height, hits=hits_df.height, readers=len(readers))
     return {HITS: hits_df, "retrievals": schemas.conform(retrievals, schemas.RETRIEVALS),
-            SEARCH_UNITS: units}
+            SEARCH_UNITS: units, READERS: schemas.frame(readers, SYSTEM_READERS)}
 
 
 def _estimate(phase: str) -> Any:
@@ -401,6 +413,7 @@ def _estimate(phase: str) -> Any:
         convs = inp.turns["conv_id"].n_unique() if inp.turns.height else 0
         if phase == "search":
             inp.stand_ins[HITS] = schemas.empty(SYSTEM_HITS)
+            inp.stand_ins[READERS] = schemas.empty(SYSTEM_READERS)
         return StageEstimate(f"system_{phase}", None, None, None,
                              f"not estimated: external system {name} ({convs} conversations)",
                              build=phase == "build")
@@ -421,7 +434,7 @@ BUILD_STAGE = Stage(
 )
 SEARCH_STAGE = Stage(
     name="system_search", run=run_search, reads=("questions", "turns", "memories"),
-    writes=(HITS, "retrievals", SEARCH_UNITS), settings=SystemSettings,
+    writes=(HITS, "retrievals", SEARCH_UNITS, READERS), settings=SystemSettings,
     depends=("benchmark.categories", *LLM_IDENTITY, *EMBEDDER_IDENTITY),
     extra_fingerprint=_lock_fingerprint, uses=("llm", "encoder"), estimate=_estimate("search"),
 )

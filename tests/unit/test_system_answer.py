@@ -29,3 +29,30 @@ def test_memories_by_owner_dated_relations_and_context():
     assert "Retrieved context:\n-----Entities-----\nCaroline: a person" in text
     assert render(hits.clear()) == "(no memories retrieved)"
     assert NOT_MENTIONED in SYSTEM
+
+
+def test_own_reader_sends_the_systems_prompt_whole():
+    """answer.prompt=...:own_reader: each question's prompt from system_readers as one system
+    message, the whole reply the prediction; a question without one stops the stage."""
+    import pytest
+
+    from structmem_gpu.core.errors import ConfigError
+    from structmem_gpu.eval.answer import AnswerInputs
+    from structmem_gpu.systems.answer import own_reader
+    from structmem_gpu.systems.stages import SYSTEM_READERS
+    from tests.fixtures.pipeline import job_with
+
+    job = job_with(overrides=["method=lightmem_official", "llm=scripted"])
+    assert job.select("answer.prompt") == "structmem_gpu.systems.answer:own_reader"
+    questions = pl.DataFrame({"question_id": ["q1", "q2"], "conv_id": ["c", "c"],
+                              "question": ["Where?", "When?"], "question_time": [None, None]})
+    readers = pl.DataFrame([("q2", "c", "Memories ... Question: When?"),
+                            ("q1", "c", "Memories ... Question: Where?")],
+                           schema=SYSTEM_READERS, orient="row")
+    prompts = own_reader(AnswerInputs(job, questions, {"system_readers": readers}))
+    assert [(m.role, m.content) for m in prompts["q1"].messages] == [
+        ("system", "Memories ... Question: Where?")]
+    assert prompts["q2"].raw_reply and not prompts["q2"].reasoned_reply
+    with pytest.raises(ConfigError, match="no reader prompt for 1 question.*first: q2"):
+        own_reader(AnswerInputs(job, questions, {
+            "system_readers": readers.filter(pl.col("question_id") == "q1")}))

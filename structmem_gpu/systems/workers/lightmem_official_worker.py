@@ -43,7 +43,11 @@ embedder, then its `retrieve_combined` (top-k entries, system.top_k = the readme
 --total-limit 60) and `retrieve_summaries` (system.options.summary_limit, --summary-limit 5)
 per question. system.options.read: "pre" (search_locomo.py's default directory; the syntheses
 are written beside it) or "post" (the readme's QA command's directory: no syntheses there).
-Our reader answers (not search_locomo's answer prompt).
+Each question's reply also carries search_locomo's own reader prompt
+(`build_prompt_with_speaker_memories` over the same retrieved entries and summaries:
+ANSWER_PROMPT_StructMem with --enable-summary), which the method sends by default
+(`answer.prompt=structmem_gpu.systems.answer:own_reader`; our reader:
+`answer.prompt=structmem_gpu.systems.answer:build_prompts`).
 
 Memories: the entries of both stores and the syntheses, each once per store
 (memory_id "<store>:<point id>"; metadata.store = pre | post | summary), so memory sizes before
@@ -347,6 +351,7 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
     k = int(req.get("k") or s.get("top_k", 60))
     cwd = os.getcwd()
     results: dict[str, list[dict[str, Any]]] = {}
+    readers: dict[str, str] = {}
     try:
         _begin(req, store)
         from lightmem.configs.text_embedder.base_config import BaseTextEmbedderConfig
@@ -361,21 +366,27 @@ def _search(req: dict[str, Any]) -> dict[str, Any]:
         entries = loader.load_entries(unit, with_vectors=True)
         summaries = (loader.load_summaries(unit, with_vectors=True)
                      if s.get("enable_summary", True) else [])
+        with_summary = bool(s.get("enable_summary", True))
         with _state["phases"].step("retrieve"):
             for q in req["questions"]:
-                found = [_hit(x, read) for x in sl.retrieve_combined(entries, retriever,
-                                                                      q["question"], k)]
-                if summaries:
-                    found += [_hit(x, "summary") for x in sl.retrieve_summaries(
-                        summaries, retriever, q["question"], int(s.get("summary_limit", 5)))]
-                results[str(q["question_id"])] = found
+                qid, question = str(q["question_id"]), str(q["question"])
+                combined = sl.retrieve_combined(entries, retriever, question, k)
+                summed = (sl.retrieve_summaries(summaries, retriever, question,
+                                                int(s.get("summary_limit", 5)))
+                          if summaries else [])
+                results[qid] = ([_hit(x, read) for x in combined]
+                                + [_hit(x, "summary") for x in summed])
+                # search_locomo's own reader prompt from the same retrieval (its process_sample
+                # calls this with --enable-summary and what retrieve_summaries returned).
+                readers[qid] = sl.build_prompt_with_speaker_memories(
+                    question, combined, enable_summary=with_summary, summaries=summed)
     finally:
         os.chdir(cwd)
         _end()
     if _state["failed"]:
         raise _state["failed"][0]
-    return {"op": "found", "unit": unit, "results": results, "calls": 0, "dropped": 0,
-            "drops": []}
+    return {"op": "found", "unit": unit, "results": results, "readers": readers, "calls": 0,
+            "dropped": 0, "drops": []}
 
 
 if __name__ == "__main__":
