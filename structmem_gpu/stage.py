@@ -431,16 +431,17 @@ class StageContext:
 
 
 def http_backend_of(backend: Any) -> Any:
-    """The HTTP client under a (wrapped) backend (the one with a `base_url`), or None when it
-    has none (offline, scripted)."""
-    be = backend
+    """The HTTP client under a (wrapped) backend, or None when it has none (offline, scripted):
+    the innermost layer with a `base_url` — a SupervisedBackend (a server the job launched)
+    shows its client's URL but not the client's served name, key and flavour."""
+    be, found = backend, None
     for _ in range(8):  # CachedBackend/DedupBackend -> SeededBackend -> SupervisedBackend -> HTTPBackend
         if isinstance(getattr(be, "base_url", None), str):
-            return be
+            found = be
         be = getattr(be, "inner", None)
         if be is None:
             break
-    return None
+    return found
 
 
 def endpoint_of(backend: Any) -> str:

@@ -171,6 +171,17 @@ def _resolve(stores: Stores, system: bool, mhash: str, embedding: bool
     return canon, text, _row_settings(row)
 
 
+def _unseeded_stages(run_root: Path) -> tuple[bool, bool]:
+    """(the job's llm, its judge's llm) sent no seed (`request_seed: false` in the saved
+    config): the cache stores a request's sampling seed either way, the wire body lacked it."""
+    from structmem_gpu.config.run_changes import previous_config
+
+    saved = previous_config(Path(run_root)) or {}
+    llm = saved.get("llm") or {}
+    judge = (saved.get("judge") or {}).get("llm") or {}
+    return llm.get("request_seed") is False, judge.get("request_seed") is False
+
+
 def read_requests(run_root: Path, stores: Stores) -> list[Recorded]:
     """Every row of the run's requests.parquet in recorded order, its contents resolved."""
     import polars as pl
@@ -185,6 +196,7 @@ def read_requests(run_root: Path, stores: Stores) -> list[Recorded]:
     except Exception as e:  # a damaged or foreign file: one line naming it
         raise InputError(path, f"unreadable ({str(e).splitlines()[0]})") from e
     seen: dict[tuple[bool, str], tuple[str | None, str | None, dict[str, Any]]] = {}
+    unseeded, judge_unseeded = _unseeded_stages(run_root)
     out = []
     for r in df.iter_rows(named=True):
         system = is_system(r["prompt_version"])
@@ -195,6 +207,8 @@ def read_requests(run_root: Path, stores: Stores) -> list[Recorded]:
                                    else (None, None, {}))
         canon, text, settings = seen[system, mhash]
         stage = stage_of(r["stage"], r["request_id"], r["prompt_version"])
+        if not system and (judge_unseeded if str(r["stage"]).startswith("judge") else unseeded):
+            settings = {k: v for k, v in settings.items() if k != "seed"}
         out.append(Recorded(str(r["request_id"]), stage, r["conv_id"], mhash, embedding, canon,
                             text, params_text(r["model"], settings)))
     return out

@@ -253,3 +253,19 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, capsys) -> Non
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and str(empty / "llm" / "system_responses.seg") in err[0]
     assert not out.exists() and not empty.joinpath("llm").exists()  # nothing created
+
+
+def test_a_run_that_sent_no_seed_lists_none(runs) -> None:
+    """The cache stores each request's sampling seed; a run with llm.request_seed=false sent
+    none on the wire, so its settings list none (the judge's own llm decides for the judge)."""
+    official, port, cache = runs
+    saved = port / ".hydra" / "config.yaml"
+    cfg = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**cfg, "llm": {"request_seed": False}}))
+    d = D.differential(official, port, cache)
+    assert d.stage("extract").port_params == {"max_tokens=64 model=scripted temperature=0 top_p=1": 4}
+    assert "seed=0" in next(iter(d.stage("judge").port_params))  # judge.llm still seeds
+    saved.write_text(json.dumps({**cfg, "judge": {"llm": {"request_seed": False}}}))
+    d = D.differential(official, port, cache)
+    assert "seed=0" not in next(iter(d.stage("judge").port_params))
+    assert "seed=0" in next(iter(d.stage("extract").port_params))

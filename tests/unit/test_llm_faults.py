@@ -242,3 +242,18 @@ def test_guard_catches_the_signal_and_chains_to_the_previous_handler() -> None:
         assert signal.getsignal(signal.SIGUSR2) != guard._handle  # restored
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_the_http_client_under_a_supervised_backend_is_the_innermost():
+    """A system's front forwards to the client's served name and flavour: a job that launched its
+    own server wraps the client in a SupervisedBackend, which has a base_url but no served_name
+    (method=lightmem_official with llm=llamacpp_cpu failed on that before)."""
+    from types import SimpleNamespace
+
+    from structmem_gpu.stage import http_backend_of
+
+    http = SimpleNamespace(base_url="http://127.0.0.1:9/v1", served_name="smol", model_id="m",
+                           flavor="llamacpp")
+    wrapped = SimpleNamespace(inner=SupervisedBackend(http, object()))
+    assert http_backend_of(wrapped) is http
+    assert http_backend_of(SimpleNamespace(inner=None)) is None
