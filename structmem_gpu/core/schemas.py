@@ -57,6 +57,15 @@ TURN_HAYSTACKS: Schema = {
     "session_time": _TIME,
 }
 
+# One row per conversation: the two speakers as the benchmark names them (LoCoMo's
+# `speaker_a` / `speaker_b`, null when a record names none; LongMemEval: its roles, user then
+# assistant). Who is speaker_a is not who speaks first (LoCoMo conv-30: Gina before Jon).
+CONVERSATIONS: Schema = {
+    "conv_id": _STR,
+    "speaker_a": _STR,
+    "speaker_b": _STR,
+}
+
 QUESTIONS: Schema = {
     "conv_id": _STR,
     "question_id": _STR,  # LoCoMo "<sample_id>:q<index>"; LongMemEval question_id
@@ -238,6 +247,7 @@ TABLES: dict[str, Schema] = {
     "turns": TURNS,
     "turn_sessions": TURN_SESSIONS,
     "turn_haystacks": TURN_HAYSTACKS,
+    "conversations": CONVERSATIONS,
     "questions": QUESTIONS,
     "entries": ENTRIES,
     "entry_embeddings": EMBEDDINGS,

@@ -1,7 +1,9 @@
-"""Benchmark loaders: every benchmark becomes the same two frames, `turns` and `questions`.
+"""Benchmark loaders: every benchmark becomes the same two frames, `turns` and `questions`,
+and one row of speakers per conversation (`load_speakers`).
 
-    from structmem_gpu.data import load_benchmark
+    from structmem_gpu.data import load_benchmark, load_speakers
     turns, questions = load_benchmark("sample", path=None, conversations=None, max_sessions=None)
+    speakers = load_speakers("sample", None, turns["conv_id"].unique().to_list())
 
 Names: `locomo` (the real LoCoMo file, CC BY-NC, never vendored: `python jobs/data.py locomo`
 downloads and checks it), `longmemeval` (a LongMemEval file; conversations = question ids) and
@@ -19,8 +21,8 @@ import polars as pl
 
 from structmem_gpu.data.categories import CATEGORY_NAMES, LOCOMO_CATEGORIES, LONGMEMEVAL_TYPES
 from structmem_gpu.data.common import display_text
-from structmem_gpu.data.locomo import load_locomo
-from structmem_gpu.data.longmemeval import load_longmemeval
+from structmem_gpu.data.locomo import load_locomo, load_locomo_speakers
+from structmem_gpu.data.longmemeval import load_longmemeval, longmemeval_speakers
 from structmem_gpu.core.errors import ConfigError
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "load_benchmark",
     "load_locomo",
     "load_longmemeval",
+    "load_speakers",
     "sample_path",
 ]
 
@@ -72,3 +75,19 @@ def load_benchmark(
     if name == "locomo":
         return load_locomo(path, conversations, max_sessions)
     return load_longmemeval(path, conversations, max_sessions)
+
+
+def load_speakers(
+    name: str, path: str | Path | None, conversations: Sequence[str]
+) -> pl.DataFrame:
+    """schemas.CONVERSATIONS of `conversations` (ids `load_benchmark` gave) of benchmark `name`:
+    LoCoMo and the sample: each record's speaker_a / speaker_b; LongMemEval: its roles."""
+    if name not in BENCHMARKS:
+        raise ConfigError(f"unknown benchmark {name!r}; expected one of {list(BENCHMARKS)}")
+    if name == "longmemeval":
+        return longmemeval_speakers(conversations)
+    if path is None and name == "sample":
+        path = sample_path()
+    if path is None:
+        raise ConfigError(f"benchmark.path is required for benchmark={name}")
+    return load_locomo_speakers(path, conversations)

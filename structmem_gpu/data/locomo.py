@@ -1,6 +1,8 @@
-"""LoCoMo loader: `locomo10.json` (or the bundled sample) -> (turns, questions) frames.
+"""LoCoMo loader: `locomo10.json` (or the bundled sample) -> (turns, questions) frames, and
+each conversation's two named speakers.
 
     turns, questions = load_locomo("data/locomo10.json", conversations=["conv-26"], max_sessions=3)
+    speakers = load_locomo_speakers("data/locomo10.json", ["conv-30"])  # conv-30, Jon, Gina
 
 A file record (bundled sample, `structmem_gpu/data/sample/sample_locomo.json`) and the rows
 it becomes:
@@ -16,6 +18,11 @@ it becomes:
                event_id="sample-1:D2:4" image_caption="a photo of a small beagle puppy …"
     questions: question_id="sample-1:q8" answer="Biscuit" adversarial_answer="Biscuit"
                category=5 category_name="adversarial" evidence=["D2:1"] is_abstention=True
+    speakers:  conv_id="sample-1" speaker_a="Lena" speaker_b="Tomas"
+
+speaker_a is not always the first to speak: in conv-30, 41, 42, 43, 47 and 49 of the released
+file speaker_b opens the conversation (a system that pairs a speaker_a turn with the reply
+after it, MemoryOS's driver, needs the file's roles, not the order of appearance).
 
 Irregularities of the released file and the rule applied to each
 (docs/evaluation.md "LoCoMo loader rules"):
@@ -41,6 +48,7 @@ from typing import Any, Final
 
 import polars as pl
 
+from structmem_gpu.core import schemas
 from structmem_gpu.data.categories import LOCOMO_ADVERSARIAL, LOCOMO_CATEGORIES
 from structmem_gpu.data.common import (
     Question,
@@ -60,7 +68,8 @@ from structmem_gpu.data.common import (
 )
 from structmem_gpu.core.errors import InputError
 
-__all__ = ["LOCOMO_SHA256", "DATE_FORMAT", "display_text", "load_locomo", "normalise_evidence"]
+__all__ = ["LOCOMO_SHA256", "DATE_FORMAT", "display_text", "load_locomo", "load_locomo_speakers",
+           "normalise_evidence"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +188,30 @@ def load_locomo(
         max_sessions,
     )
     return turns_frame(turns), questions_frame(questions)
+
+
+def load_locomo_speakers(
+    path: str | Path, conversations: Sequence[str] | None = None
+) -> pl.DataFrame:
+    """schemas.CONVERSATIONS: each selected record's `speaker_a` and `speaker_b` as the file
+    names them (null when a record has none), in file order. `conversations`: sample ids to
+    keep (None = all). InputError for a malformed record or an unknown id; pure."""
+    p = Path(path)
+    data, _ = read_json_list(p)
+    rows: list[dict[str, Any]] = []
+    ids: list[str] = []
+    for i, sample in enumerate(data):
+        sample = require(p, sample, ("sample_id", "conversation"), f"record {i}", "sample")
+        sid = require_str(p, sample["sample_id"], "sample_id", f"record {i}")
+        ids.append(sid)
+        conv = require(p, sample["conversation"], (), sid, "conversation")
+        names = {k: (None if conv.get(k) is None else require_str(p, conv[k], k, sid))
+                 for k in ("speaker_a", "speaker_b")}
+        rows.append({"conv_id": sid, **names})
+    check_selection(p, conversations, ids, "conversation")
+    wanted = None if conversations is None else set(conversations)
+    return schemas.frame([r for r in rows if wanted is None or r["conv_id"] in wanted],
+                         schemas.CONVERSATIONS)
 
 
 def _log_checksum(path: Path, raw: bytes) -> None:

@@ -58,6 +58,7 @@ from typing import Any, Final
 
 import polars as pl
 
+from structmem_gpu.core import schemas
 from structmem_gpu.data.categories import LONGMEMEVAL_TYPES
 from structmem_gpu.data.common import (
     Question,
@@ -82,6 +83,7 @@ __all__ = [
     "REPEAT_MARK",
     "load_longmemeval",
     "load_longmemeval_compact",
+    "longmemeval_speakers",
     "repeated_sessions",
 ]
 
@@ -91,6 +93,14 @@ DATE_FORMAT: Final = "%Y/%m/%d (%a) %H:%M"  # "2023/04/10 (Mon) 23:07"
 ABSTENTION_SUFFIX: Final = "_abs"
 ROLES: Final = ("user", "assistant")  # a turn's role is its speaker: the benchmark's only two
 REPEAT_MARK: Final = "#repeat"  # session_id suffix of a repeated occurrence: "<id>#repeat2"
+
+
+def longmemeval_speakers(conversations: Sequence[str]) -> pl.DataFrame:
+    """schemas.CONVERSATIONS for these question ids: every haystack's speakers are the roles,
+    the user as speaker_a and the assistant as speaker_b (LoCoMo's roles for a system's
+    user/agent pairing, e.g. MemoryOS's pages of a user input and the agent's response)."""
+    return schemas.frame([{"conv_id": c, "speaker_a": ROLES[0], "speaker_b": ROLES[1]}
+                          for c in conversations], schemas.CONVERSATIONS)
 _REQUIRED: Final = (
     "question_id",
     "question_type",

@@ -13,21 +13,37 @@ key; a row lists EVERY setting the published figure fixes (method, benchmark, ab
 switches, seed_k, p_ret_k, rpe_factor, fusion window, passages per request, entries/syntheses
 per question, reader protocol, ...), and `match` is the configuration that PRODUCED the
 number: for StructMem the released code's (README "Evaluation protocols" says which run
-matches which row), i.e. its seed pool (`consolidate.seed_scope: global`,
-`consolidate.seed_exclude_buffer: false`), its encoder (`embedder.model`: all-MiniLM-L6-v2,
-which `embedder.model: null` is, `embedder.long_texts: truncate`) and what its judge saw
-(`judge.input: reply`; absent = that default). SEEM's paper names no encoder and its code is
-not public, so its rows pin neither.
+matches which row), i.e. its pipeline (every stage of
+experiment=structmem_locomo_reference_code, compress and segment included, see `method.stages`
+below; `extract.input: segments`, extraction from the segment stage's batches of compressed
+text; `extract.reference_mode: event`; the offline update on, `update.enabled: true`, with
+`update.read` unpinned: pre and post are both readings of the code), its seed pool
+(`consolidate.seed_scope: global`, `consolidate.seed_exclude_buffer: false`), its encoder
+(`embedder.model`: all-MiniLM-L6-v2, which `embedder.model: null` is, `embedder.long_texts:
+truncate`) and what its judge saw (`judge.input: reply`; absent = that default). Table 2's
+flat and w/o cross-event rows fix the same build (compress, segment, segments input; the flat
+row `extract.reference_mode: flat`, experiment=flat_locomo_reference_code) and no update (the
+paper does not say whether they ran it). SEEM's paper names no encoder and its code is not
+public, so its rows pin neither.
+
+Every key compares by equality except `method.stages`, whose value is the list of stages the
+configuration requires: a run matches when its `method.stages` lists every one of them (more
+are allowed, e.g. audits; order is the method's, not compared). A row requiring
+`[load, compress, segment, extract, ...]` is thus never matched by a pipeline without the
+compression or segmentation stage. The job's root `stages` (the part of the pipeline one job
+reruns, e.g. `stages=[judge,report]` to re-judge a run directory) is not consulted.
 
 A row may also be shown beside other configurations, each with a note saying so:
 
     "beside": [{"note": "paper text configuration, number from the code's",
-                "differs": {"consolidate.seed_scope": "historical", ...},
-                "unpinned": ["embedder.model"]}]
+                "differs": {"consolidate.seed_scope": "historical", "extract.input": "turns",
+                            "method.stages": [load, extract, embed, consolidate, ...], ...},
+                "unpinned": ["embedder.model", "update.enabled"]}]
 
 is `match` with `differs` applied and the `unpinned` keys dropped (any value matches: the
-paper's text-embedding-3-small is an API model, any encoder stands in for it). A run that
-matches `match` itself gets no note. On top of its `match` block a row matches only when
+paper's text-embedding-3-small is an API model, any encoder stands in for it; the paper text
+has no update stage, so its switch is moot). A run that matches `match` itself gets no note.
+On top of its `match` block a row matches only when
 
 - the run's category scope (`benchmark.categories`; null = every category of the benchmark)
   equals the row's `categories`;
@@ -82,6 +98,16 @@ class PublishedRow:
 
 _KNOWN = {"id", "source", "label", "match", "judge_model", "categories", "overall", "by_category"}
 _OPTIONAL = {"beside"}
+# Keys whose value is a list the run's value must include every item of (module docstring).
+_INCLUDES = frozenset({"method.stages"})
+
+
+def _check_values(match: Mapping[str, Any], where: str) -> None:
+    for key in _INCLUDES & set(match):
+        value = match[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{where}: {key} must be a list of names (the stages the "
+                             f"configuration requires), not {value!r}")
 
 
 def _beside(raw: Mapping[str, Any], match: Mapping[str, Any] | None, origin: Path) -> Beside:
@@ -91,6 +117,7 @@ def _beside(raw: Mapping[str, Any], match: Mapping[str, Any] | None, origin: Pat
         raise ValueError(f"{origin}: a 'beside' entry needs a note and keys of the row's match "
                          f"(unknown: {sorted(unknown)})")
     merged = {k: differs.get(k, v) for k, v in match.items() if k not in unpinned}
+    _check_values(merged, f"{origin}: 'beside' entry {raw['note']!r}")
     return Beside(note=str(raw["note"]), match=merged)
 
 
@@ -98,6 +125,7 @@ def _row(paper: str, raw: Mapping[str, Any], origin: Path) -> PublishedRow:
     missing = _KNOWN - set(raw)
     if missing:
         raise ValueError(f"{origin}: row {raw.get('id')!r} lacks {sorted(missing)}")
+    _check_values(raw["match"] or {}, f"{origin}: row {raw['id']!r}")
     return PublishedRow(
         id=str(raw["id"]),
         paper=paper,
@@ -214,9 +242,17 @@ def match_note(facts: Facts, row: PublishedRow) -> str | None:
     if run_categories(get) != tuple(sorted(row.categories)):
         return None
     for note, match in (("", row.match), *((b.note, b.match) for b in row.beside)):
-        if all(get(k) == v for k, v in match.items()):
+        if all(_meets(k, get(k), v) for k, v in match.items()):
             return note
     return None
+
+
+def _meets(key: str, have: Any, want: Any) -> bool:
+    """Whether the run's value `have` of match key `key` meets the row's `want`: equal, or for
+    an `_INCLUDES` key (method.stages) a list holding every item of `want`."""
+    if key in _INCLUDES:
+        return isinstance(have, (list, tuple)) and set(want) <= set(have)
+    return have == want
 
 
 def row_matches(facts: Facts, row: PublishedRow) -> bool:

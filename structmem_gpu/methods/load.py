@@ -1,4 +1,5 @@
-"""Stage `load`: benchmark file -> tables/turns.parquet + tables/questions.parquet.
+"""Stage `load`: benchmark file -> tables/turns.parquet + tables/questions.parquet +
+tables/conversations.parquet (each kept conversation's speaker_a / speaker_b, data.load_speakers).
 
 LongMemEval writes `turns` in the compact layout (tables/turn_sessions.parquet +
 tables/turn_haystacks.parquet, structmem_gpu/core/turns_store.py): the file is streamed and each
@@ -239,6 +240,15 @@ def read_benchmark(job: "JobConfig", only: Sequence[str] | None = None
     return load_benchmark(**args)
 
 
+def read_speakers(job: "JobConfig", conversations: Sequence[str]) -> pl.DataFrame:
+    """schemas.CONVERSATIONS of the kept conversations: the benchmark's speaker_a / speaker_b
+    (LoCoMo's named roles, LongMemEval's user and assistant)."""
+    from structmem_gpu.data import load_speakers
+
+    args = _benchmark_args(job)
+    return load_speakers(args["name"], args["path"], list(conversations))
+
+
 def run_load(ctx: StageContext) -> dict[str, Any]:
     shard, shards = ctx.job.root.shard_index, ctx.job.root.num_shards
     if writes_compact(ctx.job):
@@ -267,7 +277,9 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
         ctx.notes["repeated_sessions"] = repeated_sessions(
             compact.haystacks.join(names, on="session_key", how="left"))
         log.info("loaded %s", ctx.notes)
-        return {"turns": compact, "questions": questions}
+        convs = compact.haystacks["conv_id"].unique(maintain_order=True).to_list()
+        return {"turns": compact, "questions": questions,
+                "conversations": read_speakers(ctx.job, convs)}
 
     turns, questions = read_benchmark(ctx.job)
     ctx.notes["abstention_line"] = abstention_line(ctx.job, questions)
@@ -281,11 +293,14 @@ def run_load(ctx: StageContext) -> dict[str, Any]:
         # Haystacks that list a session id twice keep both copies (data/longmemeval.py).
         ctx.notes["repeated_sessions"] = repeated_sessions(turns)
     log.info("loaded %s", ctx.notes)
-    return {"turns": turns, "questions": questions}
+    convs = turns["conv_id"].unique(maintain_order=True).to_list()
+    return {"turns": turns, "questions": questions, "conversations": read_speakers(ctx.job, convs)}
 
 
 STAGE = Stage(
-    name="load", run=run_load, writes=("turns", "questions"),
+    # conversations: added after version 2; a run loaded before has none, and its readers
+    # (system_build) fall back to the speakers' order of appearance
+    name="load", run=run_load, writes=("turns", "questions", "conversations"),
     depends=("benchmark.name", "benchmark.path", "benchmark.conversations", "benchmark.max_sessions",
              "shard_index", "num_shards"),
     extra_fingerprint=benchmark_sha256,

@@ -21,7 +21,7 @@ Requests (job -> worker) and replies (worker -> job), one line each:
     {"op": "build", "unit": "conv-26", "base_url": "http://127.0.0.1:PORT/u/mem0/build/conv-26/v1",
      "model": "<served name>", "embed_model": "<encoder id>", "embed_dims": 384,
      "store_dir": "<run>/systems/mem0/store/conv-26",
-     "speakers": ["Caroline", "Melanie"],
+     "speakers": ["Caroline", "Melanie"], "speaker_a": "Caroline", "speaker_b": "Melanie",
      "sessions": [{"session_index": 1, "session_time": "2023-05-08T13:56:00",
                    "turns": [{"event_id": "conv-26:D1:1", "speaker": "Caroline", "text": "...",
                               "raw_text": "...", "image_caption": null}]}]}
@@ -41,6 +41,12 @@ Requests (job -> worker) and replies (worker -> job), one line each:
     any request that fails -> {"op": "error", "unit": "conv-26", "error": "<type>: <message>",
                                "log_tail": "<last lines of the worker's log>"}
     {"op": "exit"} -> the worker exits 0.
+
+`speakers` lists the conversation's speakers in order of appearance; `speaker_a` and
+`speaker_b` (build only, absent for a run loaded before the load stage's conversations table)
+are the benchmark's two roles, LoCoMo's named speaker_a / speaker_b (not always the first to
+speak: conv-30's Gina speaks before its speaker_a Jon) and LongMemEval's user / assistant, for
+a system's own driver that pairs or names turns by role (MemoryOS's pages).
 
 A turn's `text` has its image caption inline ("... [image: <caption>]"); `raw_text` and
 `image_caption` are the two apart, for a system's own LoCoMo driver that renders the caption

@@ -332,8 +332,14 @@ def _unit_row(unit: str, phase: str, reply: Mapping[str, Any], status: str, call
 # --- system_build ----------------------------------------------------------------------
 
 
-def build_payloads(turns: pl.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per conversation: its speakers (first-appearance order) and dated sessions of turns."""
+def build_payloads(turns: pl.DataFrame,
+                   conversations: pl.DataFrame | None = None) -> dict[str, dict[str, Any]]:
+    """Per conversation: its speakers (first-appearance order), its speaker_a and speaker_b
+    when `conversations` (the load stage's table) names both, and dated sessions of turns."""
+    named = {} if conversations is None else {
+        str(c): {"speaker_a": a, "speaker_b": b}
+        for c, a, b in conversations.select("conv_id", "speaker_a", "speaker_b").iter_rows()
+        if a is not None and b is not None}
     out: dict[str, dict[str, Any]] = {}
     ordered = turns.sort("conv_id", "session_index", "turn_index")
     for (conv,), part in ordered.group_by("conv_id", maintain_order=True):
@@ -352,13 +358,15 @@ def build_payloads(turns: pl.DataFrame) -> dict[str, dict[str, Any]]:
                                                          "image_caption").iter_rows()],
             })
         speakers = list(dict.fromkeys(part["speaker"].to_list()))
-        out[str(conv)] = {"speakers": speakers, "sessions": sessions}
+        # a run loaded before the conversations table: no speaker_a / speaker_b keys (the
+        # payload, and so each unit's resume key, as it was)
+        out[str(conv)] = {"speakers": speakers, **named.get(str(conv), {}), "sessions": sessions}
     return out
 
 
 def run_build(ctx: StageContext) -> dict[str, pl.DataFrame]:
     spec = system_spec(ctx.settings.name)
-    payloads = build_payloads(ctx.read("turns"))
+    payloads = build_payloads(ctx.read("turns"), ctx.read_optional("conversations"))
     replies, rows = _run_units(ctx, spec, "build", payloads)
     memories = [{"conv_id": unit, "memory_id": str(m.get("memory_id")), "owner": m.get("owner"),
                  "text": str(m.get("text") or ""), "created_at": m.get("created_at"),
@@ -428,7 +436,8 @@ def _lock_fingerprint(job: Any) -> Any:
 
 
 BUILD_STAGE = Stage(
-    name="system_build", run=run_build, reads=("turns",), writes=("memories", "system_units"),
+    name="system_build", run=run_build, reads=("turns",), optional_reads=("conversations",),
+    writes=("memories", "system_units"),
     settings=SystemSettings, depends=(*LLM_IDENTITY, *EMBEDDER_IDENTITY),
     extra_fingerprint=_lock_fingerprint, uses=("llm", "encoder"), estimate=_estimate("build"),
 )

@@ -160,6 +160,36 @@ def test_build_search_in_another_process_and_rebuild(tmp_path: Path) -> None:
     assert "network refused" not in logs  # MemoryOS's hard-coded base URL was never dialled
 
 
+OPENER = ("Melanie", "Hi Caroline! How was your week?")
+
+
+@needs_memoryos
+def test_pages_pair_by_speaker_a_when_speaker_b_speaks_first(tmp_path: Path) -> None:
+    """LoCoMo's conv-30 shape: speaker_b (here Melanie) opens the conversation. With the
+    payload's speaker_a / speaker_b, pages are a Caroline turn and Melanie's reply after it
+    (the opener has no speaker_a turn before it: unpaired, as MemoryOS's driver leaves it);
+    without them, speaker_a is whoever speaks first."""
+    sessions = [session(1, "2023-05-08T13:56:00", [OPENER, *TURNS], prefix="t"), SESSIONS[1]]
+    first_seen = ["Melanie", "Caroline"]
+    with _worker(tmp_path, "roles") as worker:
+        assert worker.hello()["op"] == "ready"
+        with front(SPEC) as f:
+            named = worker.ask(request(SPEC, "build", f, tmp_path / "named", sessions=sessions,
+                                       speakers=first_seen, speaker_a="Caroline",
+                                       speaker_b="Melanie"))
+            fallback = worker.ask(request(SPEC, "build", f, tmp_path / "fallback",
+                                          sessions=sessions, speakers=first_seen))
+    assert named["pages"] == PAGES and named["unpaired"] == 2  # the opener, the last turn
+    pages = _kinds(named["memories"])["page"]
+    assert pages[0]["text"].startswith(f"Caroline: {TURNS[0][1]}\nMelanie: {TURNS[1][1]}")
+    assert _kinds(named["memories"])["profile"][0]["owner"] == "Caroline"
+    assert json.loads((tmp_path / "named" / "unit.json").read_text())["speakers"] == [
+        "Caroline", "Melanie"]
+    # no roles in the payload: the first to speak is speaker_a
+    pages = _kinds(fallback["memories"])["page"]
+    assert pages[0]["text"].startswith(f"Melanie: {OPENER[1]}\nCaroline: {TURNS[0][1]}")
+
+
 def _not_json(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"content": "I am not sure what you mean."}
 

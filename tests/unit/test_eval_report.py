@@ -188,13 +188,21 @@ def test_hypotheses_jsonl_one_line_per_question() -> None:
     ]
 
 
+# method=structmem's pipeline (raw turns) and experiment=structmem_locomo_reference_code's
+TEXT_STAGES = ["load", "extract", "embed", "consolidate", "retrieve", "answer", "judge", "report"]
+CODE_STAGES = ["load", "compress", "segment", "extract", "embed", "consolidate", "update",
+               "retrieve", "answer", "judge", "report"]
+
+
 def _cfg(**kw: object) -> object:
     """A StructMem LoCoMo config with paper Table 1's settings as the paper's text states them
-    (experiment=structmem_locomo: historical seed pool, buffer excluded, a long-context
-    encoder), which the published rows are shown beside with a note."""
+    (experiment=structmem_locomo: raw turns, no update stage, historical seed pool, buffer
+    excluded, a long-context encoder), which the published rows are shown beside with a note."""
     base = {
         "benchmark": {"name": "locomo", "categories": [1, 2, 3, 4]},
-        "method": {"name": "structmem"},
+        "method": {"name": "structmem", "stages": TEXT_STAGES},
+        "extract": {"input": "turns", "reference_mode": "event"},
+        "update": {"enabled": True, "read": "pre"},
         "llm": {"backend": "vllm_server"},
         "embedder": {"model": "Qwen/Qwen3-Embedding-0.6B", "long_texts": "chunk"},
         "debug_profile": None,
@@ -268,7 +276,8 @@ def test_a_row_matches_only_when_every_fixed_setting_matches() -> None:
 
 PAPER_TEXT = "paper text configuration, number from the code's"
 CODE = {"consolidate.seed_scope": "global", "consolidate.seed_exclude_buffer": False,
-        "embedder.model": None, "embedder.long_texts": "truncate"}  # null = the packaged MiniLM
+        "embedder.model": None, "embedder.long_texts": "truncate",  # null = the packaged MiniLM
+        "method.stages": CODE_STAGES, "extract.input": "segments"}
 
 
 def _notes(cfg: object) -> dict[str, str]:
@@ -297,11 +306,13 @@ def test_structmem_rows_belong_to_the_code_configuration_and_are_labelled_beside
     assert _ids(_cfg(**{**CODE, "judge.input": "reply"})) == _ids(code)
     assert _ids(_cfg(**{**CODE, "judge.input": "answer"})) == set()
     assert _ids(_cfg(**{"judge.input": "answer"})) == set()
-    # Table 2 rows from the code (MiniLM) and beside any other encoder
+    # Table 2 rows from the code (MiniLM, its build) and beside our pipeline with any encoder
     flat = {"method.name": "flat", "consolidate.enabled": False}
     assert _notes(_cfg(**flat)) == {"structmem-table2-flat": PAPER_TEXT}
-    assert _ids(_cfg(**flat, **{"embedder.model": None})) == {"structmem-table2-flat"}
-    assert _notes(_cfg(**flat, **{"embedder.model": None})) == {}
+    assert _notes(_cfg(**flat, **{"embedder.model": None})) == {"structmem-table2-flat": PAPER_TEXT}
+    flat_code = {**flat, "embedder.model": None, "method.stages": CODE_STAGES,
+                 "extract.input": "segments", "extract.reference_mode": "flat"}
+    assert _ids(_cfg(**flat_code)) == {"structmem-table2-flat"} and _notes(_cfg(**flat_code)) == {}
     # SEEM names no encoder: its rows match whatever the encoder, with no note
     seem = _cfg(**{"method.name": "seem", "benchmark.categories": [1, 2, 3, 4, 5],
                    "embedder.model": "BAAI/bge-m3"})
@@ -323,6 +334,84 @@ def test_replication_experiments_get_the_table1_row_with_their_label(
     row = next(r for r in load_published() if r.id == "structmem-table1")
     assert _notes(cfg).get("structmem-table1") == note
     assert shown_label(row, _notes(cfg)) == ("StructMem" if note is None else f"StructMem ({note})")
+
+
+def test_the_code_rows_require_every_stage_of_the_code_pipeline() -> None:
+    """A row's method.stages is a requirement (the run lists every one of those stages), and
+    the code's rows name the reference pipeline: compression and segmentation, extraction
+    from their batches, the offline update on."""
+    code = _cfg(**CODE)
+    assert _ids(code) == {"structmem-table1", "structmem-fig3d-k15"} and _notes(code) == {}
+    without = [s for s in CODE_STAGES if s not in ("compress", "segment")]
+    for missing in ({"method.stages": without},  # the tables would have to come from elsewhere
+                    {"method.stages": without, "extract.input": "turns"},  # the code's pool on raw turns
+                    {"method.stages": [s for s in CODE_STAGES if s != "update"]},
+                    {"update.enabled": False},
+                    {"extract.input": "compressed"}, {"extract.input": "turns"},
+                    {"extract.reference_mode": "flat"}):
+        assert _ids(_cfg(**{**CODE, **missing})) == set(), missing
+    # both stores the update can leave QA are readings of the code; more stages (audits) are fine
+    assert _notes(_cfg(**{**CODE, "update.read": "post"})) == {} and _ids(
+        _cfg(**{**CODE, "update.read": "post"})) == _ids(code)
+    audited = _cfg(**{**CODE, "method.stages": [*CODE_STAGES, "audit_extraction"]})
+    assert _ids(audited) == _ids(code) and _notes(audited) == {}
+    # the paper text has no update stage: its switch does not move the label
+    assert _notes(_cfg(**{"update.enabled": False})) == _notes(_cfg())
+    # Table 2 w/o cross-event: the code's build (its update not required), else beside it
+    no_cross = {"method.name": "structmem_no_cross_event", "consolidate.enabled": False,
+                "embedder.model": None}
+    assert _notes(_cfg(**no_cross)) == {"structmem-table2-no-cross-event": PAPER_TEXT}
+    built = {**no_cross, "method.stages": [s for s in CODE_STAGES if s != "update"],
+             "extract.input": "segments"}
+    assert _ids(_cfg(**built)) == {"structmem-table2-no-cross-event"} and _notes(_cfg(**built)) == {}
+
+
+def test_a_stage_requirement_must_be_a_list(tmp_path: Path) -> None:
+    row = {"id": "x", "source": "s", "label": "l", "judge_model": "j", "categories": [1],
+           "overall": {}, "by_category": {}, "match": {"method": "flat", "method.stages": "load"}}
+    (tmp_path / "bad.json").write_text(json.dumps({"paper": "p", "rows": [row]}))
+    with pytest.raises(ValueError, match=r"row 'x': method.stages must be a list"):
+        load_published(tmp_path)
+
+
+# (overrides, row id, note: "" = the configuration that produced the number, None = no match)
+COMPOSED = [
+    (["experiment=structmem_locomo_reference_code"], "structmem-table1", ""),
+    (["experiment=structmem_locomo_reference_code", "update.read=post"], "structmem-table1", ""),
+    (["experiment=structmem_locomo_reference_code", "consolidate.seed_k=5"], "structmem-fig3d-k5", ""),
+    # the reference profile without its compression and segmentation is not the reference
+    (["experiment=structmem_locomo_reference_code",
+      "method.stages=[load,extract,embed,consolidate,update,retrieve,answer,judge,report]",
+      "extract.input=turns"], "structmem-table1", None),
+    (["experiment=structmem_locomo_reference_code",
+      "method.stages=[load,extract,embed,consolidate,update,retrieve,answer,judge,report]"],
+     "structmem-table1", None),
+    (["experiment=structmem_locomo"], "structmem-table1", PAPER_TEXT),
+    (["experiment=seed_k_sweep", "consolidate.seed_k=5"], "structmem-fig3d-k5", PAPER_TEXT),
+    (["experiment=paradigms", "method=structmem"], "structmem-table1", PAPER_TEXT),
+    (["experiment=flat_locomo_reference_code"], "structmem-table2-flat", ""),
+    (["experiment=flat_locomo_reference_code", "update.enabled=true", "update.read=post"],
+     "structmem-table2-flat", ""),
+    (["experiment=paradigms", "method=flat"], "structmem-table2-flat", PAPER_TEXT),
+    (["experiment=structmem_locomo_reference_code", "method=structmem_no_cross_event"],
+     "structmem-table2-no-cross-event", ""),
+    (["experiment=paradigms", "method=structmem_no_cross_event"],
+     "structmem-table2-no-cross-event", PAPER_TEXT),
+    (["experiment=paradigms", "method=graph_memory"], "structmem-table2-graph", ""),
+]
+
+
+@pytest.mark.parametrize(("overrides", "row_id", "note"), COMPOSED,
+                         ids=[" ".join(c[0]) for c in COMPOSED])
+def test_composed_runs_meet_their_rows_as_produced_or_beside(
+    overrides: list[str], row_id: str, note: str | None
+) -> None:
+    from structmem_gpu.eval.published import match_note
+    from tests.fixtures.pipeline import compose_cfg
+
+    cfg = compose_cfg([*overrides, "llm=vllm_qwen2_5_7b"])
+    row = next(r for r in load_published() if r.id == row_id)
+    assert match_note(cfg, row) == note
 
 
 def test_no_published_row_for_harness_runs() -> None:

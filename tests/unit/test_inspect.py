@@ -170,6 +170,8 @@ def test_published_rows_follow_recorded_config(tmp_path: Path) -> None:
                                            "seed_scope": "global", "seed_exclude_buffer": False},
                            "embedder": {"model": None, "long_texts": "truncate"}}
             },
+            "extract": {"config": {"extract": {"input": "segments", "reference_mode": "event"}}},
+            "update": {"config": {"update": {"enabled": True, "read": "pre"}}},
             "retrieve": {"config": {"retrieve.entries_k": 60, "retrieve.syntheses_k": 5}},
             "answer": {"config": {"answer": {"protocol": "paper"}}},
             "judge": {
@@ -178,8 +180,19 @@ def test_published_rows_follow_recorded_config(tmp_path: Path) -> None:
         },
     }
     (root / "manifest.json").write_text(json.dumps(manifest))
+    # the method's pipeline, which no stage records: from the saved config (.hydra/config.yaml)
+    (root / ".hydra").mkdir()
+    stages = ["load", "compress", "segment", "extract", "embed", "consolidate", "update",
+              "retrieve", "answer", "judge", "report"]
+    saved = root / ".hydra" / "config.yaml"
+    saved.write_text(json.dumps({"method": {"stages": stages}}))
     ids = {r.id for r in published_rows(load_run(root))}
     assert ids == {"structmem-table1", "structmem-fig3d-k15"}
+    # without the compression and segmentation stages it is not the code's configuration
+    raw_turns = [s for s in stages if s not in ("compress", "segment")]
+    saved.write_text(json.dumps({"method": {"stages": raw_turns}}))
+    assert published_rows(load_run(root)) == []
+    saved.write_text(json.dumps({"method": {"stages": stages}}))
     manifest["stages"]["consolidate"]["config"]["consolidate"]["seed_k"] = 7
     (root / "manifest.json").write_text(json.dumps(manifest))
     assert published_rows(load_run(root)) == []

@@ -133,6 +133,8 @@ def test_load_contract_on_a_good_file(tmp_path: Path) -> None:
     questions = pl.read_parquet(run_dir / "tables" / "questions.parquet")
     assert turns.height == 4 and questions.height == 2
     assert set(turns["conv_id"]) == {"t-1", "t-2"}
+    speakers = pl.read_parquet(run_dir / "tables" / "conversations.parquet")
+    assert speakers.rows() == [("t-1", "Ana", "Ben"), ("t-2", "Ana", "Ben")]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["stages"]["load"]["status"] == "done"
 
@@ -154,4 +156,13 @@ def test_load_sample_and_longmemeval_via_job(tmp_path: Path, longmemeval_example
         # Either layout of `turns` (LongMemEval: compact), through the one accessor.
         assert RunDir(run_dir).read_table("turns").height > 0
         assert (run_dir / "tables" / "turns.parquet").exists() == (bench == "sample")
-        assert pl.read_parquet(run_dir / "tables" / "questions.parquet").height > 0
+        questions = pl.read_parquet(run_dir / "tables" / "questions.parquet")
+        assert questions.height > 0
+        # one row of speakers per conversation: the sample's named roles, LongMemEval's roles
+        speakers = pl.read_parquet(run_dir / "tables" / "conversations.parquet")
+        assert sorted(speakers["conv_id"]) == sorted(questions["conv_id"].unique())
+        if bench == "longmemeval":
+            assert set(speakers.select("speaker_a", "speaker_b").rows()) == {("user", "assistant")}
+        else:
+            assert speakers.filter(pl.col("conv_id") == "sample-1").rows() == [
+                ("sample-1", "Lena", "Tomas")]

@@ -47,6 +47,20 @@ def test_sample_is_locomo_shaped(worker) -> None:
     assert parsed == datetime(2023, 5, 8, 13, 56)
 
 
+def test_sample_keeps_the_requests_speaker_a(worker) -> None:
+    """LoCoMo's roles when the request names them (conv-30: Gina speaks before speaker_a Jon;
+    add_locomo tags each message speaker_a / speaker_b by them), else the order of appearance."""
+    turns = [{"event_id": f"conv-30:D1:{i}", "speaker": who, "text": "hi", "raw_text": "hi",
+              "image_caption": None} for i, who in enumerate(("Gina", "Jon"), 1)]
+    req = {"unit": "conv-30", "speakers": ["Gina", "Jon"],
+           "sessions": [{"session_index": 1, "session_time": "2023-01-20T16:04:00",
+                         "turns": turns}]}
+    conv = worker._sample({**req, "speaker_a": "Jon", "speaker_b": "Gina"})["conversation"]
+    assert (conv["speaker_a"], conv["speaker_b"]) == ("Jon", "Gina")
+    conv = worker._sample(req)["conversation"]
+    assert (conv["speaker_a"], conv["speaker_b"]) == ("Gina", "Jon")
+
+
 def test_steps_are_named_in_the_url_path(worker) -> None:
     import worker_common as wc
 

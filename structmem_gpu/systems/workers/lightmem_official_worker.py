@@ -10,7 +10,8 @@ package from `<src>/src`.
 Build: one call of add_locomo's `process_single_sample(sample, api_key, args)` per
 conversation, with `args` the readme's StructMem command (system.options: extraction_mode,
 enable_summary, summary_time_window, summary_top_k_seeds). The sample is the conversation in
-LoCoMo's own shape, rebuilt from the request (speaker_a/speaker_b, session_<n> turns with
+LoCoMo's own shape, rebuilt from the request (speaker_a/speaker_b: the request's, else the
+speakers in order of appearance; session_<n> turns with
 their `blip_caption`, session_<n>_date_time in LoCoMo's text form), so the driver's own
 `extract_locomo_sessions` and `parse_locomo_timestamp` read it. The driver works in the
 current directory (./logs, ./qdrant_pre_update, ./qdrant_post_update, as its readme runs it):
@@ -225,7 +226,8 @@ def _hello(req: dict[str, Any]) -> dict[str, Any]:
 
 def _sample(req: dict[str, Any]) -> dict[str, Any]:
     """The conversation in LoCoMo's JSON shape (what add_locomo reads), from the request."""
-    speakers = list(req.get("speakers") or [])
+    named = [req.get("speaker_a"), req.get("speaker_b")]  # the benchmark's roles, when sent
+    speakers = named if all(named) else list(req.get("speakers") or [])
     conv: dict[str, Any] = {"speaker_a": speakers[0] if speakers else "Speaker_A",
                             "speaker_b": speakers[1] if len(speakers) > 1 else "Speaker_B"}
     for session in sorted(req["sessions"], key=lambda s: s["session_index"]):

@@ -23,9 +23,12 @@ analysis) and assistant knowledge. The driver's settings are kept (mid-term capa
 topic similarity threshold 0.6); the profile is kept under the unit's id (the driver's
 sample_id).
 
-speaker_a / speaker_b are the payload's speakers in first-appearance order (the protocol
-carries no LoCoMo speaker_a): in the LoCoMo conversations where speaker_b speaks first, pages
-here start at the other speaker.
+speaker_a / speaker_b are the payload's `speaker_a` / `speaker_b` (the load stage's
+conversations table: LoCoMo's named roles, LongMemEval's user and assistant), so pages pair
+LoCoMo's speaker_a turn with the reply after it even where speaker_b speaks first (conv-30, 41,
+42, 43, 47, 49: that opening turn has no speaker_a turn before it and is left unpaired, as the
+driver leaves it). A payload without them (a run loaded before that table) falls back to the
+speakers in first-appearance order.
 
 Search, as the driver answers a question: `RetrievalAndAnswer(queue_capacity=k).retrieve(q,
 segment_threshold=0.1, page_threshold=0.1, knowledge_threshold=0.1)` over the store read back;
@@ -311,7 +314,9 @@ def _build(req: dict[str, Any]) -> dict[str, Any]:
     store.mkdir(parents=True, exist_ok=True)
     for name in (SHORT_FILE, MID_FILE, LONG_FILE, UNIT_FILE):
         (store / name).unlink(missing_ok=True)  # a rebuild starts empty (they load what is there)
-    speakers = [str(s) for s in req.get("speakers") or []]
+    named = [req.get("speaker_a"), req.get("speaker_b")]
+    speakers = ([str(s) for s in named] if all(named)  # the benchmark's roles
+                else [str(s) for s in req.get("speakers") or []])  # first-appearance order
     conv, times = _conversation(req["sessions"], speakers)
     a, b = conv["speaker_a"], conv["speaker_b"]
     main = _state["mods"]["main_loco_parse"]
