@@ -215,6 +215,9 @@ SEGMENTS: Schema = {
     "batch_index": _I32,  # its extraction batch within the conversation; null = lost
     "batch_tokens": _I64,  # o200k tokens of the whole batch
     "batch_sessions": _I32,  # sessions the batch spans
+    # event id of the turn whose add_memory call sent the batch (batches one call sends share
+    # their numbering: methods/structmem/extraction_windows.segment_windows); null = lost
+    "batch_released_at": _STR,
 }
 
 # A baseline system's memory (structmem_gpu/systems/stages.py), as the system reports it.

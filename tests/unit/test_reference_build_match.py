@@ -125,3 +125,50 @@ def test_synthesis_request_equals_lightmem_summarize(with_context: bool) -> None
     ours = reference.reference_synthesis_messages(official_repos.spec("lightmem"), buffer, context)
     theirs = _official_messages(buffer, context)
     assert [{"role": m.role, "content": m.content} for m in ours] == theirs
+
+
+def _official_assign() -> Any:
+    """LightMem's assign_sequence_numbers_with_timestamps (utils.py; it imports what it uses
+    inside its body), lifted from the pinned source and run as it is."""
+    source = official_repos.show("lightmem", "src/lightmem/memory/utils.py")
+    fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)
+              and n.name == "assign_sequence_numbers_with_timestamps")
+    space: dict[str, Any] = {"List": list, "Dict": dict}
+    exec(compile(ast.Module([fn], []), "utils.py", "exec"), space)  # noqa: S102 - test only
+    return space["assign_sequence_numbers_with_timestamps"]
+
+
+def test_batches_sent_by_one_add_memory_call_continue_numbering_and_seconds() -> None:
+    """Two extraction batches released by one add_memory call (extract_list of two api calls):
+    LightMem numbers their messages and steps each session's seconds over the whole call, so
+    the second batch's lines start where the first's stopped (conv-26's slice on llama.cpp had
+    2 of 8 extraction requests differ before the port did this)."""
+    from structmem_gpu.methods.structmem.extraction_windows import TurnView
+
+    s1, s2 = datetime(2023, 6, 9, 19, 55), datetime(2023, 5, 25, 13, 14)
+    raw1, raw2 = "2023/06/09 (Fri) 19:55", "2023/05/25 (Thu) 13:14"
+    turns = [(s2, raw2, "Ana", "a"), (s1, raw1, "Ben", "b"), (s1, raw1, "Ana", "c"),
+             (s1, raw1, "Ben", "d"), (s1, raw1, "Ana", "e")]
+    batches = [[turns[:3]], [turns[3:4], turns[4:]]]  # call: [batch [topic]], [batch [t, t]]
+
+    def msgs(seg: list[tuple[datetime, str, str, str]]) -> list[dict[str, Any]]:
+        out = []
+        for when, raw, who, text in seg:
+            for role, content in (("user", text), ("assistant", "")):
+                out.append({"role": role, "content": content, "session_time": raw,
+                            "weekday": f"{when:%a}", "speaker_name": who})
+        return out
+
+    extract_list = [[msgs(topic) for topic in batch] for batch in batches]
+    _official_assign()(extract_list, offset_ms=500)
+    theirs = [[f"[{m['time_stamp']}, {m['weekday']}] {m['sequence_number'] // 2}."
+               f"{m['speaker_name']}: {m['content']}"
+               for topic in batch for m in topic if m["role"] == "user"] for batch in extract_list]
+    views = [TurnView(f"e{i}", f"D:{i}", 1, i, when, who, text)
+             for i, (when, _, who, text) in enumerate(turns)]
+    first = reference.render_reference_batch(views[:3], [(1, 3)]).splitlines()
+    second = reference.render_reference_batch(views[3:], [(2, 1), (3, 1)], number_from=3,
+                                              seconds_from=[(s2, 1), (s1, 2)]).splitlines()
+    assert [x for x in first if not x.startswith("---")] == theirs[0]
+    assert [x for x in second if not x.startswith("---")] == theirs[1]
+    assert theirs[1][0].startswith("[2023-06-09T19:55:02.000, Fri] 3.Ben")

@@ -107,7 +107,8 @@ def reference_batches(sensory, short, texts: list[str], max_tokens: int) -> list
         if last:
             segments = sbuf.cut_with_segmenter(seg, emb, True)
         _, batches = stm.add_segments(segments, "user_only", last)
-        out += [[[m["turn"] for m in s if m["role"] == "user"] for s in batch] for batch in batches]
+        # each batch with the add_memory call (turn) that sent it
+        out += [(t, [[m["turn"] for m in s if m["role"] == "user"] for s in batch]) for batch in batches]
     return out
 
 
@@ -130,10 +131,14 @@ def test_segments_and_batches_equal_the_reference(reference, max_tokens: int, lo
         our_signals,
     )
     reasons: set[str] = set()
+    shared_calls = 0
     for key, texts in convs.items():
         plan = plans[key]
-        ours = [[plan.segments[i].turns for i in batch] for batch in plan.batches]
+        ours = [(plan.segments[batch[0]].batch_call, [plan.segments[i].turns for i in batch])
+                for batch in plan.batches]
         assert ours == reference_batches(sensory, short, texts, max_tokens), key
+        calls = [c for c, _ in ours]
+        shared_calls += len(calls) - len(set(calls))  # batches sent by a call with another
         reasons |= {s.reason for s in plan.segments}
         # every turn is in exactly one segment, lost ones included
         assert sorted(t for s in plan.segments for t in s.turns) == list(range(len(texts)))
@@ -142,6 +147,7 @@ def test_segments_and_batches_equal_the_reference(reference, max_tokens: int, lo
     expected |= {S.OVERSIZE} if long_turns else set()
     expected |= {S.FORCED, S.COSINE_ONLY, S.NO_COSINE_CUT} if max_tokens == 512 else set()
     assert expected <= reasons, reasons
+    assert shared_calls > 0  # one add_memory call sending two batches was reached
 
 
 def test_cosine_cuts_raise_the_threshold() -> None:

@@ -256,10 +256,11 @@ def _shared_schema(n_turns: int, max_items: int | None, max_item_chars: int) -> 
 
 
 @functools.lru_cache(maxsize=1024)
-def _shared_reference_schema(n_turns: int, kind: str, max_items: int | None) -> dict[str, Any]:
+def _shared_reference_schema(n_turns: int, kind: str, max_items: int | None,
+                             first: int = 0) -> dict[str, Any]:
     from structmem_gpu.methods.structmem.prompts import reference as R
 
-    return R.reply_schema(n_turns, kind, max_items)
+    return R.reply_schema(n_turns, kind, max_items, first)
 
 
 def build_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -> LLMRequest:
@@ -298,9 +299,10 @@ def reference_request(window: ExtractionWindow, kind: str, s: ExtractSettings) -
 
     assert s.reference_dir is not None
     system = R.reference_prompt(s.reference_dir, kind, s.reference_mode)
-    user = (R.render_reference_batch(window.turns, window.topics) if window.topics
+    user = (R.render_reference_batch(window.turns, window.topics, window.number_from,
+                                     window.seconds_from) if window.topics
             else R.render_reference_window(window.turns))
-    schema = _shared_reference_schema(len(window.turns), kind, s.max_items)
+    schema = _shared_reference_schema(len(window.turns), kind, s.max_items, window.number_from)
     ver = R.version(s.reference_dir, kind, s.reference_mode)
     rid = request_id("extract", window.conv_id, window.turns[0].event_id, kind, ver, user, schema)
     return LLMRequest(
@@ -339,7 +341,7 @@ def map_items(
     out = MappedItems()
     if not result.parse_ok or not isinstance(result.data, dict):
         return out
-    for item in reply_items(result.data, kind):
+    for item in reply_items(result.data, kind, window.number_from):
         turn, text = item.get("turn"), str(item.get("text") or "").strip()
         if (
             isinstance(turn, bool)
@@ -372,10 +374,11 @@ def map_items(
     return out
 
 
-def reply_items(data: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+def reply_items(data: dict[str, Any], kind: str, first: int = 0) -> list[dict[str, Any]]:
     """Our reply `{"entries": [{"turn", "text"}]}`, or the reference format `{"data":
-    [{"source_id", "fact" | "relation"}]}` (prompts.reference_dir; source ids count from 0 in
-    the window) as the same {"turn": 1-based, "text"} items."""
+    [{"source_id", "fact" | "relation"}]}` (prompts.reference_dir; source ids count from
+    `first` in the window: ExtractionWindow.number_from) as the same {"turn": 1-based, "text"}
+    items."""
     if "entries" in data:
         return [i for i in data.get("entries") or [] if isinstance(i, dict)]
     out = []
@@ -383,7 +386,7 @@ def reply_items(data: dict[str, Any], kind: str) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             continue
         sid = item.get("source_id")
-        turn = sid + 1 if isinstance(sid, int) and not isinstance(sid, bool) else None
+        turn = sid - first + 1 if isinstance(sid, int) and not isinstance(sid, bool) else None
         out.append({"turn": turn, "text": item.get(kind, item.get("fact", item.get("relation")))})
     return out
 

@@ -7,6 +7,7 @@ stage (extract.py), the dry run and the graph-memory baseline plan the same wind
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -46,6 +47,11 @@ class ExtractionWindow:
     # extract.input=segments: (topic number, turns in it) per topic segment of the batch, in
     # order (the reference's "--- Topic N ---" markers); () = one window of one session.
     topics: tuple[tuple[int, int], ...] = ()
+    # Reference rendering of a batch sent by the same add_memory call as the batches before it
+    # (extract.input=segments): its first source id and, per session time, the turns of that
+    # session those batches held (its seconds continue from there). 0 / () = a call's first.
+    number_from: int = 0
+    seconds_from: tuple[tuple[datetime, int], ...] = ()
 
 
 def _turn_view(row: dict[str, Any]) -> TurnView:
@@ -161,7 +167,11 @@ def segment_windows(turns: pl.DataFrame, segments: pl.DataFrame) -> list[Extract
     turns in segment order, its topics numbered by segment index (lost segments: none)."""
     views = {r["event_id"]: _turn_view(r) for r in turns.iter_rows(named=True)}
     kept = segments.filter(pl.col("batch_index").is_not_null()).sort("conv_id", "segment_index")
+    if "batch_released_at" not in kept.columns:  # segmented before the column: one call each
+        kept = kept.with_columns(pl.lit(None, pl.String).alias("batch_released_at"))
     out = []
+    call: tuple[str, Any] | None = None
+    number_from, seconds = 0, Counter[datetime]()
     for (conv_id, _), frame in kept.group_by(["conv_id", "batch_index"], maintain_order=True):
         topics, ts = [], []
         for seg in frame.iter_rows(named=True):
@@ -169,8 +179,14 @@ def segment_windows(turns: pl.DataFrame, segments: pl.DataFrame) -> list[Extract
             ts += [views[e] for e in seg["event_ids"]]
         if not ts:
             continue
+        released = frame["batch_released_at"][0]
+        if released is None or call != (conv_id, released):  # a new add_memory call
+            call, number_from, seconds = (conv_id, released), 0, Counter()
         out.append(ExtractionWindow(str(conv_id), ts[0].session_index, ts[0].session_time,
-                                    tuple(ts), (), tuple(topics)))
+                                    tuple(ts), (), tuple(topics), number_from,
+                                    tuple(sorted(seconds.items()))))
+        number_from += len(ts)
+        seconds.update(t.session_time for t in ts)
     return sorted(out, key=lambda w: (w.conv_id, w.turns[0].session_index, w.turns[0].turn_index))
 
 

@@ -111,6 +111,8 @@ def plan_rows(conv_id: str, plan: S.ConversationPlan, event_ids: list[str], sess
             "model_tokens": sum(model_tokens(x) for x in seg.user_texts),
             "tokens": count(" ".join(seg.user_texts)),
             "batch_index": seg.batch,
+            "batch_released_at": (event_ids[seg.batch_call] if seg.batch_call is not None
+                                  else None),
             "batch_tokens": batch_tokens.get(seg.batch) if seg.batch is not None else None,
             "batch_sessions": batch_sessions.get(seg.batch) if seg.batch is not None else None,
         }
@@ -196,6 +198,7 @@ STAGE = Stage(
     reads=("compressed_turns",),
     writes=("segments",),
     settings=SegmentSettings,
+    version="2",  # 2: batch_released_at (batches one add_memory call sends share their numbering)
     depends=EMBEDDER_IDENTITY,
     extra_fingerprint=tokenizer_data_fingerprint,
     uses=("encoder",),

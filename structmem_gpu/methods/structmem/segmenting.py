@@ -79,6 +79,10 @@ class Segment:
     user_texts: list[str]
     released_at: int  # the turn whose add_memory call produced it
     batch: int | None = None  # extraction batch (None = lost)
+    # the turn whose add_memory call sent its batch: batches sent by one call share their
+    # source-id numbering and per-session time offsets (assign_sequence_numbers_with_timestamps
+    # runs over the call's whole extract_list)
+    batch_call: int | None = None
 
 
 @dataclass
@@ -293,6 +297,7 @@ def conversation_plan(
         for batch in stm.add(new, force=t == last):
             for i in batch:
                 plan.segments[i].batch = len(plan.batches)
+                plan.segments[i].batch_call = t
             plan.batches.append(batch)
     return plan
 

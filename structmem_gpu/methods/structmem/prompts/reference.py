@@ -142,30 +142,34 @@ def render_reference_window(turns: Sequence[ReferenceTurn]) -> str:
     return "\n".join(lines)
 
 
-def render_reference_batch(turns: Sequence[ReferenceTurn], topics: Sequence[tuple[int, int]]) -> str:
+def render_reference_batch(turns: Sequence[ReferenceTurn], topics: Sequence[tuple[int, int]],
+                           number_from: int = 0,
+                           seconds_from: Sequence[tuple[datetime, int]] = ()) -> str:
     """An extraction batch of topic segments (extract.input=segments) as the reference
-    renders it: "--- Topic N ---" before each segment's lines; source ids count the batch's
-    turns from 0; within the batch, the turns of one session step one second each from its
-    session time (assign_sequence_numbers_with_timestamps: 500 ms per message, the empty
-    assistant placeholders included)."""
-    lines, seen, i = [], Counter[datetime](), 0
+    renders it: "--- Topic N ---" before each segment's lines; source ids count the turns of
+    the add_memory call's batches from 0 (`number_from`: the turns of the same call's earlier
+    batches); the turns of one session step one second each from its session time, counted
+    over the call's batches too (`seconds_from`) — assign_sequence_numbers_with_timestamps runs
+    over the call's whole extract_list (500 ms per message, the empty assistant placeholders
+    included)."""
+    lines, seen, i = [], Counter[datetime](dict(seconds_from)), 0
     for topic, n in topics:
         lines.append(f"--- Topic {topic} ---")
         for t in turns[i : i + n]:
             when = t.session_time + timedelta(seconds=seen[t.session_time])
             seen[t.session_time] += 1
             stamp = f"{when.isoformat(timespec='milliseconds')}, {when:%a}"
-            lines.append(f"[{stamp}] {i}.{t.speaker}: {reference_text(t.text)}")
+            lines.append(f"[{stamp}] {number_from + i}.{t.speaker}: {reference_text(t.text)}")
             i += 1
     return "\n".join(lines)
 
 
-def reply_schema(n_turns: int, kind: str, max_items: int | None) -> dict[str, Any]:
-    """`{"data": [{"source_id": 0..n-1, kind: str}]}`."""
+def reply_schema(n_turns: int, kind: str, max_items: int | None, first: int = 0) -> dict[str, Any]:
+    """`{"data": [{"source_id": first..first+n-1, kind: str}]}`."""
     item = {
         "type": "object",
         "properties": {
-            "source_id": {"type": "integer", "enum": list(range(n_turns))},
+            "source_id": {"type": "integer", "enum": list(range(first, first + n_turns))},
             kind: {"type": "string", "minLength": 1},
         },
         "required": ["source_id", kind],
