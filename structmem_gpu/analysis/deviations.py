@@ -150,13 +150,10 @@ def _explain_stage(s: StageDiff, deviations: Sequence[Deviation]) -> StageExplan
 
 
 def official_method(d: Differential) -> str | None:
-    """The official run's method name (manifest.json's `method`), None without one."""
-    import json
+    """The official run's method name (its manifest's `method`), None without one."""
+    from structmem_gpu.core.artifacts import RunDir
 
-    path = d.official / "manifest.json"
-    if not path.is_file():
-        return None
-    name = json.loads(path.read_text(encoding="utf-8")).get("method")
+    name = RunDir(d.official).load_manifest().get("method")
     return None if name is None else str(name)
 
 

@@ -42,14 +42,19 @@ def _params(c: Counter[str]) -> str:
     return "; ".join(f"{p} (×{n})" for p, n in c.most_common())
 
 
-def stages_frame(d: Differential) -> pl.DataFrame:
-    ex = explain(d)
+def _named(explained: Counter[str]) -> str:
+    """"deviation (differences); ..." of one stage's explained differences ("" = none)."""
+    return "; ".join(f"{k} ({n})" for k, n in sorted(explained.items()))
+
+
+def stages_frame(d: Differential, ex: Explanation | None = None) -> pl.DataFrame:
+    ex = explain(d) if ex is None else ex
     rows = []
     for s in d.stages:
         f = s.first
         e = ex.stage(s.stage)
         rows.append({
-            "explained": "; ".join(f"{k} ({n})" for k, n in sorted(e.explained.items())) or None,
+            "explained": _named(e.explained) or None,
             "unexplained": len(e.unexplained),
             "stage": s.stage, "official": s.official, "port": s.port, "identical": s.identical,
             "share": s.share, "official_unknown": len(s.official_unknown),
@@ -157,8 +162,8 @@ def _explained(ex: Explanation) -> list[str]:
                         "difference above is unexplained by design"]
     lines += ["| stage | identical | explained by (differences) | unexplained |", "|---|---:|---|---:|"]
     for s in ex.stages:
-        named = "; ".join(f"{k} ({n})" for k, n in sorted(s.explained.items())) or "—"
-        lines.append(f"| {s.stage} | {s.identical} | {named} | {len(s.unexplained)} |")
+        lines.append(f"| {s.stage} | {s.identical} | {_named(s.explained) or '—'} | "
+                     f"{len(s.unexplained)} |")
     lines += ["", "Where each is listed: " + "; ".join(
         f"**{d.name}**: {d.listed}" for d in ex.deviations)]
     if ex.unexplained:
@@ -167,12 +172,12 @@ def _explained(ex: Explanation) -> list[str]:
     return lines
 
 
-def differential_markdown(d: Differential) -> str:
+def differential_markdown(d: Differential, ex: Explanation | None = None) -> str:
     caches = " and ".join(f"`{c}`" for c in dict.fromkeys(d.cache_dirs))
     lines = ["# Request-level differential", "",
              f"official: `{d.official}` · port: `{d.port}` · response cache: {caches}", "",
              IDENTICAL, ""]
-    lines += _stage_table(d) + [""] + _settings(d) + [""] + _explained(explain(d)) + [""]
+    lines += _stage_table(d) + [""] + _settings(d) + [""] + _explained(explain(d) if ex is None else ex) + [""]
     lines += _diffs(d)
     lines += ["## Memory sizes per conversation", ""]
     lines += _frame_table(d.memory) if d.memory.width > 1 else ["no memory tables in either run"]
@@ -189,7 +194,8 @@ def differential_markdown(d: Differential) -> str:
 def write_differential(d: Differential, out: Path) -> dict[str, Path]:
     """Write the four files (rendered first, each replaced atomically); their paths."""
     out = Path(out)
-    md, stages = differential_markdown(d), stages_frame(d)
+    ex = explain(d)  # once for both files
+    md, stages = differential_markdown(d, ex), stages_frame(d, ex)
     paths = {"md": out / MD, "stages": out / STAGES, "questions": out / QUESTIONS,
              "memory": out / MEMORY}
     atomic_write_parquet(paths["stages"], stages)
