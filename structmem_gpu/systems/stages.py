@@ -420,8 +420,9 @@ def _estimate(phase: str) -> Any:
         name = inp.job.settings(SystemSettings).name
         convs = inp.turns["conv_id"].n_unique() if inp.turns.height else 0
         if phase == "search":
+            # No READERS stand-in: the system's own reader prompts (answer.prompt=...:own_reader)
+            # exist only after a real search, so the answer estimate uses the template.
             inp.stand_ins[HITS] = schemas.empty(SYSTEM_HITS)
-            inp.stand_ins[READERS] = schemas.empty(SYSTEM_READERS)
         return StageEstimate(f"system_{phase}", None, None, None,
                              f"not estimated: external system {name} ({convs} conversations)",
                              build=phase == "build")

@@ -19,13 +19,16 @@ import pytest
 
 from structmem_gpu.core.artifacts import RunDir
 from tests.fixtures.llm import llamacpp_missing
-from tests.fixtures.pipeline import run_pipeline
+from tests.fixtures.pipeline import SAMPLE_RUN, run_pipeline
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]
+
+# Entries audited (a seeded sample): 6 requests at ~6 s each on 2 cores instead of 20.
+SAMPLE = 6
 
 
 def test_audits_on_sample_run(
@@ -36,10 +39,9 @@ def test_audits_on_sample_run(
     run_pipeline(
         [
             *ci_overrides,
-            "benchmark=sample",
-            "method=structmem",
+            *SAMPLE_RUN,
             "stages=[audit_extraction,audit_consolidation,report]",
-            "audit.extraction.sample_size=20",
+            f"audit.extraction.sample_size={SAMPLE}",
             # SmolLM2 on 2 cores: short reasons, at most 3 short links per window.
             "audit.extraction.max_tokens=64",
             "audit.consolidation.max_tokens=160",
@@ -50,7 +52,7 @@ def test_audits_on_sample_run(
     run = RunDir(copy)
     ext, con = run.read_table("audit_extraction"), run.read_table("audit_consolidation")
     syn = run.read_table("syntheses")
-    assert ext.height == 20 and ext["entry_id"].n_unique() == 20
+    assert ext.height == SAMPLE and ext["entry_id"].n_unique() == SAMPLE
     assert set(ext["kind"]) <= {"fact", "relation"}
     assert ext.filter(pl.col("label").is_null())["supported"].is_null().all()
     assert con.height == syn.filter(pl.col("parse_ok")).height > 0
@@ -61,7 +63,7 @@ def test_audits_on_sample_run(
     summary = json.loads((copy / "report" / "audit.json").read_text())
     for name, j in summary["extraction"]["judges"].items():
         o = j["overall"]
-        assert o["n"] + o["unjudged"] == 20
+        assert o["n"] + o["unjudged"] == SAMPLE
         assert (
             o["n"]
             == ext.filter((pl.col("judge_name") == name) & pl.col("supported").is_not_null()).height
@@ -81,7 +83,7 @@ def test_audits_on_sample_run(
     assert "### Extraction" in md and "### Consolidation" in md
     assert (copy / "report" / "report.md").exists()
     req = run.read_table("requests")
-    assert req.filter(pl.col("stage") == "audit_extraction").height == 20
+    assert req.filter(pl.col("stage") == "audit_extraction").height == SAMPLE
     # K=0 synthesis + one link audit per window with related entries (the others are rule rows).
     asked = con.filter(~pl.col("judge_model").str.starts_with("rule:"))
     assert asked.height > 0

@@ -22,7 +22,7 @@ from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.eval.selection import selected_questions
 from tests.contract import REPORT_GROUP_KEYS
 from tests.fixtures.llm import llamacpp_missing
-from tests.fixtures.pipeline import compose_cfg, run_pipeline
+from tests.fixtures.pipeline import SAMPLE_RUN, compose_cfg, run_pipeline
 
 pytestmark = [
     pytest.mark.integration,
@@ -39,7 +39,7 @@ def test_one_answer_and_one_judgment_per_question(
     structmem_sample_run: Path, ci_overrides: list[str]
 ) -> None:
     run = RunDir(structmem_sample_run)
-    cfg = compose_cfg([*ci_overrides, "benchmark=sample", "method=structmem"])
+    cfg = compose_cfg([*ci_overrides, *SAMPLE_RUN])
     questions = selected_questions(JobConfig.from_cfg(cfg), run.read_table("questions"))
     assert set(questions["category"].to_list()) <= {1, 2, 3, 4} and questions.height > 0
     answers, judg = run.read_table("answers"), run.read_table("judgments")
@@ -120,8 +120,7 @@ def test_rejudge_copy_adds_judge_without_answering(
     run_pipeline(
         [
             *ci_overrides,
-            "benchmark=sample",
-            "method=structmem",
+            *SAMPLE_RUN,
             "stages=[judge,report]",
             "judge=second_cpu",
         ],
@@ -149,7 +148,7 @@ def test_endpoint_judge_preset_in_json_mode_on_the_real_server(
     shutil.copytree(structmem_sample_run, copy)
     run = RunDir(copy)
     answers = run.read_table("answers")
-    run_pipeline([*ci_overrides, "benchmark=sample", "method=structmem", "stages=[judge,report]",
+    run_pipeline([*ci_overrides, *SAMPLE_RUN, "stages=[judge,report]",
                   "judge=gpt_4o_mini_endpoint", f"judge.llm.base_url={llama_server.base_url}",
                   "judge.llm.served_name=smollm2", "judge.llm.max_in_flight=2",
                   # SmolLM2-135M unconstrained writes some JSON but rarely a label (measured:

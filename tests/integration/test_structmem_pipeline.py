@@ -20,7 +20,7 @@ import pytest
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.methods.structmem.windows import count_windows
 from tests.fixtures.llm import llamacpp_missing
-from tests.fixtures.pipeline import run_pipeline
+from tests.fixtures.pipeline import SAMPLE_RUN, run_pipeline
 
 pytestmark = [
     pytest.mark.integration,
@@ -124,8 +124,7 @@ def test_forced_rerun_is_served_from_the_caches(
     run_pipeline(
         [
             *ci_overrides,
-            "benchmark=sample",
-            "method=structmem",
+            *SAMPLE_RUN,
             "stages=[extract,consolidate]",
             "force=true",
         ],

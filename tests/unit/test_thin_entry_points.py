@@ -10,8 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_LINES, MODULE_LINES = 250, 800
-# Tables a stage declares share their names with the stages that write them (audit tables).
-TABLE_KEYWORDS = {"reads", "writes", "optional_reads"}
+# Tables a stage declares share their names with the stages that write them (audit tables);
+# a listed deviation (analysis/deviations.py) names the stages whose requests it explains:
+# its scope, not a copy of a method's stage order.
+TABLE_KEYWORDS = {"reads", "writes", "optional_reads", "stages"}
 
 
 def _lines(path: Path) -> int:
