@@ -39,8 +39,8 @@ SEEM_CI = [
     "seem.retrieve.query_max_quadruples=1", "seem.retrieve.query_max_chars=40",
     "seem.retrieve.query_max_tokens=96", "seem.retrieve.filter_max_tokens=32",
 ]
-# sample-1's first 3 sessions (21 turns, 3 frames requests): the frames and graph replies run
-# to ~600 tokens each under SmolLM2, ~25 s apiece on 2 cores (measured 2026-12-05).
+# sample-1's first 3 sessions (20 turns, 3 frames requests): the frames and graph replies run
+# to 450-670 tokens each under SmolLM2, 35-60 s apiece on 2 cores (measured 2026-12-05).
 SUBSET = ["benchmark.conversations=[sample-1]", "benchmark.max_sessions=3"]
 UNCACHED_BUDGET = 80
 

@@ -38,6 +38,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from structmem_gpu.config.job import JobConfig
 from structmem_gpu.config.schema import check_config
 from structmem_gpu.eval.published import comparison_lines, load_published, match_note
 from structmem_gpu.core.errors import ConfigError
@@ -45,7 +46,7 @@ from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import config_hash, run_stages
 from structmem_gpu.systems.registry import system_spec
 from tests.fixtures.data import tiny_longmemeval
-from tests.fixtures.pipeline import CONF_DIR, load_job, options
+from tests.fixtures.pipeline import CONF_DIR, load_job, missing_system, options
 
 METHODS = options("method")
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -83,7 +84,6 @@ def missing_official(cfg: DictConfig) -> str | None:
     """The first official checkout the config names that this machine lacks (None: all here).
     CI sets STRUCTMEM_OFFICIAL_DIR (paths.official_dir) to the shared mirrors, so none is
     skipped there; a machine without them skips those commands with this line."""
-    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.prompts.official import SOURCE_NAMES, source_spec
 
     job = JobConfig.from_cfg(cfg)
@@ -92,17 +92,6 @@ def missing_official(cfg: DictConfig) -> str | None:
         if spec is not None and not Path(spec.rpartition("@")[0] or spec).exists():
             return f"prompts.sources.{name}={spec}"
     return None
-
-
-def missing_system(cfg: DictConfig) -> str | None:
-    """The baseline system's environment the config runs in, when this machine lacks it (None:
-    installed, or no system). CI installs them (make systems); elsewhere the command skips."""
-    from structmem_gpu.config.job import JobConfig
-    from structmem_gpu.systems.stages import env_problem
-
-    if "system_build" not in cfg.method.stages:
-        return None
-    return env_problem(JobConfig.from_cfg(cfg))
 
 
 def commands() -> Iterator[tuple[str, list[str]]]:
@@ -177,7 +166,7 @@ def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict
     if missing := missing_official(cfg):  # replication experiments read the official texts
         pytest.skip(f"{missing}: STRUCTMEM_OFFICIAL_DIR is unset or holds no checkouts "
                     "(python jobs/data.py official)")
-    if missing := missing_system(cfg):
+    if missing := missing_system(JobConfig.from_cfg(cfg)):
         pytest.skip(missing)
     key = config_hash(cfg)
     if key in shared["done"]:  # the same job as an earlier command: it ran there

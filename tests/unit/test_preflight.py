@@ -23,6 +23,7 @@ from structmem_gpu.config.job import JobConfig
 from structmem_gpu.node import model_refs, preflight
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import job_stage_names
+from tests.fixtures.pipeline import missing_system
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -336,12 +337,7 @@ def test_every_experiment_passes_under_the_scripted_profile(experiment: str, tmp
     if {"compress", "segment"} & set(cfg.root.method.stages):
         cfg = compose_job(f"experiment={experiment}", "debug=scripted", "embedder=minilm",
                           f"compress.model={request.getfixturevalue('tiny_lingua_model')}")
-    if "system_build" in cfg.root.method.stages:
-        # a baseline system's environment is installed by `make systems` (CI: the CI tier's
-        # only; lightmem_official is heavy): test_every_command skips the command alike
-        from structmem_gpu.systems.stages import env_problem
-
-        if why := env_problem(cfg):
-            pytest.skip(why)
+    if why := missing_system(cfg):  # test_every_command skips the command alike
+        pytest.skip(why)
     found = preflight.check(cfg, stages_of(cfg), tmp_path)
     assert [f.line() for f in found] == []
