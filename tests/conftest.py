@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.lingua",
     "tests.fixtures.pipeline",
     "tests.fixtures.vllm",
+    "tests.fixtures.yaml_cache",
 ]

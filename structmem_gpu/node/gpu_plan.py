@@ -141,12 +141,20 @@ def _gpu_total(on: Sequence[Resident], device_gb: float | None, headroom_gb: flo
 # ---- sizes ---------------------------------------------------------------------------------
 
 
+# Device files a CUDA (or ROCm) driver creates: NVIDIA's, WSL 2's GPU bridge, AMD's KFD.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
+
+
 def device_memory(job: JobConfig) -> tuple[float | None, str]:
     """(GB per GPU, where it came from): gpu.memory_gb, else torch's first CUDA device."""
     gpu = job.root.gpu
     stated = gpu.memory_gb if gpu is not None else None
     if stated is not None:
         return float(stated), "gpu.memory_gb"
+    if not any(Path(p).exists() for p in GPU_DEVICE_FILES):
+        # No GPU driver on this machine: the same answer as torch's, without its ~3 s import
+        # in a job (load-only, dry runs) that otherwise never imports torch.
+        return None, "no CUDA device"
     try:
         import torch  # the encoder imports it anyway; only its device query is used here
     except ImportError:

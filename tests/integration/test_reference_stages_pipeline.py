@@ -5,9 +5,10 @@ retrieve -> answer -> judge -> report, with the LLMLingua-2 stand-in of tests/fi
 official texts from STRUCTMEM_OFFICIAL_DIR (.ci/run: ../shared/official), which the experiment
 reads by default (no prompts.sources argument here).
 
-Slice: sample-1, first 3 sessions (the baseline tests' slice). Its compressed text fits one
-512-token buffer, so extraction is 1 batch x 2 perspectives; then a few syntheses, the update
-candidates, 2 answers and 2 judgments: about 15 uncached requests. Asserts structure and
+Slice: sample-1, first 2 sessions (14 turns; 196 s with the baseline tests' 3 sessions, most of
+it one update request per entry). Its compressed text fits one 512-token buffer, so extraction
+is 1 batch x 2 perspectives; then a few syntheses, the update candidates, 2 answers and 2
+judgments. Asserts structure and
 provenance, never entry quality."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ pytestmark = [
     pytest.mark.timeout(1500),
 ]
 
-SLICE = ["benchmark=sample", "benchmark.conversations=[sample-1]", "benchmark.max_sessions=3"]
+SLICE = ["benchmark=sample", "benchmark.conversations=[sample-1]", "benchmark.max_sessions=2"]
 
 
 def test_reference_profile_end_to_end_on_llamacpp(ci_overrides: list[str], tiny_lingua_model: str,

@@ -3,10 +3,10 @@
 - `jobs/report.py judge-audit` on a slice of 3 questions per set of dial481/locomo-audit's
   answer sets: 12 uncached requests at most (asserted); the second call is served from the
   audit store and sends none.
-- The session's LoCoMo run (conv-26, first 3 sessions) answered and judged with `eval.errata`
-  and `eval.cat5=forced_choice` on categories 2, 3 and 5 (13 questions: 7 temporal, 1
+- The session's LoCoMo run (conv-26, first 2 sessions) answered and judged with `eval.errata`
+  and `eval.cat5=forced_choice` on categories 2, 3 and 5 (10 questions: 4 temporal, 1
   open-domain, 5 adversarial; the slice's errata: q1 citation-only, q2 and q5
-  score-changing): 13 answers + 8 judgments + 2 re-judged entries (asserted <= 30).
+  score-changing): 10 answers + 5 judgments + 2 re-judged entries (asserted <= 30).
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ def test_judge_audit_on_the_real_judge(ci_overrides: list[str], tmp_path: Path,
     assert "reused from the audit store" in capsys.readouterr().out
 
 
-def test_errata_and_forced_choice_on_a_real_run(structmem_locomo3_run: Path, ci_overrides: list[str],
+def test_errata_and_forced_choice_on_a_real_run(structmem_locomo2_run: Path, ci_overrides: list[str],
                                                 locomo_path: Path, tmp_path: Path,
                                                 llama_server) -> None:
-    run_dir = tmp_path / "locomo3"  # a copy: the session run other tests read stays untouched
-    shutil.copytree(structmem_locomo3_run, run_dir)
+    run_dir = tmp_path / "locomo2"  # a copy: the session run other tests read stays untouched
+    shutil.copytree(structmem_locomo2_run, run_dir)
     base = [*ci_overrides, "benchmark=locomo", f"benchmark.path={locomo_path}",
-            "benchmark.conversations=[conv-26]", "benchmark.max_sessions=3", "method=structmem",
+            "benchmark.conversations=[conv-26]", "benchmark.max_sessions=2", "method=structmem",
             "benchmark.categories=[2,3,5]", "eval.cat5=forced_choice",
             f"eval.errata={official_repos.spec('locomo_audit')}"]
     before = llama_server.calls()

@@ -1,8 +1,8 @@
 """StructMem build stages on the real stack: llama.cpp + SmolLM2, MiniLM, faiss-cpu.
 
 Reads the session runs of tests/fixtures/pipeline.py (`structmem_sample_run`: the full
-pipeline on the bundled sample with debug=ci; `structmem_locomo3_run`: conv-26 cut to its
-first 3 sessions, stages up to consolidate). Asserts structure, counts, provenance and
+pipeline on the bundled sample with debug=ci; `structmem_locomo2_run`: conv-26 cut to its
+first 2 sessions, stages up to consolidate). Asserts structure, counts, provenance and
 caching, never the quality of a 135M model's text. Uncached LLM budget: the fixtures' runs
 plus, for the rerun test, only the requests whose first reply failed (the cache keeps
 successes only).
@@ -103,13 +103,13 @@ def test_sample_run_retrievals_resolve(structmem_sample_run: Path) -> None:
     assert all(owner.get(i) == c for i, c in zip(ret["item_id"], ret["conv_id"], strict=True))
 
 
-def test_locomo3_run_one_window_per_session(structmem_locomo3_run: Path) -> None:
-    run = _tables(structmem_locomo3_run)
+def test_locomo2_run_one_window_per_session(structmem_locomo2_run: Path) -> None:
+    run = _tables(structmem_locomo2_run)
     entries = check_entries(run)
     check_windows(run)
     check_provenance(run)
     syn = run.read_table("syntheses").sort("window_index")
-    assert syn.height == entries["session_index"].n_unique() == 3
+    assert syn.height == entries["session_index"].n_unique() == 2
     assert syn["seed_entry_ids"][0].len() == 0  # historical scope: nothing precedes session 1
 
 

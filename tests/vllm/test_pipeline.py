@@ -38,7 +38,7 @@ pytestmark = [
 SEEM_CI = [
     "seem.passages_per_request=2", "seem.frames.max_tokens=384", "seem.frames.max_events=1",
     "seem.frames.max_participants=2", "seem.frames.max_actions_schema=1",
-    "seem.frames.max_actions=1", "seem.frames.max_chars=40", "seem.frames.summary_chars=120",
+    "seem.frames.max_actions=1", "seem.frames.max_chars=24", "seem.frames.summary_chars=60",
     "benchmark.conversations=[sample-1]",
 ]
 
