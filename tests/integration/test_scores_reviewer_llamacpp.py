@@ -79,6 +79,6 @@ def test_errata_and_forced_choice_on_a_real_run(structmem_locomo2_run: Path, ci_
     assert kinds == {"conv-26:q1": "citation", "conv-26:q2": "score", "conv-26:q5": "score"}
     assert errata.filter(pl.col("applied"))["judge_model"].null_count() == 0
     group = rep["errata"]["by_judge"]["same_as_llm"]["groups"]["overall"]
-    assert group["n"] == rep["overall"]["n"] == 8
+    assert group["n"] == rep["overall"]["n"] == 5  # categories 2 and 3: 4 temporal + 1 open-domain
     assert group["official"] == rep["overall"]["judge_accuracy"]
     assert "## Corrected golds" in (run_dir / "report" / "report.md").read_text()
