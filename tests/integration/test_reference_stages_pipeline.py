@@ -5,11 +5,10 @@ retrieve -> answer -> judge -> report, with the LLMLingua-2 stand-in of tests/fi
 official texts from STRUCTMEM_OFFICIAL_DIR (.ci/run: ../shared/official), which the experiment
 reads by default (no prompts.sources argument here).
 
-Slice: sample-1, first 2 sessions (14 turns; 196 s with the baseline tests' 3 sessions, most of
-it one update request per entry). Its compressed text fits one 512-token buffer, so extraction
-is 1 batch x 2 perspectives; then a few syntheses, the update candidates, 2 answers and 2
-judgments. Asserts structure and
-provenance, never entry quality."""
+Slice: sample-1, first 2 sessions (14 turns; the test took 196 s on the baseline tests' 3
+sessions, 154 s on 2). Its compressed text fits one 512-token buffer, so extraction is 1 batch
+x 2 perspectives; then a few syntheses, the update candidates, 2 answers and 2 judgments.
+Asserts structure and provenance, never entry quality."""
 
 from __future__ import annotations
 

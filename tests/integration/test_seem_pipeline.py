@@ -1,8 +1,8 @@
 """SEEM on the real stack: llama.cpp + SmolLM2, MiniLM, igraph, on conversation sample-1.
 
 `seem_sample_run` (session) runs every SEEM stage once with debug=ci, restricted to sample-1's
-first 2 sessions (14 passages; 3 questions, 2 of categories 1-4) and with the CI deviations
-below: 8 passages per extraction request (F_ext and quadruple requests grouped per session),
+first 2 sessions (14 passages; 3 questions, 2 of categories 1-4) and with debug=ci's SEEM
+deviations (conf/debug/ci.yaml `seem:`): 8 passages per extraction request (F_ext and quadruple requests grouped per session),
 windowed fusion with w = 5 (one request per wavefront step), then per question query
 quadruples + filter + answer + judge. Asserts structure, provenance
 and batch counts, never the quality of a 135M model's answers.
@@ -27,18 +27,6 @@ pytestmark = [
     pytest.mark.timeout(3600),
 ]
 
-# Mirrors the `seem:` block proposed for conf/debug/ci.yaml, so this test does not depend on it.
-SEEM_CI = [
-    "seem.passages_per_request=8",
-    "seem.frames.max_tokens=1024", "seem.frames.max_events=1", "seem.frames.max_participants=2",
-    "seem.frames.max_actions_schema=1", "seem.frames.max_actions=1", "seem.frames.max_chars=24",
-    "seem.frames.summary_chars=60",
-    "seem.fusion.window=5", "seem.fusion.max_events=1", "seem.fusion.evidence_chars=100",
-    "seem.fusion.max_tokens=768",
-    "seem.graph.max_quadruples=2", "seem.graph.max_chars=40", "seem.graph.max_tokens=768",
-    "seem.retrieve.query_max_quadruples=1", "seem.retrieve.query_max_chars=40",
-    "seem.retrieve.query_max_tokens=96", "seem.retrieve.filter_max_tokens=32",
-]
 # sample-1's first 2 sessions (14 turns): the frames and graph replies run to 450-670 tokens
 # each under SmolLM2, 35-60 s apiece on 2 cores (measured 2026-12-05); a third session (6
 # turns, no question of categories 1-4 more) is left out: the fixture took 514 s with it.
@@ -50,7 +38,7 @@ UNCACHED_BUDGET = 80
 def seem_sample_run(tmp_path_factory: pytest.TempPathFactory, ci_overrides: list[str], llama_server) -> Path:
     run_dir = tmp_path_factory.mktemp("run-seem-sample")
     before = llama_server.calls()
-    run_pipeline([*ci_overrides, "benchmark=sample", "method=seem", *SUBSET, *SEEM_CI], run_dir)
+    run_pipeline([*ci_overrides, "benchmark=sample", "method=seem", *SUBSET], run_dir)
     sent = llama_server.calls() - before
     (run_dir / "uncached_requests.txt").write_text(str(sent))
     print(f"\nSEEM integration run: {sent} uncached LLM requests")

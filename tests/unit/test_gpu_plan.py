@@ -133,6 +133,25 @@ def test_unknown_device_plans_without_refusing() -> None:
     assert residents(p, "judge") == ["judge-qwen2_5_32b"]  # the encoder (auto) is not placed
 
 
+def test_device_query_asks_torch_only_where_a_gpu_driver_is(tmp_path: Path, monkeypatch) -> None:
+    job = JobConfig.from_cfg(compose_cfg([]))
+    torch_asked: list[bool] = []
+
+    class FakeCuda:
+        @staticmethod
+        def is_available() -> bool:
+            torch_asked.append(True)
+            return False
+
+    import torch
+
+    monkeypatch.setattr(torch, "cuda", FakeCuda)
+    monkeypatch.setattr(gpu_plan, "GPU_DEVICE_FILES", (str(tmp_path / "nvidiactl"),))
+    assert gpu_plan.device_memory(job) == (None, "no CUDA device") and not torch_asked
+    (tmp_path / "nvidiactl").touch()  # a driver's device file: torch decides
+    assert gpu_plan.device_memory(job) == (None, "no CUDA device") and torch_asked
+
+
 def test_weights_from_the_models_own_files(tmp_path: Path) -> None:
     """A local folder's safetensors index (total_size, stored dtype from config.json) wins over
     the preset; the encoder is rescaled to fp16; without an index the files' sizes count."""
