@@ -24,6 +24,7 @@ command a user can copy.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -46,7 +47,8 @@ from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import config_hash, run_stages
 from structmem_gpu.systems.registry import system_spec
 from tests.fixtures.data import tiny_longmemeval
-from tests.fixtures.pipeline import CONF_DIR, load_job, missing_system, options
+from tests.fixtures.pipeline import (CONF_DIR, experiment_method, load_job, missing_system, options,
+                                     systems_mark_if)
 
 METHODS = options("method")
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -58,9 +60,14 @@ def _compose(overrides: list[str], hydra_cfg: bool = False) -> DictConfig:
         return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_cfg)
 
 
+@functools.lru_cache(maxsize=None)
+def _experiment_cfg(experiment: str) -> DictConfig:
+    return _compose([f"experiment={experiment}"], hydra_cfg=True)
+
+
 def sweep_points(experiment: str) -> list[list[str]]:
     """The overrides of each job `-m experiment=NAME` launches (one empty point: no sweep)."""
-    cfg = _compose([f"experiment={experiment}"], hydra_cfg=True)
+    cfg = _experiment_cfg(experiment)
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     parser = OverridesParser.create()
     axes = []
@@ -94,18 +101,27 @@ def missing_official(cfg: DictConfig) -> str | None:
     return None
 
 
-def commands() -> Iterator[tuple[str, list[str]]]:
-    """(label, overrides): the methods with their figures, then every sweep point (figures
-    off: test_plots covers them, and they would take most of a scripted run's time)."""
+def point_method(experiment: str, point: list[str]) -> str:
+    """The method a sweep point runs: its own `method=` override, else the experiment's."""
+    chosen = [o.split("=", 1)[1] for o in point if o.startswith("method=")]
+    return chosen[-1] if chosen else experiment_method(experiment)
+
+
+def commands() -> Iterator[tuple[str, list[str], str]]:
+    """(label, overrides, method): the methods with their figures, then every sweep point
+    (figures off: test_plots covers them, and they would take most of a scripted run's time)."""
     for method in METHODS:
-        yield f"method={method}", [f"method={method}"]
+        yield f"method={method}", [f"method={method}"], method
     for experiment in EXPERIMENTS:
         for point in sweep_points(experiment):
             label = " ".join([f"experiment={experiment}", *point])
-            yield label, [f"experiment={experiment}", *point, "report.plots=false"]
+            yield label, [f"experiment={experiment}", *point, "report.plots=false"], point_method(experiment, point)
 
 
-COMMANDS = list(commands())
+# A command that runs a baseline system from its own code is marked `systems`: it runs in the
+# systems tier (make systems-test) with the systems' environments, outside CI's make test.
+COMMANDS = [pytest.param(label, overrides, id=label, marks=systems_mark_if(method))
+            for label, overrides, method in commands()]
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +163,7 @@ def test_method_yaml_names_its_file_and_resolvable_stages(method: str) -> None:
     assert set(cfg.method.stages) <= set(registry)
 
 
-@pytest.mark.parametrize(("label", "overrides"), COMMANDS, ids=[c[0] for c in COMMANDS])
+@pytest.mark.parametrize(("label", "overrides"), COMMANDS)
 def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict[str, Any],
                                   request: pytest.FixtureRequest) -> None:
     base = _compose([*overrides, *PROFILE])

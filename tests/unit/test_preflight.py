@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -23,7 +24,7 @@ from structmem_gpu.config.job import JobConfig
 from structmem_gpu.node import model_refs, preflight
 from structmem_gpu.methods.registry import stage_registry
 from structmem_gpu.run.pipeline import job_stage_names
-from tests.fixtures.pipeline import missing_system
+from tests.fixtures.pipeline import experiment_method, missing_system, systems_mark_if
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -325,10 +326,17 @@ def test_an_unreachable_hub_is_probed_once(fake_hub: str, tmp_path: Path,
     assert all("the hub" in f.problem and "unreachable" in f.problem for f in found)
 
 
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+def _experiment_params() -> list[Any]:
+    """Each experiment; one whose job runs a baseline system is marked `systems` (the systems
+    tier, make systems-test, where the systems' environments are installed)."""
+    out = []
+    for path in sorted((ROOT / "conf" / "experiment").glob("*.yaml")):
+        marks = systems_mark_if(experiment_method(path.stem))
+        out.append(pytest.param(path.stem, id=path.stem, marks=marks))
+    return out
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("experiment", _experiment_params())
 def test_every_experiment_passes_under_the_scripted_profile(experiment: str, tmp_path: Path,
                                                             request: pytest.FixtureRequest) -> None:
     """What tests/unit/test_every_command.py runs needs nothing this machine lacks (the
