@@ -11,7 +11,10 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml Makefile | sha256sum | cut -c1-12)
+# The stamp is keyed by what builds the venv (pyproject.toml, the llama.cpp build flags and the
+# setup recipe), not the whole Makefile: editing a test recipe does not reinstall (.ci/run keys
+# its kept venv with the same formula).
+STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml; sed -n -e '/^LLAMA_CMAKE_ARGS ?=/p' -e '/^\$$(STAMP):/,/^$$/p' Makefile; } | sha256sum | cut -c1-12)
 ARGS ?=
 # llama.cpp's CPU kernels for the llama-cpp-python build: portable AVX2 ones. A native build
 # (GGML_NATIVE, the default) on a Xeon with AMX/AVX-512 (this project's 2-core machines, seen
