@@ -32,14 +32,14 @@ pytestmark = [
     pytest.mark.timeout(1800),
 ]
 
-# SEEM's CI bounds (tests/integration/test_seem_pipeline.py), one conversation, but 2 passages
+# SEEM's CI bounds (tests/integration/test_seem_pipeline.py), 2 sessions of one conversation, 2 passages
 # per request: vLLM decodes many short replies in parallel, where 5 replies of up to 1,024
 # tokens each (8 passages) took 230 s on 2 busy cores.
 SEEM_CI = [
     "seem.passages_per_request=2", "seem.frames.max_tokens=384", "seem.frames.max_events=1",
     "seem.frames.max_participants=2", "seem.frames.max_actions_schema=1",
     "seem.frames.max_actions=1", "seem.frames.max_chars=24", "seem.frames.summary_chars=60",
-    "benchmark.conversations=[sample-1]",
+    "benchmark.conversations=[sample-1]", "benchmark.max_sessions=2",  # 5 sessions took 139 s
 ]
 
 
@@ -54,9 +54,13 @@ def structmem_vllm_run(
 ) -> Path:
     run_dir = tmp_path_factory.mktemp("run-structmem-vllm")
     t = time.monotonic()
+    # sample-1 (5 sessions, 11 questions) and the integration tier's reader context (4 entries,
+    # 1 synthesis): the whole sample at debug=ci's k took 705 s on 2 cores (2026-12-05), most of
+    # it prefilling 22 reader prompts of ~1,400 tokens.
     run_pipeline(
         [*vllm_server.overrides, "debug=ci", f"paths.cache_dir={vllm_cache}",
-         "benchmark=sample", "method=structmem"],
+         "benchmark=sample", "benchmark.conversations=[sample-1]", "method=structmem",
+         "retrieve.entries_k=4", "retrieve.syntheses_k=1"],
         run_dir,
     )
     print(f"\nstructmem sample through vLLM: {time.monotonic() - t:.0f} s")

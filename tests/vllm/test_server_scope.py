@@ -23,7 +23,9 @@ def test_answer_server_exits_before_the_judge_server_starts(tmp_path: Path) -> N
     run_dir = tmp_path / "run"
     run_pipeline(
         [*profile_overrides(), "debug=ci", f"paths.cache_dir={tmp_path / 'cache'}",
-         "benchmark=sample", "benchmark.conversations=[sample-1]", "method=turn_rag",
+         # 2 sessions: 2 questions to answer and judge (all 5 sessions: 11 of each, 288 s)
+         "benchmark=sample", "benchmark.conversations=[sample-1]", "benchmark.max_sessions=2",
+         "method=turn_rag",
          "answer.max_tokens=8", "judge.max_tokens=16",
          # the same converted SmolLM2 folder, but the judge's own launched server
          "judge.name=vllm_judge", "judge.llm=${llm}"],
