@@ -95,8 +95,8 @@ $(VLLM_STAMP):
 # tier (tests/integration, its session server), the unit tier (tests/unit) and the vLLM tier
 # (tests/vllm, marker vllm) with its own session server. The baseline systems tier (marker
 # systems: tests/systems and the advertised commands that run a system) is `make systems-test`,
-# outside make test and CI (the guide's slow foreign systems; ~13 min with its installs on 2
-# cores): docs/performance.md "Test tiers" records its last run.
+# outside make test and CI (the guide's slow foreign systems; 1,340 s on 2 cores with the
+# environments installed, 2026-12-05): docs/performance.md "Test tiers" records its last run.
 MAIN_MARKS := not vllm and not systems and not systems_heavy
 # One process per tier: pytest-xdist on the unit tier (2 workers, whole files each) took as
 # long as one process on 2 cores (1,873 s vs 1,985 s, 2026-12-05): its tests already keep
