@@ -12,9 +12,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The stamp is keyed by what builds the venv (pyproject.toml, the llama.cpp build flags and the
-# setup recipe), not the whole Makefile: editing a test recipe does not reinstall (.ci/run keys
-# its kept venv with the same formula).
-STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml; sed -n -e '/^LLAMA_CMAKE_ARGS ?=/p' -e '/^\$$(STAMP):/,/^$$/p' Makefile; } | sha256sum | cut -c1-12)
+# setup recipe), not the whole Makefile: editing a test recipe does not reinstall (.ci/run names
+# its kept venv by this key: make print-setup-key).
+SETUP_KEY := $(shell { cat pyproject.toml; sed -n -e '/^LLAMA_CMAKE_ARGS ?=/p' -e '/^\$$(STAMP):/,/^$$/p' Makefile; } | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(SETUP_KEY)
 ARGS ?=
 # llama.cpp's CPU kernels for the llama-cpp-python build: portable AVX2 ones. A native build
 # (GGML_NATIVE, the default) on a Xeon with AMX/AVX-512 (this project's 2-core machines, seen
@@ -45,9 +46,13 @@ GPU_STAMP := $(VENV)/.installed-gpu-$(shell sha256sum pyproject.toml Makefile | 
 # (GPU machines with CUDA torch preinstalled and no room for vLLM run its encoder/plan parts).
 CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 
-.PHONY: setup quickstart test unit vllm-cpu vllm-test systems systems-test clean setup-gpu gpu-check gpu-resolve
+.PHONY: print-setup-key setup quickstart test unit vllm-cpu vllm-test systems systems-test clean setup-gpu gpu-check gpu-resolve
 
 setup: $(STAMP)
+
+# The key of the venv's stamp (.ci/run names its kept venv by it).
+print-setup-key:
+	@echo $(SETUP_KEY)
 
 $(STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (3.11-3.13) on PATH, or make PYTHON=python3.12"; exit 1; }
@@ -120,10 +125,11 @@ systems: setup
 	echo "== systems install ($(CI_SYSTEMS)): $$(( $$(date +%s) - t0 )) s, exit $$rc"; test $$rc -eq 0
 
 # The systems tier: tests/systems and, in tests/unit, the advertised commands and preflight
-# checks whose job runs a baseline system (marker systems on both).
+# checks whose job runs a baseline system (the marker selects them; collecting tests/unit
+# takes ~1 min on 2 cores).
 systems-test: setup systems
 	@t0=$$(date +%s); \
-	$(PY) -m pytest -m systems tests/systems tests/unit/test_every_command.py tests/unit/test_preflight.py $(PYTEST_ARGS); \
+	$(PY) -m pytest -m systems tests/systems tests/unit $(PYTEST_ARGS); \
 	rc=$$?; echo "== systems tier: $$(( $$(date +%s) - t0 )) s, exit $$rc"; test $$rc -eq 0
 
 vllm-test: setup vllm-cpu

@@ -23,7 +23,7 @@ import pytest
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.llm.cache import CACHE_FILE
 from tests.fixtures.llm import cached_replies
-from tests.fixtures.pipeline import run_pipeline
+from tests.fixtures.pipeline import TEST_READER, run_pipeline
 from tests.fixtures.vllm import ROOT, VllmServer, vllm_missing
 
 pytestmark = [
@@ -54,13 +54,12 @@ def structmem_vllm_run(
 ) -> Path:
     run_dir = tmp_path_factory.mktemp("run-structmem-vllm")
     t = time.monotonic()
-    # sample-1 (5 sessions, 11 questions) and the integration tier's reader context (4 entries,
-    # 1 synthesis): the whole sample at debug=ci's k took 705 s on 2 cores (2026-12-05), most of
-    # it prefilling 22 reader prompts of ~1,400 tokens.
+    # sample-1 (5 sessions, 11 questions) and the tests' reader context (TEST_READER): the whole
+    # sample at debug=ci's k took 705 s on 2 cores (2026-12-05), most of it prefilling 22 reader
+    # prompts of ~1,400 tokens.
     run_pipeline(
         [*vllm_server.overrides, "debug=ci", f"paths.cache_dir={vllm_cache}",
-         "benchmark=sample", "benchmark.conversations=[sample-1]", "method=structmem",
-         "retrieve.entries_k=4", "retrieve.syntheses_k=1"],
+         "benchmark=sample", "benchmark.conversations=[sample-1]", "method=structmem", *TEST_READER],
         run_dir,
     )
     print(f"\nstructmem sample through vLLM: {time.monotonic() - t:.0f} s")
