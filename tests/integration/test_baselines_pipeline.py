@@ -30,7 +30,7 @@ from tests.fixtures.pipeline import run_pipeline
 log = logging.getLogger(__name__)
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.e2e,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.fixtures.llm import llamacpp_missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_KEYS = {"meta", "client", "llm", "build", "schedule", "components", "cost", "scale", "dry_run",

@@ -25,7 +25,6 @@ from tests.fixtures.llm import llamacpp_missing
 from tests.fixtures.pipeline import SAMPLE_RUN, compose_cfg, run_pipeline
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]
@@ -87,6 +86,7 @@ def test_report_overall_and_categories(structmem_sample_run: Path) -> None:
     assert closing.splitlines()[0] == STRUCTURE_ONLY_LINE
 
 
+@pytest.mark.e2e  # a run or judge of its own beyond the session sample run
 def test_longmemeval_report_and_hypotheses(longmemeval_example_run: Path) -> None:
     rep = _report(longmemeval_example_run)
     lme = rep["longmemeval"]
@@ -109,6 +109,7 @@ def test_longmemeval_report_and_hypotheses(longmemeval_example_run: Path) -> Non
     )
 
 
+@pytest.mark.e2e  # a run or judge of its own beyond the session sample run
 def test_rejudge_copy_adds_judge_without_answering(
     structmem_sample_run: Path, ci_overrides: list[str], tmp_path: Path
 ) -> None:
@@ -137,6 +138,7 @@ def test_rejudge_copy_adds_judge_without_answering(
     assert set(_report(copy)["by_judge"]) == {"same_as_llm", "second_cpu"}
 
 
+@pytest.mark.e2e  # a run or judge of its own beyond the session sample run
 def test_endpoint_judge_preset_in_json_mode_on_the_real_server(
     structmem_sample_run: Path, ci_overrides: list[str], llama_server, tmp_path: Path
 ) -> None:

@@ -26,7 +26,6 @@ from structmem_gpu.core.preempt import DEFAULT_EXIT_CODE
 from tests.fixtures.llm import cached_replies, llamacpp_missing, register_server_log
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]
@@ -98,6 +97,7 @@ def _kill_server_mid_extract(job: Job) -> tuple[subprocess.Popen[str], str, str]
     return proc, out, err
 
 
+@pytest.mark.e2e  # the gate keeps one fault: replacement off, then resumed
 def test_server_killed_mid_extract_is_replaced_and_the_run_completes(tmp_path: Path) -> None:
     job = Job(tmp_path, "report.max_parse_failure_rate=1.0")
     proc, out, err = _kill_server_mid_extract(job)
@@ -140,6 +140,7 @@ def test_without_replacement_the_stage_is_incomplete_and_a_plain_rerun_resumes(
     assert int((~rows["cache_hit"]).sum()) == lost + answered_unparsed
 
 
+@pytest.mark.e2e  # the gate keeps one fault: replacement off, then resumed
 def test_sigterm_mid_extract_exits_for_requeue_and_the_rerun_resumes(tmp_path: Path) -> None:
     job = Job(tmp_path, "stages=[load,extract]", "preempt.grace_s=60")
     proc = job.start()

@@ -27,7 +27,6 @@ from structmem_gpu.core.schemas import REQUESTS
 from tests.fixtures.llm import LlamaServer, llamacpp_cfg, llamacpp_missing, register_server_log
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(300),
 ]

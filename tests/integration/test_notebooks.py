@@ -18,7 +18,7 @@ from tests.unit.test_notebooks import NOTEBOOKS, execute_notebook
 from tests.unit.test_plots import RUN_FIGURES, assert_png
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.e2e,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]

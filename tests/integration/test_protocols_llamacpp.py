@@ -21,7 +21,7 @@ from tests.fixtures.llm import llamacpp_missing
 from tests.fixtures.pipeline import SAMPLE_RUN
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.e2e,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]

@@ -24,6 +24,8 @@ SMALL = [
     "method=structmem",
 ]
 BUILD = "stages=[load,extract,embed,consolidate,retrieve]"
+# Six scripted pipeline runs and a crash matrix: heavy for the gate, no server needed.
+pytestmark = pytest.mark.e2e
 
 
 def _rows(df: pl.DataFrame) -> pl.DataFrame:

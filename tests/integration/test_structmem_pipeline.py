@@ -23,7 +23,6 @@ from tests.fixtures.llm import llamacpp_missing
 from tests.fixtures.pipeline import SAMPLE_RUN, run_pipeline
 
 pytestmark = [
-    pytest.mark.integration,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]
@@ -103,6 +102,7 @@ def test_sample_run_retrievals_resolve(structmem_sample_run: Path) -> None:
     assert all(owner.get(i) == c for i, c in zip(ret["item_id"], ret["conv_id"], strict=True))
 
 
+@pytest.mark.e2e  # its own conv-26 run
 def test_locomo2_run_one_window_per_session(structmem_locomo2_run: Path) -> None:
     run = _tables(structmem_locomo2_run)
     entries = check_entries(run)
@@ -160,6 +160,7 @@ def test_sample_run_default_prompts_end_in_a_report(structmem_sample_run: Path) 
     assert "salvaged" in RunDir(structmem_sample_run).read_table("requests").columns
 
 
+@pytest.mark.e2e  # two more extraction runs; the gate runs the default prompts
 @pytest.mark.parametrize(
     ("overrides", "want"),
     [

@@ -22,7 +22,7 @@ from tests.fixtures.llm import llamacpp_missing
 from tests.fixtures.pipeline import run_pipeline
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.e2e,
     pytest.mark.skipif(llamacpp_missing() is not None, reason=str(llamacpp_missing())),
     pytest.mark.timeout(1800),
 ]

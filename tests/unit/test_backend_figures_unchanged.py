@@ -99,6 +99,7 @@ def now() -> dict[str, Any]:
     return compute()
 
 
+@pytest.mark.e2e  # e2e: builds the recorded commit's environment, then 16 plans and dry runs
 @pytest.mark.parametrize("config", CONFIGS)
 def test_gpu_plan_and_dry_run_as_before(now: dict[str, Any], config: str) -> None:
     expected = json.loads(FIXTURE.read_text())[config]

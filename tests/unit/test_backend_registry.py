@@ -14,9 +14,9 @@ import polars as pl
 import pytest
 import yaml
 
+from structmem_gpu.core.stage_parts import QUESTION
 from structmem_gpu.llm.backends import Backend, backend, names, registered
 from structmem_gpu.llm.backends.spec import EngineProblem
-from structmem_gpu.core.stage_parts import QUESTION
 from structmem_gpu.stage import Stage
 from tests.fixtures.pipeline import compose_job
 
@@ -175,6 +175,7 @@ def test_stage_order_and_parts_come_from_the_saved_method(tmp_path: Path) -> Non
     assert stages.part("never_declared") == "build"  # an unknown stage's cost is counted, not dropped
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_the_manifest_records_each_stage_part_for_readers_that_import_no_stage(tmp_path: Path) -> None:
     from structmem_gpu.stage_lookup import RunStages
     from tests.fixtures.pipeline import run_pipeline

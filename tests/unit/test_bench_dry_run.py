@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from structmem_gpu.config.schema import LLMSettings
-from structmem_gpu.node.dry_run import estimate, format_estimate, token_counter
+import pytest
+
 from structmem_gpu.bench.harness import compose
+from structmem_gpu.config.schema import LLMSettings
 from structmem_gpu.data import load_benchmark
 from structmem_gpu.methods.structmem.extract import plan_windows
 from structmem_gpu.methods.structmem.windows import count_windows
+from structmem_gpu.node.dry_run import estimate, format_estimate, token_counter
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -95,6 +97,7 @@ def test_token_counter_uses_a_local_tokenizer_folder() -> None:
     assert 0 < c.messages([Message("user", "hello world, how are you")]) < 20
 
 
+@pytest.mark.e2e  # e2e: the dry run of the whole LoCoMo file
 def test_replication_default_on_locomo_stays_near_the_papers_call_count(locomo_path: Path) -> None:
     cfg = compose(CONF, ["experiment=structmem_locomo", f"benchmark.path={locomo_path}"])
     est = estimate(cfg)
@@ -135,9 +138,9 @@ def test_gguf_counter_counts_as_llama_cpp_does() -> None:
     llama_cpp = pytest.importorskip("llama_cpp")
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+    from structmem_gpu.llm.prompt_counter import gguf_counter
     from structmem_gpu.llm.server import packaged_smollm2_gguf
     from structmem_gpu.llm.types import Message
-    from structmem_gpu.llm.prompt_counter import gguf_counter
 
     counter = token_counter(LLMSettings(backend="llamacpp", model=None, tokenizer="chars"))
     assert counter.name.startswith("gguf:") and gguf_counter("/nonexistent.gguf") is None

@@ -149,6 +149,7 @@ def test_not_busy_seconds_say_where_the_idle_time_went() -> None:
                    "client_behind_s": 3.0}  # t=1, 5, 6
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 @pytest.mark.parametrize(("size", "engine"), [("tiny", "bf16"), ("tiny_longmemeval", "fp8")])
 def test_paced_bench_runs_a_tiny_build_end_to_end(tmp_path: object, size: str, engine: str) -> None:
     """The paced mock answers the real HTTP client with scripted replies, the build parses

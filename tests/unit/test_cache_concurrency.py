@@ -11,6 +11,7 @@ import multiprocessing as mp
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.embed.cache import CACHE_FILE as EMB_FILE
@@ -40,6 +41,7 @@ def _rows(path: Path, table: str) -> int:
     return int(out["keys"])
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_concurrent_pipeline_jobs_share_one_cache_dir(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     # Overlapping work: two jobs with identical requests and texts (written twice at the same

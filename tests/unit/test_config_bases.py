@@ -23,10 +23,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from structmem_gpu.config import yaml_defaults
+from structmem_gpu.config.judge import JudgeSettings
 from structmem_gpu.config.schema import EmbedderSettings, JobSettings, LLMSettings, TrackingSettings
 from structmem_gpu.config.settings import Settings, field_type, fields, item_model, sub_model
 from structmem_gpu.eval.answer import AnswerSettings
-from structmem_gpu.config.judge import JudgeSettings
 from tests.fixtures.pipeline import CONF_DIR, compose_cfg, options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,6 +215,7 @@ def test_a_restated_default_is_found() -> None:
 # ---- the documented knobs run on every llm profile -----------------------------------------
 
 
+@pytest.mark.e2e  # e2e: a 12-profile dry-run multirun
 def test_reply_and_structure_knobs_dry_run_on_every_llm_profile(tmp_path: Path) -> None:
     """`llm.request_seed=false` and `llm.structure_only=true` with dry_run=true, on every llm
     profile: one Hydra multirun (one process, one dry run per profile), no `+` anywhere."""

@@ -171,6 +171,7 @@ def test_panel_member_llm_configs_are_checked() -> None:
     assert any(p.startswith("judge.panel.1.llm.max_in_flight=0") for p in problems(cfg))
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 @pytest.mark.parametrize("override", ["consolidate.seed_k=abc", "retrieve.entries_k=-5",
                                       "consolidate.window_seconds=0", "extract.max_tokens=0"])
 def test_job_exits_2_with_one_line_and_writes_nothing(tmp_path: Path, override: str) -> None:

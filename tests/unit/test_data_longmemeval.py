@@ -7,11 +7,12 @@ import json
 from datetime import datetime
 
 import polars as pl
+import pytest
 
 from structmem_gpu.core import schemas
 from structmem_gpu.data import load_benchmark, load_longmemeval
-from structmem_gpu.data.longmemeval import repeated_sessions
 from structmem_gpu.data.categories import LONGMEMEVAL_TYPES, longmemeval_category
+from structmem_gpu.data.longmemeval import repeated_sessions
 from tests.fixtures.data import tiny_longmemeval
 
 
@@ -126,6 +127,7 @@ def test_repeated_session_id_loads_with_both_occurrences(write_json, caplog) -> 
     assert repeated_sessions(turns) == 1
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_repeated_sessions_land_in_turns_parquet_and_the_load_notes(tmp_path, write_json) -> None:
     import subprocess
     import sys

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import TIERS
+
 ROOT = Path(__file__).resolve().parents[2]
 THIS = Path(__file__).resolve()
 
@@ -181,6 +183,9 @@ def code_spans(md: Path) -> str:
 def test_advertised_commands_exist() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     targets = set(re.findall(r"^([a-z][\w-]*):", makefile, flags=re.M))
+    # `make test-TIER`: the Makefile's `test-%` rule runs each tier of tests/tiers.py
+    assert re.search(r"^test-%:", makefile, flags=re.M)
+    targets |= {f"test-{tier}" for tier in TIERS}
     bad = []
     for md in markdown_docs():
         code = code_spans(md)

@@ -48,6 +48,7 @@ def sent_per_stage(run_dir: Path) -> dict[str, int]:
     return dict(pl.read_parquet(path).group_by("stage").len().iter_rows())
 
 
+@pytest.mark.e2e  # e2e: a whole scripted run per method to compare with its dry run
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_dry_run_counts_equal_or_bound_the_scripted_run(case: str, tmp_path: Path) -> None:
     overrides = [*BASE, *CASES[case], f"paths.cache_dir={tmp_path / 'cache'}"]
@@ -113,9 +114,9 @@ def test_seem_and_graph_readers_render_their_own_prompts_on_stand_ins() -> None:
 def test_seem_stand_in_frames_are_expected_frames_not_schema_maxima() -> None:
     """A stand-in frame restates its passage (summary up to summary_chars) with short roles;
     raising the schema limits (max_chars, max_events) does not lengthen it."""
+    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.methods.seem.fusion import stand_in_frames
     from structmem_gpu.methods.seem.settings import FrameSettings
-    from structmem_gpu.config.job import JobConfig
     from structmem_gpu.node.dry_run import load_turns_questions
 
     small = JobConfig.from_cfg(compose_cfg([*BASE, "method=seem"]))

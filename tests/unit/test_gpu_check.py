@@ -14,6 +14,7 @@ from structmem_gpu.bench import gpu_check
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_cli_prints_one_line_per_part_and_skips_what_is_absent() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "jobs" / "gpu_check.py")],
                           capture_output=True, text=True, timeout=300)

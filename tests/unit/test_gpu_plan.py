@@ -173,6 +173,7 @@ def test_weights_from_the_models_own_files(tmp_path: Path) -> None:
     assert gpu_plan.weights("org/absent").gb is None
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_dry_run_prints_the_plan_and_exits_2_on_refusal(tmp_path: Path) -> None:
     import subprocess
     import sys

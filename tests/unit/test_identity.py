@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
+import pytest
 from omegaconf import OmegaConf
 from pydantic import Field
 
@@ -87,6 +88,7 @@ def llm_model(model: type[LLMSettings]) -> Iterator[None]:
         JudgeSettings.open_keys = keys
 
 
+@pytest.mark.e2e  # e2e: composes every model role's configs
 def test_a_knob_added_to_a_model_enters_every_key_its_role_calls_for() -> None:
     def job(*overrides: str) -> JobConfig:
         cfg = compose_cfg(["judge=gpt_4o_mini_endpoint"])  # the judge has an llm of its own

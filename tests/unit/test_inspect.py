@@ -12,7 +12,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from structmem_gpu.core.errors import InputError, MissingTableError
 from structmem_gpu.analysis.inspect import (
     FAILURE_TYPES,
     Run,
@@ -26,6 +25,7 @@ from structmem_gpu.analysis.inspect import (
     question_view,
     scores_table,
 )
+from structmem_gpu.core.errors import InputError, MissingTableError
 from tests.fixtures.pipeline import run_pipeline
 
 SCRIPTED = ["debug=scripted", "benchmark=sample", "method=structmem"]
@@ -53,6 +53,7 @@ def run(scripted_sample_run: Path) -> Run:
     return load_run(scripted_sample_run)
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_tables_are_lazy_and_cached(run: Run) -> None:
     assert run._tables == {}
     first = run.entries

@@ -213,6 +213,7 @@ def test_early_exit_raises_with_log_tail(tmp_path: Path) -> None:
     assert "exited with code 3" in str(e.value) and "model file not found: x.gguf" in str(e.value)
 
 
+@pytest.mark.e2e  # e2e: waits out a readiness timeout
 def test_readiness_timeout_raises_and_kills(tmp_path: Path) -> None:
     marker = tmp_path / "pid"
     script = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); print('loading weights...', flush=True); time.sleep(60)"

@@ -18,9 +18,9 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.bench.longmemeval_synthetic import HaystackFileSpec, write_longmemeval
+from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.methods import load as load_stage
 
 # 20 questions x 12 sessions of 4 turns from a pool of 60: sessions shared by ~4 haystacks.
@@ -53,6 +53,7 @@ def two_runs(request, tmp_path_factory) -> tuple[Path, Path]:
     return runs[0], runs[1]
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_layouts_store_what_they_should(two_runs) -> None:
     compact, plain = (RunDir(r) for r in two_runs)
     assert plain.table_path("turns").exists() and not compact.table_path("turns").exists()

@@ -50,6 +50,7 @@ def _rows(df: pl.DataFrame) -> pl.DataFrame:
     return df.sort(df.columns)
 
 
+@pytest.mark.e2e  # e2e: sharded scripted runs
 def test_two_shards_merge_into_the_unsharded_tables(runs: dict[str, Path], tmp_path: Path) -> None:
     result = merge_shards([runs["s0"], runs["s1"]], tmp_path / "merged", compose_job(BASE))
     whole, merged = RunDir(runs["whole"]), RunDir(tmp_path / "merged")
@@ -161,6 +162,7 @@ def test_without_saved_hydra_config_the_error_says_what_to_pass(
         merge_shards([runs["s0"], runs["s1"]], tmp_path / "m")
 
 
+@pytest.mark.e2e  # e2e: sharded scripted runs
 def test_cli_discovers_shards_in_a_sweep_dir(runs: dict[str, Path], tmp_path: Path, capsys) -> None:
     sweep = runs["s0"].parent
     assert discover_run_dirs([sweep]) == sorted([runs["s0"].resolve(), runs["s1"].resolve()])

@@ -23,6 +23,9 @@ pytest.importorskip("ipykernel")
 
 from tests.unit.test_inspect import build_scripted_run
 
+# e2e: every test here executes a notebook in a kernel
+pytestmark = pytest.mark.e2e
+
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 KERNEL = "structmem-test-python"

@@ -24,6 +24,7 @@ def _compose(overrides: list[str], hydra_cfg: bool = False):
         return compose("config", overrides=overrides, return_hydra_config=hydra_cfg)
 
 
+@pytest.mark.e2e  # e2e: composes every path knob
 def test_tilde_and_home_reach_the_same_path_in_every_path_knob(monkeypatch: pytest.MonkeyPatch,
                                                                 tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))

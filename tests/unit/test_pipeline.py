@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 from omegaconf import OmegaConf
 
+from structmem_gpu.config.settings import SIZE, Settings
 from structmem_gpu.core.artifacts import RunDir
 from structmem_gpu.core.errors import MissingTableError
 from structmem_gpu.run.pipeline import config_hash, fingerprint, run_stages, stage_config
-from structmem_gpu.config.settings import SIZE, Settings
 from structmem_gpu.stage import Stage, StageContext
 from tests.fixtures.pipeline import compose_cfg
 
@@ -153,6 +153,7 @@ def _stages(overrides: list[str]) -> dict[str, Stage]:
     return dict(stage_registry(compose_cfg(overrides)))
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 @pytest.mark.parametrize("method", ["structmem", "seem", "graph_memory", "turn_rag"])
 def test_excluded_keys_change_no_fingerprint(method: str) -> None:
     base = [f"method={method}", "judge=qwen2_5_32b"]
@@ -163,6 +164,7 @@ def test_excluded_keys_change_no_fingerprint(method: str) -> None:
         assert {n: stage_config(s, other) for n, s in stages.items()} == want, over
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_settings_fields_and_dependencies_change_the_fingerprint(tmp_path: Path) -> None:
     stages = _stages([])
     cfg0 = compose_cfg([])

@@ -110,6 +110,7 @@ def _job(tmp: Path, *overrides: str) -> list[str]:
             "preempt.grace_s=5", f"paths.output_dir={tmp / 'out'}", f"paths.cache_dir={tmp / 'cache'}"]
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_sigterm_during_the_encoder_load_exits_75_within_the_grace(tmp_path: Path) -> None:
     fake = tmp_path / "fake" / "sentence_transformers"
     fake.mkdir(parents=True)

@@ -21,8 +21,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from structmem_gpu.config.job import JobConfig
-from structmem_gpu.node import model_refs, preflight
 from structmem_gpu.methods.registry import stage_registry
+from structmem_gpu.node import model_refs, preflight
 from structmem_gpu.run.pipeline import job_stage_names
 from tests.fixtures.pipeline import experiment_method, missing_system, systems_mark_if
 
@@ -60,6 +60,7 @@ def stages_of(cfg) -> list:  # noqa: ANN001
 # ---- jobs, as a user runs them -------------------------------------------------------------
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_offline_node_without_the_encoder_exits_2_in_seconds_naming_the_fetch(tmp_path: Path) -> None:
     proc, took = job(tmp_path, "debug=scripted", "embedder=qwen3_embedding_0_6b")
     out = proc.stdout
@@ -72,6 +73,7 @@ def test_offline_node_without_the_encoder_exits_2_in_seconds_naming_the_fetch(tm
     assert not list((tmp_path / "out").rglob("manifest.json"))
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_offline_multirun_fails_each_point_at_once(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     proc, took = job(tmp_path, "-m", "debug=scripted", f"hydra.sweep.dir={sweep}",
@@ -87,6 +89,7 @@ def test_offline_multirun_fails_each_point_at_once(tmp_path: Path) -> None:
     assert "2 points, 0 ok, 2 not ok" in summary and "jobs/data.py models" in summary
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_judge_panel_without_vllm_stops_before_any_server(tmp_path: Path) -> None:
     proc, took = job(tmp_path, "-m", "experiment=judge_robustness", "benchmark=sample",
                      f"hydra.sweep.dir={tmp_path / 'sweep'}")
@@ -102,6 +105,7 @@ def test_judge_panel_without_vllm_stops_before_any_server(tmp_path: Path) -> Non
     assert not list(tmp_path.rglob("*.server.log"))
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_dry_run_reports_the_findings_and_still_plans(tmp_path: Path) -> None:
     proc, _ = job(tmp_path, "dry_run=true", "debug=scripted", "embedder=qwen3_embedding_0_6b")
     out = proc.stdout

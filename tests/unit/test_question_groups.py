@@ -68,6 +68,7 @@ def grouped_and_whole(tmp_path_factory) -> tuple[Path, Path]:
     return grouped, whole
 
 
+@pytest.mark.e2e  # e2e: a grouped job of child processes and whole scripted runs
 def test_grouped_job_equals_the_whole_job(grouped_and_whole) -> None:
     grouped, whole = (RunDir(p) for p in grouped_and_whole)
     dirs = sorted(d for d in (grouped.root / "groups").iterdir() if d.is_dir())
@@ -93,14 +94,15 @@ def test_grouped_job_equals_the_whole_job(grouped_and_whole) -> None:
                                                              "turn_index"))
 
 
+@pytest.mark.e2e  # e2e: reads the grouped job's runs (child processes)
 def test_groups_load_only_their_questions_from_the_plan(grouped_and_whole, compose_config,
                                                         tmp_path) -> None:
     """The parent's plan lists each group's questions; a group's load (which reads only
     those) gives the rows the shard assignment over the whole file gives."""
     from structmem_gpu.config.job import JobConfig
     from structmem_gpu.core.errors import ConfigError
-    from structmem_gpu.methods import load as load_stage
     from structmem_gpu.data.longmemeval import load_longmemeval_compact
+    from structmem_gpu.methods import load as load_stage
 
     grouped, _ = grouped_and_whole
     plan = json.loads((grouped / "groups" / "plan.json").read_text())
@@ -122,6 +124,7 @@ def test_groups_load_only_their_questions_from_the_plan(grouped_and_whole, compo
         load_stage.read_group_plan(job, load_stage.benchmark_sha256(job))
 
 
+@pytest.mark.e2e  # e2e: reads the grouped job's runs (child processes)
 def test_merge_streams_tables_shard_by_shard(grouped_and_whole) -> None:
     """The merged tables are the shards' rows, in shard order (the streamed path)."""
     grouped, _ = grouped_and_whole
@@ -131,6 +134,7 @@ def test_merge_streams_tables_shard_by_shard(grouped_and_whole) -> None:
     assert not (grouped / "tables.merging").exists()
 
 
+@pytest.mark.e2e  # e2e: a grouped job of child processes and whole scripted runs
 def test_shards_render_the_whole_jobs_answer_prompts(longmemeval_example_path: Path,
                                                       tmp_path: Path) -> None:
     """The paper reader's abstention line is one choice per job (the load stage's note over the

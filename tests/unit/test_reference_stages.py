@@ -30,7 +30,11 @@ DEFAULT_IDS = {
 
 
 def extract_request_ids(overrides: list[str], tmp_path: Path) -> list[str]:
-    from structmem_gpu.methods.structmem.extract import ExtractSettings, build_request, plan_from_settings
+    from structmem_gpu.methods.structmem.extract import (
+        ExtractSettings,
+        build_request,
+        plan_from_settings,
+    )
 
     cfg = compose_cfg(overrides)
     run_pipeline([*overrides, "stages=[load]", f"paths.cache_dir={tmp_path / 'c'}"], tmp_path / "run")
@@ -55,6 +59,7 @@ def reference_overrides(model: str, tmp_path: Path, *extra: str) -> list[str]:
             "stages=[load,compress,segment,extract]", *extra]
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_reference_stages_on_the_sample(tiny_lingua_model: str, tmp_path: Path) -> None:
     run = tmp_path / "run"
     overrides = reference_overrides(tiny_lingua_model, tmp_path)
@@ -89,6 +94,7 @@ def test_reference_stages_on_the_sample(tiny_lingua_model: str, tmp_path: Path) 
     assert {k: again["stages"][k]["fingerprint"] for k in before} == before
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_reference_format_batches(tiny_lingua_model: str, tmp_path: Path) -> None:
     """With the LightMem texts (the reference's line format) every extract request shows its
     batch's topic markers and the compressed texts."""

@@ -108,6 +108,7 @@ def test_judge_audit_counts_match_hand_labels_and_reuse(audit_job, hand_judge):
     assert sum(llm.calls for llm in hand_judge) == 48
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_report_shows_the_audit_beside_the_judge(audit_job, tmp_path, hand_judge):
     from structmem_gpu.eval import judge_audit as JA
 
@@ -139,6 +140,7 @@ def test_judge_audit_without_checkout_is_one_line(tmp_path):
 
 
 # ---- corrected golds --------------------------------------------------------------------------
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_errata_join_and_corrected_counts(tmp_path, locomo_path):
     repo = official_repos.repo("locomo_audit")
     base = ["debug=scripted", "benchmark=locomo", f"benchmark.path={locomo_path}",
@@ -191,6 +193,7 @@ def test_forced_choice_options_and_parse():
     assert C.label("I cannot tell", opts) is None and C.label("(a) or (b)", opts) is None
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_forced_choice_run_reports_category_5_apart(tmp_path, locomo_path):
     base = ["debug=scripted", "benchmark=locomo", f"benchmark.path={locomo_path}",
             "benchmark.conversations=[conv-26]", "benchmark.categories=[1,2,3,4,5]",
@@ -211,6 +214,7 @@ def test_forced_choice_run_reports_category_5_apart(tmp_path, locomo_path):
     assert "forced choice" in md and "in no overall" in md
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_judge_audit_stage_in_a_run(tmp_path, hand_judge):
     repo = official_repos.repo("locomo_audit")
     run = tmp_path / "run"

@@ -114,6 +114,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     return sweep_dir, store, proc.stdout
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_a_three_seed_build_reports_mean_sd_and_names_the_seeds(
     sweep: tuple[Path, Path, str], tmp_path: Path
 ) -> None:
@@ -141,6 +142,7 @@ def test_a_three_seed_build_reports_mean_sd_and_names_the_seeds(
     assert mean_sd in text and "| 0, 1, 2 |" in text and "## Paired against the reference" in text
 
 
+@pytest.mark.e2e  # e2e: a tracked sweep of whole scripted runs
 def test_the_sweep_is_one_mlflow_parent_run_with_a_child_per_point(
     sweep: tuple[Path, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,6 +184,7 @@ def test_the_sweep_is_one_mlflow_parent_run_with_a_child_per_point(
         "sweep_summary.md", "paired.json", "seeds.json"}
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_a_single_job_with_tracking_logs_one_run(
     sweep: tuple[Path, Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

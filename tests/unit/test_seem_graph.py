@@ -146,6 +146,7 @@ print(h.hexdigest())
 """
 
 
+@pytest.mark.e2e  # e2e: job subprocesses
 def test_ppr_scores_are_bit_identical_across_processes() -> None:
     """Two processes with different PYTHONHASHSEED, 15 PPRs each beside a busy thread: the
     same bytes every time (before one OpenMP thread, 15 of 40 repeats differed under load)."""

@@ -103,6 +103,7 @@ def _writer(cache_dir: str, worker: int, out: str) -> None:
     Path(out).write_text(json.dumps(got), encoding="utf-8")
 
 
+@pytest.mark.e2e  # e2e: four writer processes, one killed
 def test_four_hosts_without_locks_one_killed(tmp_path: Path) -> None:
     cache_dir = tmp_path / "cache"
     ctx = mp.get_context("spawn")

@@ -30,8 +30,8 @@ from structmem_gpu.core.errors import ConfigError
 from structmem_gpu.llm.types import LLMRequest
 from structmem_gpu.methods.structmem import update, update_view
 from structmem_gpu.methods.structmem.embed import embeddings_frame
-from structmem_gpu.prompts import pinned
 from structmem_gpu.methods.structmem.prompts import update as P_update
+from structmem_gpu.prompts import pinned
 from structmem_gpu.prompts import sources as S
 from tests.unit.test_structmem_stages import FakeBackends, cfg_for, run_stage
 
@@ -184,6 +184,7 @@ def test_reference_profile_lists_update_and_reads_pre_by_default() -> None:
                                    "prompts.sources.longmemeval=null").method.stages
 
 
+@pytest.mark.e2e  # e2e: whole scripted pipeline runs
 def test_pre_store_leaves_every_other_request_unchanged(tmp_path: Path) -> None:
     """update.read=pre (the reference profile's default): listing the stage adds its own
     requests and changes no other request of the job (the QA view is the store as built)."""
@@ -328,9 +329,8 @@ def test_update_equals_lightmem_offline_update(tmp_path: Path, lightmem_spec: st
 def test_table5_row_matches_the_gpt_oss_120b_command_only() -> None:
     """SEEM Table 5's SEEM row is reached by the advertised command (README "Evaluation
     protocols"), and not by the same experiment on another backbone."""
-    from tests.fixtures.pipeline import compose_cfg
-
     from structmem_gpu.eval.published import matching_rows
+    from tests.fixtures.pipeline import compose_cfg
 
     oss = compose_cfg(["experiment=seem_locomo", "llm=vllm_gpt_oss_120b",
                        "judge=deepseek_v3_2_endpoint"])

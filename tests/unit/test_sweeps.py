@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# e2e: every test here launches jobs/run.py multiruns as subprocesses
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["debug=scripted", "embedder=minilm", "benchmark.max_sessions=3"]
 

@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from structmem_gpu.systems.pool import WorkerPool
 from structmem_gpu.systems.spec import SystemSpec
 
@@ -57,6 +59,7 @@ def test_units_run_in_parallel_workers(tmp_path):
     assert time.monotonic() - t0 < 0.3 * 4 + 5  # not one after another (plus start-up)
 
 
+@pytest.mark.e2e  # e2e: worker processes that crash and hang
 def test_a_crash_and_a_hang_are_errors_and_the_rest_goes_on(tmp_path):
     spec = _spec(tmp_path)
     units = [{"op": "build", "unit": u} for u in ("crash", "a", "hang", "b")]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from tests.fixtures.pipeline import compose_cfg
 from tests.fixtures.vllm import ROOT, profile_overrides, vllm_missing, vllm_python
 
 pytestmark = [
-    pytest.mark.vllm,
+    pytest.mark.vllm_e2e,
     pytest.mark.skipif(vllm_missing() is not None, reason=f"vLLM tier: {vllm_missing()}"),
     pytest.mark.timeout(900),
 ]

@@ -27,7 +27,6 @@ from tests.fixtures.pipeline import TEST_READER, run_pipeline
 from tests.fixtures.vllm import ROOT, VllmServer, vllm_missing
 
 pytestmark = [
-    pytest.mark.vllm,
     pytest.mark.skipif(vllm_missing() is not None, reason=f"vLLM tier: {vllm_missing()}"),
     pytest.mark.timeout(1800),
 ]
@@ -66,6 +65,7 @@ def structmem_vllm_run(
     return run_dir
 
 
+@pytest.mark.vllm_e2e  # the gate keeps the engine start and one batched stage (SEEM frames)
 def test_structmem_sample_end_to_end(structmem_vllm_run: Path, vllm_server: VllmServer) -> None:
     report = json.loads((structmem_vllm_run / "report" / "report.json").read_text())
     assert report  # the report stage ran (it fails itself above the parse-failure limit)
@@ -81,6 +81,7 @@ def test_structmem_sample_end_to_end(structmem_vllm_run: Path, vllm_server: Vllm
     assert entries.height > 0
 
 
+@pytest.mark.vllm_e2e  # the gate keeps the engine start and one batched stage (SEEM frames)
 def test_cached_tokens_recorded(structmem_vllm_run: Path) -> None:
     # --enable-prompt-tokens-details: vLLM reports prefix-cache hits per request, and the
     # stages' shared system prompts hit the cache.
@@ -133,6 +134,7 @@ def test_integer_bounds_enforced_by_the_engine(vllm_server: VllmServer) -> None:
 
 
 
+@pytest.mark.vllm_e2e  # the gate keeps the engine start and one batched stage (SEEM frames)
 def test_job_killed_mid_extract_resumes_from_the_cache(
     tmp_path: Path, vllm_server: VllmServer
 ) -> None:

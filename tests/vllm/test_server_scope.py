@@ -13,7 +13,7 @@ from tests.fixtures.pipeline import run_pipeline
 from tests.fixtures.vllm import profile_overrides, vllm_missing
 
 pytestmark = [
-    pytest.mark.vllm,
+    pytest.mark.vllm_e2e,
     pytest.mark.skipif(vllm_missing() is not None, reason=f"vLLM tier: {vllm_missing()}"),
     pytest.mark.timeout(1800),
 ]
