@@ -1,4 +1,5 @@
-"""`python jobs/run.py ... stages=[load]`: the job-level contract and bad-input behaviour.
+"""`python jobs/run.py ... stages=[load]`: the job-level contract and bad-input behaviour (the
+gate's bad-input refusal: a bad LoCoMo record, an unknown LongMemEval role, a missing file).
 
 Each bad input must end the job with exit code 2 and one message naming the file and the
 record, with no traceback and no tables left behind.
@@ -76,7 +77,14 @@ def assert_clean_failure(proc: subprocess.CompletedProcess[str], run_dir: Path, 
     assert not (run_dir / "manifest.json").exists()
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# The gate refuses one bad LoCoMo record through the job (each case is one jobs/run.py
+# process, ~1.3 s); the others, checked in-process by tests/unit/test_data_bad_input.py,
+# run through the job in the e2e tier.
+GATE_CASE = "bad_date"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c == GATE_CASE else pytest.mark.e2e)
+                                  for c in sorted(CASES)])
 def test_bad_record_fails_cleanly(tmp_path: Path, case: str) -> None:
     path = tmp_path / f"{case}.json"
     path.write_text(json.dumps(broken(case)))
@@ -115,6 +123,7 @@ def test_missing_file_fails_cleanly(tmp_path: Path) -> None:
     assert_clean_failure(proc, run_dir, "nope.json")
 
 
+@pytest.mark.e2e  # e2e: the gate keeps three refusals through the job
 def test_invalid_json_fails_cleanly(tmp_path: Path) -> None:
     path = tmp_path / "broken.json"
     path.write_text('[{"sample_id": "t-1", ')
@@ -123,6 +132,7 @@ def test_invalid_json_fails_cleanly(tmp_path: Path) -> None:
     assert_clean_failure(proc, run_dir, "broken.json")
 
 
+@pytest.mark.e2e  # e2e: the gate keeps three refusals through the job
 def test_load_contract_on_a_good_file(tmp_path: Path) -> None:
     path = tmp_path / "good.json"
     path.write_text(json.dumps([good_conversation(), copy.deepcopy(good_conversation()) | {"sample_id": "t-2"}]))
@@ -139,6 +149,7 @@ def test_load_contract_on_a_good_file(tmp_path: Path) -> None:
     assert manifest["stages"]["load"]["status"] == "done"
 
 
+@pytest.mark.e2e  # e2e: the gate keeps three refusals through the job
 @pytest.mark.locomo
 def test_load_real_locomo_via_job(tmp_path: Path, locomo_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -148,6 +159,7 @@ def test_load_real_locomo_via_job(tmp_path: Path, locomo_path: Path) -> None:
     assert pl.read_parquet(run_dir / "tables" / "questions.parquet").height == 1986
 
 
+@pytest.mark.e2e  # e2e: the gate keeps three refusals through the job
 def test_load_sample_and_longmemeval_via_job(tmp_path: Path, longmemeval_example_path: Path) -> None:
     for bench, extra in (("sample", []), ("longmemeval", [f"benchmark.path={longmemeval_example_path}"])):
         run_dir = tmp_path / bench

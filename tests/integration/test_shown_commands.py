@@ -24,8 +24,7 @@ from omegaconf import DictConfig
 from structmem_gpu.config.schema import check_config
 from structmem_gpu.eval.published import comparison_lines, load_published, match_note
 from structmem_gpu.methods.registry import stage_registry
-from tests.fixtures.pipeline import CONF_DIR, load_job
-from tests.unit.test_every_command import _compose, sweep_points
+from tests.fixtures.pipeline import CONF_DIR, compose_with_hydra, load_job, sweep_points
 
 # ---- the commands README.md, docs/ and the experiment headers show ---------------------------
 
@@ -96,7 +95,7 @@ def _compose_checked(point: list[str], shards: dict[tuple[str, ...], DictConfig 
     rest = tuple(o for o in point if o != shard)
     try:
         if rest not in shards:
-            shards[rest] = _compose(list(rest))
+            shards[rest] = compose_with_hydra(list(rest))
         base = shards[rest]
         if isinstance(base, str):
             return base
@@ -174,7 +173,7 @@ def test_the_table_2_experiments_run_on_locomo_and_match_their_rows() -> None:
             "structmem_no_cross_event": "structmem-table2-no-cross-event"}
     for experiment in ("paradigms", "baselines"):
         for point in sweep_points(experiment):
-            cfg = _compose([f"experiment={experiment}", *point, "llm=vllm_qwen2_5_7b"])
+            cfg = compose_with_hydra([f"experiment={experiment}", *point, "llm=vllm_qwen2_5_7b"])
             assert cfg.benchmark.name == "locomo", (experiment, point)
             method = point[0].split("=", 1)[1]
             if method in want:
@@ -186,8 +185,8 @@ def test_seem_no_eef_reaches_its_row_and_the_second_reading_does_not() -> None:
 
     row = next(r for r in load_published() if r.id == "seem-table3-no-eef")
     base = ["experiment=seem_ablations"]
-    no_eef = _compose([*base, "method=seem_no_eef"])
+    no_eef = compose_with_hydra([*base, "method=seem_no_eef"])
     assert match_note(no_eef, row) is not None
-    assert match_note(_compose([*base, "method=seem_no_eef_rpe"]), row) is None
+    assert match_note(compose_with_hydra([*base, "method=seem_no_eef_rpe"]), row) is None
     # the switches the row names are what the run does: no frames in the context, no RPE
     assert not Ablation.from_cfg(no_eef).expands

@@ -17,12 +17,12 @@ import pytest
 
 from structmem_gpu.bench.harness import hashing_encoder
 from structmem_gpu.node.dry_run import estimate
-from tests.fixtures.pipeline import compose_cfg, compose_job, options, run_pipeline
+from tests.fixtures.pipeline import compose_cfg, compose_job, options, run_pipeline, system_method
 
 # The baseline systems' methods send what their own code decides: the dry run says "not
 # estimated: external system" for them (test_a_system_method_is_not_estimated_by_name).
-SYSTEM_METHODS = [m for m in options("method")
-                  if "system_build" in compose_cfg([f"method={m}"]).method.stages]
+# Read from the method YAMLs (system_method), not composed: this runs at collection.
+SYSTEM_METHODS = [m for m in options("method") if system_method(m)]
 METHODS = [m for m in options("method") if m not in SYSTEM_METHODS]
 BASE = ["debug=scripted", "benchmark=sample"]
 # Switches that change what a stage sends, beside each method's defaults.

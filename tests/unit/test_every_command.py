@@ -24,8 +24,6 @@ command a user can copy.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -33,8 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from structmem_gpu.config.job import JobConfig
@@ -46,37 +42,17 @@ from structmem_gpu.systems.registry import system_spec
 from tests.fixtures.data import tiny_longmemeval
 from tests.fixtures.pipeline import (
     CONF_DIR,
+    compose_with_hydra,
     experiment_method,
     missing_system,
     options,
+    sweep_points,
     systems_mark_if,
 )
 
 METHODS = options("method")
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 PROFILE = ["debug=scripted", "embedder=minilm"]
-
-
-def _compose(overrides: list[str], hydra_cfg: bool = False) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_cfg)
-
-
-@functools.lru_cache(maxsize=None)
-def _experiment_cfg(experiment: str) -> DictConfig:
-    return _compose([f"experiment={experiment}"], hydra_cfg=True)
-
-
-def sweep_points(experiment: str) -> list[list[str]]:
-    """The overrides of each job `-m experiment=NAME` launches (one empty point: no sweep)."""
-    cfg = _experiment_cfg(experiment)
-    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
-    parser = OverridesParser.create()
-    axes = []
-    for key, value in params.items():
-        override = parser.parse_override(f"{key}={value}")
-        axes.append([f"{key}={v}" for v in override.sweep_string_iterator()])
-    return [list(p) for p in itertools.product(*axes)]
 
 
 def benchmark_overrides(cfg: DictConfig, data_dir: Path) -> list[str]:
@@ -157,7 +133,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_yaml_names_its_file_and_resolvable_stages(method: str) -> None:
-    cfg = _compose([f"method={method}", *PROFILE])
+    cfg = compose_with_hydra([f"method={method}", *PROFILE])
     assert cfg.method.name == method, "method.name must be the file name (run dir, error lines)"
     registry = stage_registry(cfg)
     for name in registry:  # every stage it can run, the ones only `stages=[...]` lists too
@@ -169,7 +145,7 @@ def test_method_yaml_names_its_file_and_resolvable_stages(method: str) -> None:
 @pytest.mark.parametrize(("label", "overrides"), COMMANDS)
 def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict[str, Any],
                                   request: pytest.FixtureRequest) -> None:
-    base = _compose([*overrides, *PROFILE])
+    base = compose_with_hydra([*overrides, *PROFILE])
     # LLMLingua-2 stages: the tests' small stand-in model (tests/fixtures/lingua.py), offline
     lingua = ([f"compress.model={request.getfixturevalue('tiny_lingua_model')}", "segment.layers=[0,1]"]
               if {"compress", "segment"} & set(base.method.stages) else [])
@@ -179,7 +155,7 @@ def test_command_runs_to_a_report(label: str, overrides: list[str], shared: dict
     if system and "llmlingua_model" in system_spec(system).options:
         model = request.getfixturevalue("tiny_lingua_model_12")
         lingua = [*lingua, f"system.options={{llmlingua_model:'{model}',device:cpu}}"]
-    cfg = _compose([*overrides, *PROFILE, *benchmark_overrides(base, shared["data"]), *lingua,
+    cfg = compose_with_hydra([*overrides, *PROFILE, *benchmark_overrides(base, shared["data"]), *lingua,
                     f"paths.cache_dir={shared['cache']}"])
     check_config(cfg)  # what jobs/run.py checks before any stage runs
     if missing := missing_official(cfg):  # replication experiments read the official texts
@@ -213,14 +189,14 @@ def test_every_experiment_has_a_point_and_the_ablation_sweep_all_six() -> None:
 
 
 def test_a_stage_that_cannot_be_imported_is_one_config_error(tmp_path: Path) -> None:
-    cfg = _compose(["method=flat", *PROFILE,
+    cfg = compose_with_hydra(["method=flat", *PROFILE,
                     "method.implementations.extract=structmem_gpu.methods.nope:STAGE"])
     with pytest.raises(ConfigError) as err:
         run_stages(cfg, tmp_path / "run", stage_registry(cfg))
     msg = str(err.value)
     assert "\n" not in msg and "conf/method/flat.yaml" in msg and "stage 'extract'" in msg
     assert not (tmp_path / "run" / "tables").exists()  # nothing ran
-    cfg = _compose(["method=flat", *PROFILE, "method.stages=[load,extract,summarise]"])
+    cfg = compose_with_hydra(["method=flat", *PROFILE, "method.stages=[load,extract,summarise]"])
     names = r"conf/method/flat.yaml: method.stages names \['summarise'\]"
     with pytest.raises(ConfigError, match=names):
         stage_registry(cfg)
@@ -233,7 +209,7 @@ def test_the_official_locomo_file_under_benchmark_sample_is_one_line(tmp_path: P
     path = os.environ.get("STRUCTMEM_LOCOMO_PATH")
     if not path or not Path(path).is_file() or file_sha256(path) != LOCOMO_SHA256:
         pytest.skip("STRUCTMEM_LOCOMO_PATH: the official LoCoMo file is needed")
-    cfg = _compose(["benchmark=sample", f"benchmark.path={path}", *PROFILE])
+    cfg = compose_with_hydra(["benchmark=sample", f"benchmark.path={path}", *PROFILE])
     with pytest.raises(ConfigError, match=r"official LoCoMo file .* pass benchmark=locomo") as err:
         run_stages(cfg, tmp_path / "run", stage_registry(cfg))
     assert "\n" not in str(err.value)

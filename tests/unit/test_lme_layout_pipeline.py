@@ -62,6 +62,7 @@ def test_layouts_store_what_they_should(two_runs) -> None:
     assert stored < plain.read_table("turns").height  # shared sessions stored once
 
 
+@pytest.mark.e2e  # e2e: reads the module's two whole scripted runs
 def test_extraction_once_per_distinct_session(two_runs) -> None:
     compact, plain = (RunDir(r) for r in two_runs)
     sent = {r.root.name: r.read_table("requests").filter(pl.col("stage") == "extract")
@@ -82,6 +83,7 @@ def test_extraction_once_per_distinct_session(two_runs) -> None:
     assert set(e_c["request_id"]) <= set(sent["compact"]["request_id"])
 
 
+@pytest.mark.e2e  # e2e: reads the module's two whole scripted runs
 def test_same_requests_tables_and_scores(two_runs) -> None:
     compact, plain = (RunDir(r) for r in two_runs)
     req_c, req_p = (r.read_table("requests").filter(pl.col("stage") != "extract")

@@ -73,6 +73,7 @@ def test_two_shards_merge_into_the_unsharded_tables(runs: dict[str, Path], tmp_p
         assert rep_a[key] == rep_b[key], key
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_merged_manifest_lists_sources_and_sums_costs(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -90,12 +91,14 @@ def test_merged_manifest_lists_sources_and_sums_costs(
     assert man["stages"]["report"]["status"] == "done"  # regenerated on the merged tables
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_missing_shard_fails_naming_it(runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(MergeError, match=r"missing shard\(s\) \[1\] of num_shards=2"):
         merge_shards([runs["s0"]], tmp_path / "m", compose_job(BASE))
     assert not (tmp_path / "m").exists()  # nothing written
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_duplicate_shard_fails(runs: dict[str, Path], tmp_path: Path) -> None:
     copy = tmp_path / "copy0"
     shutil.copytree(runs["s0"], copy)
@@ -103,6 +106,7 @@ def test_duplicate_shard_fails(runs: dict[str, Path], tmp_path: Path) -> None:
         merge_shards([runs["s0"], copy, runs["s1"]], tmp_path / "m", compose_job(BASE))
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_config_hash_mismatch_names_the_shard(runs: dict[str, Path], tmp_path: Path) -> None:
     odd = tmp_path / "odd1"
     run_pipeline(
@@ -121,6 +125,7 @@ def test_config_hash_mismatch_names_the_shard(runs: dict[str, Path], tmp_path: P
         merge_shards([runs["s0"], odd], tmp_path / "m", compose_job(BASE))
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_unfinished_stage_names_the_shard(runs: dict[str, Path], tmp_path: Path) -> None:
     part = tmp_path / "part1"
     run_pipeline(
@@ -138,6 +143,7 @@ def test_unfinished_stage_names_the_shard(runs: dict[str, Path], tmp_path: Path)
         merge_shards([runs["s0"], part], tmp_path / "m", compose_job(BASE))
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_overlapping_conversations_fail(runs: dict[str, Path], tmp_path: Path) -> None:
     fake = tmp_path / "fake1"
     shutil.copytree(runs["s0"], fake)
@@ -148,6 +154,7 @@ def test_overlapping_conversations_fail(runs: dict[str, Path], tmp_path: Path) -
         merge_shards([runs["s0"], fake], tmp_path / "m", compose_job(BASE))
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_report_config_must_match_the_shards(runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(MergeError, match="pass the overrides the shards ran with"):
         merge_shards(
@@ -155,6 +162,7 @@ def test_report_config_must_match_the_shards(runs: dict[str, Path], tmp_path: Pa
         )
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_without_saved_hydra_config_the_error_says_what_to_pass(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -176,6 +184,7 @@ def test_cli_discovers_shards_in_a_sweep_dir(runs: dict[str, Path], tmp_path: Pa
     assert report_main(["merge", str(out), str(sweep), "--force", "--override", *BASE]) == 0
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_cli_missing_shard_exit_code(runs: dict[str, Path], tmp_path: Path, capsys) -> None:
     assert report_main(["merge", str(tmp_path / "m"), str(runs["s1"]), "--no-report"]) == 2
     assert "missing shard(s) [0] of num_shards=2" in capsys.readouterr().err
@@ -197,6 +206,7 @@ def test_sum_costs() -> None:
     }
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_cli_merges_a_sweep_crossed_with_shards_per_config(
     runs: dict[str, Path], tmp_path: Path, capsys
 ) -> None:
@@ -227,6 +237,7 @@ def test_cli_merges_a_sweep_crossed_with_shards_per_config(
         assert len(merged.load_manifest()["merged"]["sources"]) == 2
 
 
+@pytest.mark.e2e  # e2e: reads the module's sharded scripted runs
 def test_empty_shards_merge(runs: dict[str, Path], tmp_path: Path) -> None:
     """More shards than conversations (LoCoMo has 10): the empty shards run and merge."""
     dirs = []

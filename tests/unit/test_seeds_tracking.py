@@ -209,6 +209,7 @@ def test_a_single_job_with_tracking_logs_one_run(
         report["overall"]["judge_accuracy"])
 
 
+@pytest.mark.e2e  # e2e: reads the tracked sweep's subprocess runs
 def test_report_track_logs_a_finished_sweep_after_the_fact(
     sweep: tuple[Path, Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
