@@ -332,7 +332,7 @@ def test_an_unreachable_hub_is_probed_once(fake_hub: str, tmp_path: Path,
 
 def _experiment_params() -> list[Any]:
     """Each experiment; one whose job runs a baseline system is marked `systems` (the systems
-    tier, make systems-test, where the systems' environments are installed)."""
+    tier, make test-systems, where the systems' environments are installed)."""
     out = []
     for path in sorted((ROOT / "conf" / "experiment").glob("*.yaml")):
         marks = systems_mark_if(experiment_method(path.stem))
