@@ -60,6 +60,9 @@ assert sorted(ORDER) == sorted(TIERS), "every tier runs in make test-all"
 # are listed at the end of the run, as candidates to make cheap or to move to e2e.
 UNIT_BUDGET_S = 1.0
 _unit_seconds: dict[str, float] = {}
+# Each collected test's tier (its report's keywords name its directory too: an e2e test under
+# tests/unit carries "unit" there).
+_tier_of_node: dict[str, str] = {}
 
 
 def home_tier(relative: Path) -> str | None:
@@ -110,7 +113,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: Sequence[pytest.
         tier, why = tier_of(relative, declared)
         if why:
             problems.append(f"{item.nodeid} {why}")
-        elif not declared:
+            continue
+        _tier_of_node[item.nodeid] = str(tier)
+        if not declared:
             item.add_marker(getattr(pytest.mark, str(tier)))
     if problems:
         shown = "\n  ".join(problems[:30])
@@ -120,7 +125,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: Sequence[pytest.
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if "unit" in report.keywords:
+    if _tier_of_node.get(report.nodeid) == "unit":
         _unit_seconds[report.nodeid] = _unit_seconds.get(report.nodeid, 0.0) + report.duration
 
 

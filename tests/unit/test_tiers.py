@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import tier_run
+from tests import tier_run, tiers
 from tests.tiers import GATE, ORDER, TIERS, home_tier, tier_of
 
 
@@ -65,6 +65,24 @@ def test_the_tier_marker_selects_and_a_marked_test_leaves_its_directorys_tier(
     e2e = pytester.runpytest("-p", "no:cacheprovider", "-m", "e2e", "-q", "-rA")
     e2e.assert_outcomes(passed=1, deselected=1)
     e2e.stdout.fnmatch_lines(["*test_heavy*"])
+
+
+def test_only_the_unit_tiers_tests_are_listed_as_slow_units(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An e2e test under tests/unit carries "unit" among its keywords (its directory): the
+    # summary must go by its tier, not by that keyword. Every test counts as slow here.
+    monkeypatch.setattr(tiers, "UNIT_BUDGET_S", -1.0)
+    monkeypatch.setattr(tiers, "_unit_seconds", {})
+    monkeypatch.setattr(tiers, "_tier_of_node", {})
+    pytester.makeconftest("pytest_plugins = ['tests.tiers']")
+    pytester.makepyfile(**{
+        "tests/unit/test_mixed.py": ("import pytest\n\ndef test_unit_one():\n    pass\n\n"
+                                     "@pytest.mark.e2e\ndef test_heavy_one():\n    pass\n"),
+    })
+    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*1 unit test(s) over*", "*test_mixed.py::test_unit_one*"])
+    assert "test_heavy_one" not in result.stdout.str()
 
 
 def test_counts_read_from_the_junit_report(tmp_path: Path) -> None:
