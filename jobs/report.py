@@ -91,6 +91,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     for path in write_sweep_plots(runs, args.out):
         print(f"figure: {path}")
+    from structmem_gpu.analysis.compare import write_comparison_page
+
+    print(f"page: {write_comparison_page(args.out, runs)}")
     return 0
 
 

@@ -451,3 +451,14 @@ def write_comparison(
     atomic_write_text(paths["json"], json.dumps(df.to_dicts(), indent=2, default=str) + "\n")
     log.info("comparison of %d runs: %s", df.height, paths["md"])
     return paths
+
+
+def write_comparison_page(out_dir: Path, run_dirs: Sequence[Path]) -> Path:
+    """OUT/index.html: comparison.md as it stands (with the paired tests once written), the
+    figures in OUT and links to the tables and to every run's own report page."""
+    from structmem_gpu.eval.html import write_folder_page
+
+    out_dir = Path(out_dir)
+    text = (out_dir / "comparison.md").read_text(encoding="utf-8")
+    return write_folder_page(out_dir / "index.html", "Comparison", text, out_dir,
+                             runs=[(Path(d).name, Path(d)) for d in run_dirs])

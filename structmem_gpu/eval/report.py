@@ -54,6 +54,7 @@ from structmem_gpu.eval.published import (
     match_notes,
     matching_rows,
     run_categories,
+    shown_label,
 )
 from structmem_gpu.eval.selection import selected_questions
 from structmem_gpu.config.schema import ReportSettings  # the root node report: (config/schema.py)
@@ -455,21 +456,30 @@ def run_report(ctx: StageContext) -> dict[str, pl.DataFrame]:
         report["audit"] = audit
     out = ctx.run.report_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2, sort_keys=False) + "\n")
-    markdown = render_markdown(report, matching_rows(job))
+    published = matching_rows(job)
+    markdown = render_markdown(report, published)
     if errata is not None:
         from structmem_gpu.eval.errata import markdown as errata_markdown
 
         markdown += "\n" + "\n".join(errata_markdown(errata, report["judge"]))
-    atomic_write_text(out / "report.md", markdown + ("\n" + audit_markdown(audit) if audit else ""))
+    markdown += ("\n" + audit_markdown(audit)) if audit else ""
+    atomic_write_text(out / "report.md", markdown)
     if "longmemeval" in report:
         atomic_write_text(
             out / "longmemeval_hypotheses.jsonl",
             hypotheses_jsonl(questions, answers, report["protocols"]["judge_input"]),
         )
+    figures = []
     if st.plots:  # report/*.png (eval/plots.py)
         from structmem_gpu.eval.plots import write_run_plots
 
-        write_run_plots(ctx.run.root, job)
+        figures = write_run_plots(ctx.run.root, job)
+    from structmem_gpu.eval.html import write_run_page  # report/index.html, after the figures
+
+    notes = report.get("published_notes")
+    write_run_page(ctx.run.root, report, markdown,
+                   [{"label": shown_label(r, notes), "source": f"{r.source}; judge {r.judge_model}",
+                     "overall": r.overall} for r in published], figures)
     ctx.notes.update(
         judge=report["judge"],
         n=report["overall"]["n"],

@@ -9,7 +9,7 @@ dict is the job's return value, which submitit hands back for SLURM sweeps):
 
 `SweepSummary` (a Hydra callback, conf/config.yaml `hydra.callbacks`) prints one table of
 every point when the multirun ends and writes it to `<sweep dir>/sweep_summary.md` and
-`.json`; `jobs/run.py` then exits 1 when any point failed. A point stopped by preemption
+`.json`, with its page `<sweep dir>/report/index.html` (eval/html.py); `jobs/run.py` then exits 1 when any point failed. A point stopped by preemption
 still exits 75 itself, so a requeue goes on working. With two or more finished points the
 summary adds the paired tests of every point against the reference point (the first structmem
 point in the comparison's order, else the first; `jobs/report.py compare --reference` picks
@@ -143,7 +143,9 @@ class SweepSummary(Callback):
         if stats:
             text += "\n" + stats
             atomic_write_text(sweep_dir / "sweep_summary.md", text)
-        print("\n" + text + f"\nsweep summary: {sweep_dir / 'sweep_summary.md'}", flush=True)
+        page = sweep_page(sweep_dir, points, text)
+        print("\n" + text + f"\nsweep summary: {sweep_dir / 'sweep_summary.md'}\npage: {page}",
+              flush=True)
         log.info("sweep of %d points ended, %d not ok", len(points), _last_failed)
         from structmem_gpu.analysis import tracking
 
@@ -152,6 +154,28 @@ class SweepSummary(Callback):
             files = [sweep_dir / n for n in ("sweep_summary.md", "sweep_summary.json",
                                              "paired.csv", "paired.json", "seeds.json")]
             tracking.safe(tracking.log_sweep, target, sweep_dir, points, files)
+
+
+def sweep_page(sweep_dir: Path, points: Sequence[Mapping[str, Any]], text: str) -> Path:
+    """<sweep dir>/report/index.html: the summary (and its paired tests), the sweep's figures
+    (accuracy against each varied numeric key, with two or more finished points) and links
+    to every finished point's own page. A figure that cannot be drawn is one line on the page."""
+    from structmem_gpu.eval.html import write_folder_page
+
+    out = Path(sweep_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    done = [(f"#{p['job']} {' '.join(p['overrides'])}", Path(p["run_dir"])) for p in points
+            if p["status"] == "ok" and (Path(p["run_dir"]) / "report" / "report.json").is_file()]
+    if len(done) >= 2:
+        from structmem_gpu.analysis.sweep_plots import write_sweep_plots
+
+        try:
+            write_sweep_plots([d for _, d in done], out)
+        except StructMemError as err:
+            log.warning("sweep figures not drawn: %s", err)
+            text += f"\nSweep figures not drawn: {err}\n"
+    return write_folder_page(out / "index.html", f"Sweep: {Path(sweep_dir).name}", text,
+                             Path(sweep_dir), runs=done)
 
 
 def sweep_stats(sweep_dir: Path, points: Sequence[Mapping[str, Any]]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,15 @@ def test_longmemeval_report_and_hypotheses(
     lines = (run_dir / "report" / "longmemeval_hypotheses.jsonl").read_text().splitlines()
     assert len(lines) == rep["questions"] and json.loads(lines[0])["hypothesis"] == "Northwind"
     assert "## LongMemEval" in (run_dir / "report" / "report.md").read_text()
+
+
+def test_the_report_stage_writes_its_page(sample_run: Path) -> None:
+    """report/index.html beside report.md: the same scores, relative links that resolve."""
+    rep = json.loads((sample_run / "report" / "report.json").read_text())
+    page = (sample_run / "report" / "index.html").read_text(encoding="utf-8")
+    acc = f"{100 * rep['overall']['judge_accuracy']:.1f}"
+    assert f'<div class="value">{acc}</div>' in page and f"n={rep['overall']['n']}" in page
+    assert "<h2>Build cost</h2>" in page and "harness run" in page
+    links = re.findall(r'href="([^"]+)"', page)
+    assert "../tables/judgments.parquet" in links and "report.json" in links
+    assert all((sample_run / "report" / h).exists() for h in links), links
