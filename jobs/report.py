@@ -8,6 +8,9 @@
     # several finished runs (e.g. a sweep) -> comparison.md / .csv / .json in OUT, with paired
     # tests against the reference run (paired.csv/.json) and build-seed replicates (seeds.json)
     python jobs/report.py compare outputs/compare outputs/multirun/sample/2026-05-01_12-00-00
+    # StructMem's Table 1: each run (e.g. of experiment=structmem_table1) beside the paper's row
+    # for its method, scores and build cost, paired against StructMem -> table1.md/.csv/.json
+    python jobs/report.py table1 outputs/table1 outputs/multirun/locomo/2026-05-01_12-00-00
     # log finished runs or a sweep (parent + a child per point) to MLflow after the fact
     python jobs/report.py track outputs/multirun/sample/2026-05-01_12-00-00 --uri file:/abs/mlruns
     # Cohen's kappa per judge pair + Fleiss' kappa (judge=panel_example runs)
@@ -94,6 +97,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from structmem_gpu.analysis.compare import write_comparison_page
 
     print(f"page: {write_comparison_page(args.out, runs)}")
+    return 0
+
+
+def cmd_table1(args: argparse.Namespace) -> int:
+    from structmem_gpu.analysis.compare import discover_runs
+    from structmem_gpu.analysis.table1 import table1, write_table1, write_table1_page
+
+    runs = discover_runs(*args.dirs)
+    paths = write_table1(table1(runs), args.out)
+    print(paths["md"].read_text(encoding="utf-8"))
+    print(f"page: {write_table1_page(args.out, runs)}")
     return 0
 
 
@@ -199,6 +213,12 @@ def parser() -> argparse.ArgumentParser:
                    help="method (its first run in the table's order) or run directory: what "
                         "build-call ratios and the paired tests refer to")
     c.set_defaults(fn=cmd_compare)
+    t1 = sub.add_parser("table1", help="StructMem's Table 1: each run beside the paper's row "
+                        "(scores, build cost, paired tests against StructMem)")
+    t1.add_argument("out", type=Path, help="where table1.* and index.html go")
+    t1.add_argument("dirs", nargs="+", type=Path, help="run directories or folders holding "
+                    "them (e.g. the multirun of experiment=structmem_table1)")
+    t1.set_defaults(fn=cmd_table1)
     a = sub.add_parser("agreement", help="judge agreement (Cohen's / Fleiss' kappa)")
     a.add_argument("run_dir", type=Path, help="run directory whose judgments have several judges")
     a.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report")
