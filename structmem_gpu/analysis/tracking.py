@@ -39,6 +39,7 @@ from typing import Any
 
 from structmem_gpu.config.schema import TrackingSettings
 from structmem_gpu.core.errors import ConfigError, InputError, StructMemError
+from structmem_gpu.eval.html import PAGE
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +292,16 @@ def log_job(t: Target, run_dir: Path) -> str:
     tracker = Tracker(t.uri, t.experiment)
     rid = tracker.log_run_dir(run_dir, name=Path(run_dir).name, artifacts=t.settings.artifacts)
     print(f"tracking: MLflow run {rid} in {t.uri} (experiment {t.experiment})", flush=True)
+    _link_page(Path(run_dir) / "report" / PAGE, tracker, rid)
     return rid
+
+
+def _link_page(page_path: Path, tracker: Tracker, run_id: str) -> None:
+    """The run's (or sweep's) HTML page names its MLflow run (eval/html.link_tracking)."""
+    from structmem_gpu.eval.html import link_tracking
+
+    if link_tracking(page_path, tracker.uri, tracker.experiment_id, run_id):
+        log.info("%s links MLflow run %s", page_path, run_id)
 
 
 def log_sweep(t: Target, sweep_dir: Path, points: Sequence[Mapping[str, Any]],
@@ -316,14 +326,17 @@ def log_sweep(t: Target, sweep_dir: Path, points: Sequence[Mapping[str, Any]],
         if p.get("error"):
             extra["error"] = str(p["error"])[:5000]
         run_dir = Path(str(p.get("run_dir") or sweep_dir))
-        tracker.log_run_dir(run_dir, name=shown[:250], parent=parent, status=status,
-                            artifacts=t.settings.artifacts and status == "FINISHED",
-                            extra_tags=extra)
+        child = tracker.log_run_dir(run_dir, name=shown[:250], parent=parent, status=status,
+                                    artifacts=t.settings.artifacts and status == "FINISHED",
+                                    extra_tags=extra)
+        if status == "FINISHED":
+            _link_page(run_dir / "report" / PAGE, tracker, child)
     if t.settings.artifacts:
         for path in artifacts:
             if Path(path).is_file():
                 client.log_artifact(parent, str(path))
     client.set_terminated(parent, "FAILED" if failed else "FINISHED")
+    _link_page(Path(sweep_dir) / "report" / PAGE, tracker, parent)
     print(f"tracking: MLflow sweep run {parent} with {len(points)} child runs in {t.uri} "
           f"(experiment {t.experiment})", flush=True)
     return parent

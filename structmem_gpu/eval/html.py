@@ -213,6 +213,30 @@ def write_run_page(run_dir: Path, report: Mapping[str, Any], markdown: str,
                       images=images, files=files)
 
 
+_TRACKING = re.compile(r"<!-- tracking -->.*?<!-- /tracking -->\n", re.DOTALL)
+
+
+def link_tracking(page_path: Path, uri: str, experiment_id: str, run_id: str) -> bool:
+    """Put the MLflow run a page's run (or sweep) was logged as at the top of its page, after
+    the tracker logged it (analysis/tracking.py: tracking=mlflow): a link into the tracking
+    UI for a served store (http/https), else the store and the `mlflow ui` command that serves
+    it. A second logging replaces the first link. False when the page does not exist."""
+    page_path = Path(page_path)
+    if not page_path.is_file():
+        return False
+    if uri.startswith(("http://", "https://")):
+        href = f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        where = f'<a href="{html.escape(href)}">open it in MLflow</a>'
+    else:
+        where = (f"store <code>{html.escape(uri)}</code>; serve it with <code>mlflow ui "
+                 f"--backend-store-uri {html.escape(uri)}</code>")
+    note = (f'<!-- tracking --><p class="tracking">MLflow run <code>{html.escape(run_id)}</code> '
+            f"(experiment {html.escape(str(experiment_id))}): {where}</p><!-- /tracking -->\n")
+    text = _TRACKING.sub("", page_path.read_text(encoding="utf-8"))
+    atomic_write_text(page_path, text.replace("<body>\n", "<body>\n" + note, 1))
+    return True
+
+
 def write_folder_page(out: Path, title: str, markdown: str, folder: Path,
                       runs: Sequence[tuple[str, Path]] = ()) -> Path:
     """The page of a comparison (out = OUT/index.html, folder = OUT) or a sweep (out =

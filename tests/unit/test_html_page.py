@@ -13,7 +13,13 @@ from urllib.parse import unquote
 
 import polars as pl
 
-from structmem_gpu.eval.html import markdown_to_html, write_folder_page, write_run_page
+from structmem_gpu.eval.html import (
+    link_tracking,
+    markdown_to_html,
+    write_folder_page,
+    write_page,
+    write_run_page,
+)
 from structmem_gpu.eval.published import load_published, shown_label
 from structmem_gpu.eval.report_md import render_markdown
 
@@ -136,3 +142,19 @@ def test_folder_page_links_every_run_page_and_inlines_the_sweep_figures(tmp_path
                   .read_text(encoding="utf-8"))
     assert "../../runs/locomo/structmem/report/index.html" in links
     assert all((path.parent / unquote(h)).exists() for h in links), links
+
+
+def test_the_page_names_its_mlflow_run_once_and_links_a_served_store(tmp_path: Path) -> None:
+    """analysis/tracking.py calls link_tracking after logging a run (tracking=mlflow); the e2e
+    sweep test checks the pages of a real tracked sweep."""
+    out = write_page(tmp_path / "index.html", "Report", "# Report\n\nbody")
+    assert link_tracking(out, "file:/data/mlruns", "7", "abc123")
+    text = out.read_text()
+    assert "MLflow run <code>abc123</code> (experiment 7)" in text
+    assert "mlflow ui --backend-store-uri file:/data/mlruns" in text
+    assert link_tracking(out, "http://mlflow.lab:5000/", "7", "def456")  # logged again
+    text = out.read_text()
+    assert "abc123" not in text and text.count('class="tracking"') == 1
+    assert 'href="http://mlflow.lab:5000/#/experiments/7/runs/def456"' in text
+    assert text.index('class="tracking"') < text.index("<h1")  # at the top
+    assert not link_tracking(tmp_path / "absent.html", "file:/x", "1", "r")

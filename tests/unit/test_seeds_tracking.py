@@ -180,6 +180,11 @@ def test_the_sweep_is_one_mlflow_parent_run_with_a_child_per_point(
         assert "time/extract/wall_s" in c.data.metrics
         artifacts = {a.path for a in client.list_artifacts(c.info.run_id, "report")}
         assert "report/report.json" in artifacts and "report/report.md" in artifacts
+        # The point's own page names its MLflow run (eval/html.link_tracking).
+        assert f"MLflow run <code>{c.info.run_id}</code>" in (
+            run_dir / "report" / "index.html").read_text()
+    assert f"MLflow run <code>{parent.info.run_id}</code>" in (
+        sweep_dir / "report" / "index.html").read_text()
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
         "sweep_summary.md", "paired.json", "seeds.json"}
 
