@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from structmem_gpu.systems import envs
 from structmem_gpu.systems.memoryos import SPEC, USER_DATA, scripted_reply
 from tests.systems.worker_driver import (
     CONVERSATION,
@@ -31,6 +34,8 @@ from tests.systems.worker_driver import (
     needs_env,
     request,
     session,
+    system_python,
+    systems_dir,
 )
 
 needs_memoryos = needs_env("memoryos")
@@ -188,6 +193,66 @@ def test_pages_pair_by_speaker_a_when_speaker_b_speaks_first(tmp_path: Path) -> 
     # no roles in the payload: the first to speak is speaker_a
     pages = _kinds(fallback["memories"])["page"]
     assert pages[0]["text"].startswith(f"Melanie: {OPENER[1]}\nCaroline: {TURNS[0][1]}")
+
+
+# In the environment's Python: each payload through the worker's LoCoMo record and MemoryOS's
+# own driver's pairing (main_loco_parse.process_conversation), no LLM call.
+PAIRING = """
+import json, os, sys
+sys.path.insert(0, os.environ["WORKER_DIR"])
+import memoryos_worker as w
+w._install_stand_ins()
+sys.path.insert(0, os.path.join(os.environ["STRUCTMEM_SYSTEM_SRC"], "eval"))
+import main_loco_parse
+out = {}
+for unit, p in json.load(sys.stdin).items():
+    conv, _ = w._conversation(p["sessions"], [p["speaker_a"], p["speaker_b"]])
+    out[unit] = main_loco_parse.process_conversation(conv)
+json.dump(out, sys.stdout)
+"""
+
+
+@needs_memoryos
+@pytest.mark.locomo
+def test_pages_pair_by_speaker_a_on_every_real_locomo_conversation(
+        tmp_path: Path, locomo_path: Path) -> None:
+    """The real file's 10 conversations, as the build stage sends them (load stage, payloads):
+    every page MemoryOS's driver makes opens with a speaker_a turn and carries a speaker_b
+    reply, on the six conversations whose speaker_b speaks first too (there the opener alone
+    is a page without a speaker_a half, which the driver never stores)."""
+    from structmem_gpu.core.artifacts import RunDir
+    from structmem_gpu.systems.stages import build_payloads
+    from tests.fixtures.pipeline import run_pipeline
+
+    run_dir = tmp_path / "run"
+    run_pipeline(["benchmark=locomo", f"benchmark.path={locomo_path}", "stages=[load]",
+                  f"paths.cache_dir={tmp_path / 'cache'}"], run_dir)
+    run = RunDir(run_dir)
+    payloads = build_payloads(run.read_table("turns"), run.read_table("conversations"))
+    assert len(payloads) == 10
+    env = {**os.environ, "WORKER_DIR": str(SPEC.worker_path.parent),
+           "STRUCTMEM_SYSTEM_SRC": str(envs.source_dir(SPEC, systems_dir()))}
+    proc = subprocess.run([str(system_python(SPEC)), "-c", PAIRING], input=json.dumps(payloads),
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pages = json.loads(proc.stdout)
+    b_first = set()
+    for unit, p in payloads.items():
+        said = {who: set() for who in (p["speaker_a"], p["speaker_b"])}
+        for s in p["sessions"]:
+            for t in s["turns"]:
+                said[t["speaker"]].add(t.get("raw_text") or t["text"])
+        a_turns = sum(t["speaker"] == p["speaker_a"] for s in p["sessions"] for t in s["turns"])
+        opener = [d for d in pages[unit] if not d["user_input"]]
+        if opener:
+            b_first.add(unit)
+        assert len(opener) <= 1 and len(pages[unit]) == a_turns + len(opener), unit
+        for d in pages[unit]:
+            user = d["user_input"].split(" (image description: ")[0]
+            reply = d["agent_response"].split(" (image description: ")[0]
+            assert not user or user in said[p["speaker_a"]], (unit, d)
+            assert not reply or reply in said[p["speaker_b"]], (unit, d)
+    assert b_first == {"conv-30", "conv-41", "conv-42", "conv-43", "conv-47", "conv-49"}
 
 
 def _not_json(body: Mapping[str, Any]) -> dict[str, Any]:
