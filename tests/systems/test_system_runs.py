@@ -44,6 +44,31 @@ def test_a_system_runs_to_a_report_then_reruns_from_the_cache(name: str, tmp_pat
     run_and_rerun(name, tmp_path)
 
 
+def table1_row_of(run_dir: Path, name: str, build_requests: int) -> None:
+    """`jobs/report.py table1` puts the system's run beside the paper's Table 1 row of its
+    method, with the paper's scores and build cost and ours from the same accounting (every
+    request the system's own code sent while building); a system without a Table 1 row (SEEM's
+    and HippoRAG 2's baselines) is listed on its own, saying so."""
+    from omegaconf import OmegaConf
+
+    from structmem_gpu.analysis.table1 import table1, table1_rows
+    from tests.fixtures.pipeline import compose_cfg
+
+    (run_dir / ".hydra").mkdir(exist_ok=True)  # where a launched job's config is saved
+    OmegaConf.save(compose_cfg(["debug=scripted", f"method={name}"]), run_dir / ".hydra" / "config.yaml")
+    rows = [r for r in table1([run_dir]).iter_rows(named=True)
+            if r.get("run_dir") == str(run_dir)]
+    assert len(rows) == 1
+    [row] = rows
+    assert row["ours_calls"] == build_requests > 0 and row["ours_prompt_tokens"] > 0
+    mine = [r for r in table1_rows() if r.match and r.match.get("method") == name]
+    if mine:
+        assert row["row"] in {r.id for r in mine} and row["paper_overall"] is not None
+        assert row["status"].startswith("not the paper's configuration: harness run")
+    else:
+        assert row["status"] == "no Table 1 row for this method"
+
+
 def run_and_rerun(name: str, tmp_path: Path, extra: Sequence[str] = ()) -> None:
     """The system's whole run, then the same job into a new run directory (shared with the
     heavy tier, test_heavy_systems.py; `extra`: overrides a system needs, e.g. a model path)."""
@@ -75,6 +100,7 @@ def run_and_rerun(name: str, tmp_path: Path, extra: Sequence[str] = ()) -> None:
     # system that tried one (telemetry, a download) would have logged the refusal
     logs = sorted((first / "logs").glob(f"system_{name}_*.log"))
     assert logs and not any("network refused" in p.read_text(errors="replace") for p in logs)
+    table1_row_of(first, name, int(units["requests"].sum()))
 
     second = tmp_path / "run2"
     run_pipeline(_overrides(name, cache, extra), second)
