@@ -168,6 +168,9 @@ def _print_closing(run_dir: Path, table: bool) -> None:
     print(f"run directory: {run_dir}")
     if report.exists():
         print(f"report: {report}")
+    page = report.with_name("index.html")  # eval/html.py: tables and figures on one page
+    if page.exists():
+        print(f"page: {page}")
 
 
 def save_job_config(cfg: DictConfig, run_dir: Path) -> None:

@@ -50,6 +50,7 @@ def test_two_configurations_two_directories_and_each_resumes(tmp: Path) -> None:
     assert _manifest(run_b)["stages"]["consolidate"]["config"]["consolidate"]["seed_k"] == 5
     # The closing table: headline scores with CI, then the paths.
     assert "| overall | " in a.stdout and "95% CI" in a.stdout and f"report: {run_a}" in a.stdout
+    assert f"page: {run_a / 'report' / 'index.html'}" in a.stdout  # the run's HTML page
     again = job(tmp, *SMALL, "consolidate.seed_k=5")
     assert again.returncode == 0
     stages = _manifest(run_b)["stages"]
