@@ -92,7 +92,8 @@ def test_experiment_headers_name_the_command() -> None:
 
 
 # experiment=structmem_table1: each point (conf/table1/<name>.yaml) -> its method, the A.4 knob
-# it sets, and the StructMem Table 1 row it is the configuration of (docs/table1.md)
+# it sets, and the StructMem Table 1 row it is the configuration of (docs/evaluation.md
+# "StructMem Table 1 and Table 4 rows")
 TABLE1 = {
     "structmem": ("structmem", {}, "structmem-table1"),
     "openai": ("full_context", {"answer.context_tokens": None, "answer.history_order": "flat"},
