@@ -239,6 +239,13 @@ class AnswerSettings(Settings):
         "Reader context budget (characters / 4) of the builders that take one: full_context "
         "(null = the whole history, never cut; a request over the model's context is refused "
         "by the context guard) and SEEM (which needs a number). StructMem's reader has none."))
+    # StructMem Table 1's two no-memory rows (Appendix A.4): FullContext = newest_first, OpenAI
+    # (as A.4 describes it) = flat.
+    history_order: Literal["newest_first", "flat"] = Field("newest_first", description=(
+        "full_context's history: newest_first = sessions newest first, each under its dated "
+        "header (A.4's FullContext); flat = every turn in the conversation's order as flat text, "
+        "no session headers or dates (A.4's description of Table 1's OpenAI row). Other "
+        "readers ignore it."))
 
 
 class ReaderSizes(Settings):

@@ -51,8 +51,21 @@ On top of its `match` block a row matches only when
 - the run is not a harness run: never for `llm=scripted` (llm.backend scripted) or a debug
   profile (`debug_profile` set by debug=ci / debug=scripted).
 
-`match: null` rows (methods or settings this project does not implement) are data only and
-never matched. Values are percentages, as printed in the papers.
+`match: null` rows are data only and never matched; each carries `excluded`, the reason no
+configuration here reproduces it (a system that needs a hosted server, a setting not
+implemented, or a duplicate: "the same figures as ROW", naming the row a run matches), and a
+row with a `match` carries none, so every row on file is either matched or excluded with its
+reason (the loader refuses anything else). Values are percentages, as printed in the papers.
+
+Other keys are extra data, kept in `PublishedRow.extra` (a `note`, `correct_by_category`,
+`backbone`, ...). StructMem Table 1's build cost, for all 10 conversations, where the paper
+prints it (absent where it prints "-"):
+
+    "build_cost": {"prompt_tokens": 1501000, "completion_tokens": 436000,
+                   "total_tokens": 1937000, "calls": 1056, "wall_s": 22854}
+
+tokens as printed in millions with three decimals, times 10^6 (the printed sum is its own
+figure: the paper rounds it apart from the two parts), calls and wall-clock seconds as printed.
 """
 
 from __future__ import annotations
@@ -94,10 +107,11 @@ class PublishedRow:
     by_category: Mapping[str, Mapping[str, float]]  # metric -> category id (str) -> percent
     extra: Mapping[str, Any] = field(default_factory=dict)  # build_cost, correct_by_category, ...
     beside: tuple[Beside, ...] = ()
+    excluded: str | None = None  # why no configuration matches the row (match is None)
 
 
 _KNOWN = {"id", "source", "label", "match", "judge_model", "categories", "overall", "by_category"}
-_OPTIONAL = {"beside"}
+_OPTIONAL = {"beside", "excluded"}
 # Keys whose value is a list the run's value must include every item of (module docstring).
 _INCLUDES = frozenset({"method.stages"})
 
@@ -126,6 +140,12 @@ def _row(paper: str, raw: Mapping[str, Any], origin: Path) -> PublishedRow:
     if missing:
         raise ValueError(f"{origin}: row {raw.get('id')!r} lacks {sorted(missing)}")
     _check_values(raw["match"] or {}, f"{origin}: row {raw['id']!r}")
+    excluded = raw.get("excluded")
+    if (raw["match"] is None) != bool(excluded) or not isinstance(excluded, (str, type(None))):
+        raise ValueError(
+            f"{origin}: row {raw['id']!r}: a row without a match needs 'excluded' (the reason, "
+            "a string) and a row with a match has none; it has "
+            f"match={'null' if raw['match'] is None else '{...}'}, excluded={excluded!r}")
     return PublishedRow(
         id=str(raw["id"]),
         paper=paper,
@@ -141,6 +161,7 @@ def _row(paper: str, raw: Mapping[str, Any], origin: Path) -> PublishedRow:
         },
         extra={k: v for k, v in raw.items() if k not in _KNOWN | _OPTIONAL},
         beside=tuple(_beside(b, raw["match"], origin) for b in raw.get("beside") or ()),
+        excluded=str(excluded) if excluded else None,
     )
 
 

@@ -89,3 +89,48 @@ def test_experiment_headers_name_the_command() -> None:
             text.startswith("# @package _global_")
             and f"python jobs/run.py -m experiment={name}" in text
         )
+
+
+# experiment=structmem_table1: each point (conf/table1/<name>.yaml) -> its method, the A.4 knob
+# it sets, and the StructMem Table 1 row it is the configuration of (docs/evaluation.md
+# "StructMem Table 1 and Table 4 rows")
+TABLE1 = {
+    "structmem": ("structmem", {}, "structmem-table1"),
+    "openai": ("full_context", {"answer.context_tokens": None, "answer.history_order": "flat"},
+               "structmem-table1-openai"),
+    "full_context": ("full_context", {"answer.context_tokens": None,
+                                      "answer.history_order": "newest_first"},
+                     "structmem-table1-full-context"),
+    "minirag": ("minirag", {"system.top_k": 20}, "structmem-table1-minirag"),
+    "lightrag": ("lightrag", {"system.top_k": 20}, "structmem-table1-lightrag"),
+    "langmem": ("langmem", {"system.top_k": 40}, "structmem-table1-langmem"),
+    "amem": ("amem", {"system.top_k": 40}, "structmem-table1-a-mem"),
+    "mem0": ("mem0", {"system.top_k": 10}, "structmem-table1-mem0"),
+    "memoryos": ("memoryos", {"system.top_k": 10, "system.options": None},
+                 "structmem-table1-memoryos"),
+    "mem0_graph": ("mem0_graph", {"system.top_k": 10}, "structmem-table1-mem0-graph"),
+    "zep": ("zep", {"system.top_k": 10}, "structmem-table1-zep"),
+}
+
+
+def test_structmem_table1_sweeps_every_runnable_row_with_its_a4_setting() -> None:
+    from structmem_gpu.eval.published import load_published, match_note
+
+    cfg = _experiment("structmem_table1")
+    assert OmegaConf.to_container(cfg.hydra.sweeper.params) == {"+table1": ",".join(TABLE1)}
+    assert sorted(p.stem for p in (CONF / "table1").glob("*.yaml")) == sorted(TABLE1)
+    rows = [r for r in load_published() if r.match and r.id.startswith("structmem-table1")]
+    shared = None
+    for point, (method, knobs, row_id) in TABLE1.items():
+        # a research profile: a debug profile's run never matches a published row
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            c = compose(config_name="config", overrides=[
+                "experiment=structmem_table1", f"+table1={point}", "llm=vllm_qwen2_5_7b"])
+        assert c.method.name == method and list(c.benchmark.categories) == [1, 2, 3, 4], point
+        for key, value in knobs.items():
+            assert OmegaConf.select(c, key) == value, (point, key)
+        assert [r.id for r in rows if match_note(c, r) is not None] == [row_id], point
+        same = {k: OmegaConf.to_container(c[k], resolve=True) for k in ("llm", "judge", "prompts")}
+        assert same == (shared := shared or same), point  # one answer model, judge and texts
+    # every runnable Table 1 row is a point; Memobase is excluded (hosted server)
+    assert {r.id for r in rows} == {row for _, _, row in TABLE1.values()}

@@ -79,9 +79,26 @@ def missing_official(cfg: DictConfig) -> str | None:
     return None
 
 
+def option_method(override: str) -> str | None:
+    """The method a config-group option of a sweep point selects (`+table1=amem`: its YAML's
+    `override /method`, or the method of the experiment it includes), None when it selects none."""
+    group, _, option = override.lstrip("+").partition("=")
+    path = CONF_DIR / group / f"{option}.yaml"
+    if group in ("method", "experiment") or not path.is_file():
+        return None
+    for entry in OmegaConf.load(path).get("defaults") or []:
+        if isinstance(entry, str) and entry.startswith("/experiment/"):
+            return experiment_method(entry.rsplit("/", 1)[1])
+        if hasattr(entry, "get") and entry.get("override /method"):
+            return str(entry.get("override /method"))
+    return None
+
+
 def point_method(experiment: str, point: list[str]) -> str:
-    """The method a sweep point runs: its own `method=` override, else the experiment's."""
+    """The method a sweep point runs: its own `method=` override, or the method a group option
+    of it selects (experiment=structmem_table1's `+table1=NAME`), else the experiment's."""
     chosen = [o.split("=", 1)[1] for o in point if o.startswith("method=")]
+    chosen += [m for o in point if (m := option_method(o))]
     return chosen[-1] if chosen else experiment_method(experiment)
 
 

@@ -44,3 +44,30 @@ def test_whole_history_over_the_context_is_one_warning_never_cut(
     assert len(lines) == 1 and "1 of 1 conversations (c)" in lines[0]
     assert "256 tokens" in lines[0] and "refuses their 2 questions" in lines[0]
     assert render_history(turns, None).text in prompts["c:q1"].messages[1].content  # uncut
+
+
+def test_flat_history_is_every_turn_in_order_without_headers() -> None:
+    """answer.history_order=flat: StructMem Table 1's OpenAI row as Appendix A.4 describes it
+    (all turns concatenated as flat text); the default stays sessions newest first."""
+    from structmem_gpu.methods.baselines.prompts import answer_full_context as P
+
+    turns = _turns()
+    flat = render_history(turns, None, "flat")
+    lines = flat.text.splitlines()
+    assert len(lines) == turns.height and not flat.truncated  # no session header, every turn
+    assert lines[0].startswith("Ana: s1 turn 0") and lines[-1] == "Ana: s2 turn 2 " + "x" * 40 + " [image: a dog]"
+    assert "Session" not in flat.text
+    # a budget drops the earliest turns first, saying so
+    cut = render_history(turns, 40, "flat")
+    assert cut.truncated and cut.text.splitlines()[0] == P.FLAT_TRUNCATED_NOTE
+    assert cut.text.splitlines()[-1] == lines[-1] and cut.sessions_shown == 1
+    # the prompt: flat header and rules, its own prompt version; the default unchanged
+    cfg = job_with({"answer": {"context_tokens": None, "max_tokens": 16, "history_order": "flat"},
+                    "llm": {"backend": "llamacpp", "model": "x", "tokenizer": "chars", "n_ctx": 8192}})
+    prompt = build_prompts(AnswerInputs(cfg, _questions(), {"turns": turns}))["c:q0"]
+    assert prompt.prompt_version == P.FLAT_VERSION
+    system, user = (m.content for m in prompt.messages)
+    assert system == P.FLAT_SYSTEM and user.startswith(P.FLAT_HEADER + "\n" + flat.text)
+    default = build_prompts(AnswerInputs(_cfg(8192), _questions(), {"turns": turns}))["c:q0"]
+    assert default.prompt_version == P.VERSION and default.messages[0].content == P.SYSTEM
+    assert render_history(turns, None).text.startswith("Session 2")

@@ -52,6 +52,11 @@ experiment=flat_locomo_reference_code): the config hashes of the StructMem-famil
 with an extract stage) and their extract / audit_extraction fingerprints moved, on purpose.
 Without the LightMem texts the extract requests are unchanged: a finished extract stage reruns
 once from the response cache and writes the same entries table.
+Issue 56 added `answer.history_order` (role "result", "newest_first" by default: full_context's
+history order; "flat" is StructMem Table 1's OpenAI row as Appendix A.4 describes it): every
+config hash and every answer fingerprint moved, on purpose, and no other stage's. At the
+default the answer requests are unchanged: a finished answer stage reruns once from the
+response cache and writes the same answers table, so the judge and report do not rerun.
 """
 
 from __future__ import annotations

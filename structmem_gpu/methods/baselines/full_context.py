@@ -18,6 +18,12 @@ manifest and report), never silently cut. One rendered block:
     Session 5 (7:05 pm on 17 March 2024):
     Tomas: Here he is on his first walk! [image: a photo of a small beagle puppy]
     Ana: He is adorable!
+
+`answer.history_order: flat` (StructMem Table 1 "OpenAI" as Appendix A.4 describes it: all
+turns concatenated as flat text, no retrieval) renders every turn in the conversation's order,
+one `Speaker: text` line each, with no session header or date; a budget drops the earliest
+turns first. The default, `newest_first`, is the block above (A.4's FullContext: the whole
+history in reverse chronological order, session by session).
 """
 
 from __future__ import annotations
@@ -62,9 +68,30 @@ def _session_blocks(turns: pl.DataFrame) -> list[tuple[str, list[str]]]:
     return blocks
 
 
-def render_history(turns: pl.DataFrame, context_tokens: int | None) -> History:
-    """Newest sessions first, cut to `context_tokens * CHARS_PER_TOKEN` characters (None =
-    the whole history)."""
+def _render_flat(turns: pl.DataFrame, context_tokens: int | None) -> History:
+    """Every turn in the conversation's order, no session headers or dates; cut to the budget
+    from the earliest turn on (None = the whole history)."""
+    ordered = turns.sort(["session_index", "turn_index"])
+    sessions = ordered["session_index"].to_list()
+    lines = [f"{speaker}: {display_text(text or '', caption)}" for speaker, text, caption in
+             ordered.select("speaker", "text", "image_caption").iter_rows()]
+    total = len(set(sessions))
+    if context_tokens is None:
+        return History("\n".join(lines), total, total, False)
+    budget = max(0, int(context_tokens)) * CHARS_PER_TOKEN
+    kept = _latest_turns_that_fit(lines, budget - len(P.FLAT_TRUNCATED_NOTE) - 1)
+    if len(kept) == len(lines):
+        return History("\n".join(lines), total, total, False)
+    shown = len(set(sessions[len(lines) - len(kept):]))
+    return History("\n".join([P.FLAT_TRUNCATED_NOTE, *kept]), shown, total, True)
+
+
+def render_history(turns: pl.DataFrame, context_tokens: int | None,
+                   order: str = "newest_first") -> History:
+    """Newest sessions first (`order` flat: every turn in order, no headers), cut to
+    `context_tokens * CHARS_PER_TOKEN` characters (None = the whole history)."""
+    if order == "flat":
+        return _render_flat(turns, context_tokens)
     if context_tokens is None:
         blocks = _session_blocks(turns)
         text = "\n".join("\n".join([h, *lines]) for h, lines in blocks)
@@ -108,6 +135,7 @@ def _whole_histories(
     convs: Sequence[str],
     longest: dict[str, tuple[str, Any]],
     fits: Any,
+    order: str,
 ) -> dict[str, History]:
     """Every conversation's whole history; one warning line names those the answer model's
     context cannot hold (the guard refuses their requests: over_context)."""
@@ -116,9 +144,9 @@ def _whole_histories(
     for (conv,), conv_turns in turns.filter(pl.col("conv_id").is_in(convs)).group_by(
         ["conv_id"], maintain_order=True
     ):
-        out[conv] = render_history(conv_turns, None)
+        out[conv] = render_history(conv_turns, None, order)
         q, now = longest.get(conv, ("", None))
-        if not fits(P.build_messages(q, out[conv].text, now)):
+        if not fits(P.build_messages(q, out[conv].text, now, order == "flat")):
             over.append(str(conv))
     if over:
         from structmem_gpu.llm.factory import config_guard
@@ -141,6 +169,7 @@ def _budget_histories(
     longest: dict[str, tuple[str, Any]],
     fits: Any,
     context_tokens: int,
+    order: str,
 ) -> tuple[dict[str, History], int]:
     """Every conversation's history cut to the budget, trimmed further to fit the context."""
     histories: dict[str, History] = {}
@@ -148,11 +177,11 @@ def _budget_histories(
     for (conv,), conv_turns in turns.filter(pl.col("conv_id").is_in(convs)).group_by(["conv_id"]):
         # Over the model's context: a smaller history budget, oldest sessions still first out.
         def build(share: float, conv_turns: pl.DataFrame = conv_turns) -> History:
-            return render_history(conv_turns, int(context_tokens * share))
+            return render_history(conv_turns, int(context_tokens * share), order)
 
         q, now = longest.get(conv, ("", None))
         histories[conv], over = fit_prompt(
-            build, lambda h, q=q, now=now: fits(P.build_messages(q, h.text, now))
+            build, lambda h, q=q, now=now: fits(P.build_messages(q, h.text, now, order == "flat"))
         )
         trimmed += over
     return histories, trimmed
@@ -160,7 +189,10 @@ def _budget_histories(
 
 def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     turns = inputs.require("turns", "full_context")
-    context_tokens = inputs.job.settings(AnswerSettings).context_tokens  # None: the whole history
+    settings = inputs.job.settings(AnswerSettings)
+    context_tokens = settings.context_tokens  # None: the whole history
+    order = settings.history_order
+    flat = order == "flat"
     convs = inputs.questions["conv_id"].unique().to_list()
     fits = reader_fits(inputs.job)
     longest: dict[str, tuple[str, Any]] = {}  # conv -> its longest question (with its time)
@@ -170,9 +202,9 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
             longest[conv] = (question, now)
     trimmed = 0
     if context_tokens is None:  # the whole history: nothing cut, the guard refuses what won't fit
-        histories = _whole_histories(inputs, turns, convs, longest, fits)
+        histories = _whole_histories(inputs, turns, convs, longest, fits, order)
     else:
-        histories, trimmed = _budget_histories(turns, convs, longest, fits, context_tokens)
+        histories, trimmed = _budget_histories(turns, convs, longest, fits, context_tokens, order)
     if note := trim_note("full_context", trimmed, len(histories)):
         log.warning("%s (oldest sessions first)", note)
     cut = sum(h.truncated for h in histories.values())
@@ -189,5 +221,6 @@ def build_prompts(inputs: AnswerInputs) -> dict[str, AnswerPrompt]:
     ).iter_rows():
         hist = histories.get(conv)
         text = hist.text if hist else "(no history)"
-        out[qid] = AnswerPrompt(P.build_messages(question, text, now), P.VERSION)
+        out[qid] = AnswerPrompt(P.build_messages(question, text, now, flat),
+                                P.FLAT_VERSION if flat else P.VERSION)
     return out

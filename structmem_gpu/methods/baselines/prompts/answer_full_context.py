@@ -11,6 +11,10 @@ methods/baselines/full_context.py decides what fits). Example:
     Tomas: Here he is on his first walk! [image: a photo of a small beagle puppy]
     Session 1 (...)
     Question: What is the name of the dog Tomas adopted?
+
+`answer.history_order: flat` (StructMem Table 1 "OpenAI" as Appendix A.4 describes it: all
+turns concatenated as flat text, no retrieval) shows every turn in the conversation's order
+with no session header and no date (FLAT_SYSTEM, FLAT_HEADER, FLAT_VERSION).
 """
 
 from __future__ import annotations
@@ -39,6 +43,19 @@ HEADER = "Conversation history (newest session first):"
 TRUNCATED_NOTE = "(older sessions omitted to fit the context)"
 
 
+FLAT_VERSION = "answer_full_context_flat/1"
+
+FLAT_SYSTEM = f"""You answer a question about a long conversation using only the history provided.
+Rules:
+- The history is every turn of the conversation as one flat text, without sessions or dates.
+- Answer with a short phrase (a name, a few words or a date), not a full sentence. Reuse the \
+conversation's own words where you can.
+- If the history does not contain the answer, reply exactly: {NOT_MENTIONED}"""
+
+FLAT_HEADER = "Conversation history (every turn, flat text):"
+FLAT_TRUNCATED_NOTE = "(earlier turns omitted to fit the context)"
+
+
 def session_header(session_index: int, time: datetime | None) -> str:
     when = (
         "unknown date"
@@ -48,11 +65,13 @@ def session_header(session_index: int, time: datetime | None) -> str:
     return f"Session {session_index} ({when}):"
 
 
-def build_messages(question: str, history: str, now: datetime | None = None) -> tuple[Message, ...]:
-    """`history` is the already-rendered, already-truncated block of sessions."""
-    lines = [HEADER, history]
+def build_messages(question: str, history: str, now: datetime | None = None,
+                   flat: bool = False) -> tuple[Message, ...]:
+    """`history` is the already-rendered, already-truncated block of sessions (`flat`: of
+    turns, answer.history_order=flat)."""
+    lines = [FLAT_HEADER if flat else HEADER, history]
     today = current_date_line(now)
     if today:
         lines.append(today)
     lines.append(f"Question: {question}")
-    return (Message("system", SYSTEM), Message("user", "\n".join(lines)))
+    return (Message("system", FLAT_SYSTEM if flat else SYSTEM), Message("user", "\n".join(lines)))
