@@ -79,12 +79,26 @@ def test_another_method_is_paired_against_structmem(runs: list[Path]) -> None:
     assert fc["ours_calls"] == 0  # no memory: nothing built
 
 
+def test_a_method_with_two_rows_goes_to_the_one_its_settings_agree_with(runs: list[Path]) -> None:
+    """method=full_context stands for two rows: FullContext (sessions newest first, the
+    default) and OpenAI (answer.history_order=flat); the run goes to the first, the second is
+    listed as not run, and Memobase as excluded with its reason."""
+    rows = {r["row"]: r for r in table1(runs).iter_rows(named=True)}
+    assert rows["structmem-table1-full-context"]["run_dir"] == str(runs[1])
+    assert rows["structmem-table1-openai"]["status"].startswith("not run")
+    assert rows["structmem-table1-openai"]["run_dir"] is None
+    assert rows["structmem-table1-memobase"]["status"].startswith("excluded: ")
+    assert "hosted server" in rows["structmem-table1-memobase"]["status"]
+
+
 def test_markdown_shows_ours_beside_the_paper_and_the_build_cost(runs: list[Path]) -> None:
     text = render_markdown(table1(runs))
     line = next(s for s in text.splitlines() if s.startswith("| StructMem |"))
     assert "/ 76.82" in line and "reference" in line
     cost = [s for s in text.splitlines() if s.startswith("| StructMem |")][1]
-    assert "/ 1.501" in cost and "/ 1,056" in cost and "/ 22,854" in cost
+    assert "/ 1.501" in cost and "/ 1.937" in cost and "/ 1,056" in cost and "/ 22,854" in cost
+    memoryos = [s for s in text.splitlines() if s.startswith("| MemoryOS |")][1]
+    assert "/ 2.868" in memoryos  # the paper's sum as printed (its parts add to 2.828)
 
 
 def test_the_cli_writes_the_table_and_its_page(runs: list[Path], tmp_path: Path,
