@@ -65,7 +65,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,16 +127,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments of a command line as main reads them, nothing run: a subcommand's (its
+    name first, never a dataset name) or the datasets'. A bad one exits 2 with argparse's
+    usage line (tests/unit/test_docs_links.py checks every command the docs show with it)."""
+    argv = list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]][0](argv[1:])
+    return parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "models":  # a subcommand, never a dataset name
-        return models_main(argv[1:])
-    if argv and argv[0] == "official":
-        return official_main(argv[1:])
-    if argv and argv[0] == "cache":
-        return cache_main(argv[1:])
-    if argv and argv[0] == "systems":
-        return systems_main(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:  # a subcommand, never a dataset name
+        return SUBCOMMANDS[argv[0]][1](argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s"
@@ -166,9 +170,7 @@ def main(argv: Sequence[str] | None = None, fetch: Fetcher = http_fetch) -> int:
 # ---- subcommands: official, models, cache -------------------------------------------------
 
 
-def official_main(argv: Sequence[str]) -> int:
-    from structmem_gpu.prompts import pinned
-
+def parse_official_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python jobs/data.py official",
         description="Fetch the official reference repositories (bare, pinned commits) into "
@@ -180,7 +182,13 @@ def official_main(argv: Sequence[str]) -> int:
                         help="a folder of local repositories lightmem.git, mem0.git, "
                         "longmemeval.git, locomo-audit.git to fetch from instead of the code host")
     parser.add_argument("--check", action="store_true", help="only verify; fetch nothing")
-    args = parser.parse_args(list(argv))
+    return parser.parse_args(list(argv))
+
+
+def official_main(argv: Sequence[str]) -> int:
+    from structmem_gpu.prompts import pinned
+
+    args = parse_official_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     where = args.official_dir or pinned.official_dir_default(args.data_dir)
     return fetch_official(where, args.source, check_only=args.check)
@@ -209,22 +217,42 @@ def models_main(argv: Sequence[str]) -> int:
     return fetch_job_models(args.overrides, multirun=args.multirun, check=args.check)
 
 
-def cache_main(argv: Sequence[str]) -> int:
+def parse_cache_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python jobs/data.py cache",
                                      description="Merge (compact) or check (verify) the LLM "
                                      "response and embedding caches of paths.cache_dir.")
     parser.add_argument("action", choices=("compact", "verify"))
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="paths.cache_dir (default .cache/structmem_gpu)")
-    args = parser.parse_args(list(argv))
+    return parser.parse_args(list(argv))
+
+
+def cache_main(argv: Sequence[str]) -> int:
+    args = parse_cache_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     return maintain(args.cache_dir or default_cache_dir(), args.action)
+
+
+def parse_systems_args(argv: Sequence[str]) -> argparse.Namespace:
+    from structmem_gpu.systems.admin import parse_systems_args as parse_systems
+
+    return parse_systems(argv)
 
 
 def systems_main(argv: Sequence[str]) -> int:
     from structmem_gpu.systems.admin import systems_command
 
     return systems_command(argv)
+
+
+# name -> (its parser, its entry point): `python jobs/data.py NAME ...`
+Parser = Callable[[Sequence[str]], argparse.Namespace]
+SUBCOMMANDS: dict[str, tuple[Parser, Callable[[Sequence[str]], int]]] = {
+    "models": (parse_models_args, models_main),
+    "official": (parse_official_args, official_main),
+    "cache": (parse_cache_args, cache_main),
+    "systems": (parse_systems_args, systems_main),
+}
 
 
 if __name__ == "__main__":

@@ -24,12 +24,16 @@ if str(ROOT) not in sys.path:  # allow `python jobs/gpu_check.py` from a clean c
 from structmem_gpu.bench.gpu_check import SMALL_MODEL, run_checks  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=SMALL_MODEL, help="small model for the vLLM part (HF id or folder)")
     p.add_argument("--texts", type=int, default=20_000, help="texts the encoder part embeds")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (key=value) of conf/")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return run_checks(model=args.model, texts=args.texts, overrides=args.overrides)
 

@@ -17,7 +17,8 @@ from structmem_gpu.systems.registry import system_names, system_spec
 log = logging.getLogger("structmem_gpu.data_job")
 
 
-def systems_command(argv: Sequence[str]) -> int:
+def parse_systems_args(argv: Sequence[str]) -> argparse.Namespace:
+    """`python jobs/data.py systems ...`'s arguments (a bad command line exits 2, argparse's)."""
     parser = argparse.ArgumentParser(prog="python jobs/data.py systems",
                                      description="The baseline systems' own environments.")
     parser.add_argument("action", choices=("install", "download", "lock", "list"))
@@ -29,7 +30,11 @@ def systems_command(argv: Sequence[str]) -> int:
                         help="install: rebuild an environment already installed from its lock")
     # intermixed: `install --systems-dir D ci` (the Makefile's order) keeps `ci` a NAME; plain
     # parse_args binds the empty NAME list before the option and refuses the name after it
-    args = parser.parse_intermixed_args(list(argv))
+    return parser.parse_intermixed_args(list(argv))
+
+
+def systems_command(argv: Sequence[str]) -> int:
+    args = parse_systems_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     where = args.systems_dir or Path(os.environ.get("STRUCTMEM_SYSTEMS_DIR") or ".systems")
     # `all`, or a tier (`ci`, `heavy`: SystemSpec.tier), or names

@@ -8,13 +8,24 @@
   (and heading, when it has an anchor).
 - Every `make` target, conf override (`method=seem`, `hydra/launcher=slurm`) and `jobs/*.py`
   script the README and docs show exists.
+- Every `python jobs/X.py ...` command the README and docs show (fenced and indented code,
+  continuation lines joined; inline code up to its closing backtick) parses with that script's
+  own argparse parser, in-process and without running anything: its subcommand exists and its
+  options are the script's (`jobs/run.py`'s Hydra commands are composed instead, by
+  tests/integration/test_shown_commands.py). Each script other than run.py exposes `parse(argv)`
+  or `parser()` for this.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import re
+import shlex
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -154,10 +165,9 @@ def test_cited_sections_and_docs_exist() -> None:
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("md", markdown_docs(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_relative_links_resolve(md: Path) -> None:
+def bad_links(md: Path, text: str) -> list[str]:
+    """The relative links of `text` (the markdown file `md`) that point nowhere."""
     bad = []
-    text = md.read_text(encoding="utf-8")
     for m in MD_LINK.finditer(text):
         link = m.group(1)
         if re.match(r"[a-z]+:", link):  # http:, https:, mailto:
@@ -168,23 +178,29 @@ def test_relative_links_resolve(md: Path) -> None:
             bad.append(f"{link}: no such file")
         elif anchor and target.suffix == ".md" and anchor not in {slug(h) for h in headings(target)}:
             bad.append(f"{link}: no heading with anchor #{anchor} in {target.name}")
+    return bad
+
+
+@pytest.mark.parametrize("md", markdown_docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(md: Path) -> None:
+    bad = bad_links(md, md.read_text(encoding="utf-8"))
     assert not bad, f"{md.relative_to(ROOT)}:\n" + "\n".join(bad)
 
 
 def code_spans(md: Path) -> str:
     """Inline code, fenced blocks and indented command lines of a markdown file."""
     text = md.read_text(encoding="utf-8")
-    fenced = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S)
-    indented = re.findall(r"^(?: {4,}|\t)(.+)$", text, flags=re.M)
+    fenced = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.DOTALL)
+    indented = re.findall(r"^(?: {4,}|\t)(.+)$", text, flags=re.MULTILINE)
     inline = re.findall(r"`([^`\n]+)`", text)
     return "\n".join([*fenced, *indented, *inline])
 
 
 def test_advertised_commands_exist() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, flags=re.M))
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, flags=re.MULTILINE))
     # `make test-TIER`: the Makefile's `test-%` rule runs each tier of tests/tiers.py
-    assert re.search(r"^test-%:", makefile, flags=re.M)
+    assert re.search(r"^test-%:", makefile, flags=re.MULTILINE)
     targets |= {f"test-{tier}" for tier in TIERS}
     bad = []
     for md in markdown_docs():
@@ -204,3 +220,175 @@ def test_advertised_commands_exist() -> None:
                 bad.append(f"{md.name}: {group}={name} has no conf/{group}/{name}.yaml")
     assert {"quickstart", "test"} <= targets
     assert not bad, "\n".join(bad)
+
+
+# ---- every `python jobs/X.py ...` command shown parses with that script's parser -------------
+
+JOB_COMMAND = re.compile(r"(?<![\w/])python jobs/(\w+)\.py\b")
+SHELL_OPS = {"&&", "||", ";", "|", ">", ">>"}
+
+
+def code_texts(text: str) -> Iterator[tuple[int, str, bool]]:
+    """(line number, code, inline) of a markdown text: each fenced or indented code line,
+    backslash continuations joined; each inline code span, across a line break."""
+    lines = text.splitlines()
+    prose, fenced, n = [], False, 0
+    while n < len(lines):
+        line = lines[n]
+        if line.startswith("```"):
+            fenced = not fenced
+            prose.append("")
+        elif fenced or re.match(r"(?: {4,}|\t)\S", line):
+            code, start = line, n
+            while code.rstrip().endswith("\\") and n + 1 < len(lines):
+                n += 1
+                code = code.rstrip()[:-1] + " " + lines[n].strip()
+                prose.append("")
+            prose.append("")
+            yield start + 1, code, False
+        else:
+            prose.append(line)
+        n += 1
+    flat = "\n".join(prose)
+    for m in re.finditer(r"`([^`]+)`", flat):
+        if "\n\n" not in m.group(1):
+            yield flat.count("\n", 0, m.start()) + 1, m.group(1).replace("\n", " "), True
+
+
+def job_commands(text: str) -> Iterator[tuple[int, str, list[str], bool]]:
+    """(line, script, arguments, inline) of every `python jobs/X.py ...` command in the code of
+    a markdown text, as a shell passes them: comments dropped, a `<placeholder>` one word, `...`
+    and the brackets of an optional `[--flag]` left out, up to a shell operator."""
+    for line, code, inline in code_texts(text):
+        for m in JOB_COMMAND.finditer(code):
+            rest = re.sub(r"<[^<>]*>", "X", code[m.end():])
+            nxt = JOB_COMMAND.search(rest)
+            rest = rest[:nxt.start()] if nxt else rest
+            try:
+                words = shlex.split(rest, comments=True)
+            except ValueError as err:
+                yield line, m.group(1), [f"<unparsable: {err}>"], inline
+                continue
+            args = []
+            for word in words:
+                if word in SHELL_OPS or word == "python":
+                    break
+                word = word.strip("[]")
+                if word and word != "..." and not word.endswith("=..."):
+                    args.append(word)
+            yield line, m.group(1), args, inline
+
+
+def load_job(name: str):
+    """jobs/<name>.py as a module, once per process (the key tests/fixtures/pipeline.py's
+    load_job uses, so the two share it)."""
+    key = f"structmem_jobs_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "jobs" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+def job_parse(name: str) -> Callable[[list[str]], object] | None:
+    """The script's parse-only entry: `parse(argv)`, else `parser().parse_args`; None for
+    jobs/run.py (Hydra: its commands are composed by tests/integration/test_shown_commands.py)."""
+    if name == "run":
+        return None
+    module = load_job(name)
+    if hasattr(module, "parse"):
+        return module.parse
+    if hasattr(module, "parser"):
+        return lambda argv: module.parser().parse_args(argv)
+    raise AssertionError(f"jobs/{name}.py exposes neither parse(argv) nor parser()")
+
+
+def command_problem(name: str, args: list[str], mention: bool = False) -> str | None:
+    """Why `python jobs/<name>.py ARGS` does not parse (argparse's error line), or None. A
+    mention in running text (`python jobs/report.py differential` then aligns ...) may leave
+    out the required arguments; its subcommand and options must still be the script's."""
+    if not (ROOT / "jobs" / f"{name}.py").is_file():
+        return f"jobs/{name}.py does not exist"
+    parse = job_parse(name)
+    if parse is None:
+        return None
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            parse(args)
+    except SystemExit as stop:
+        if stop.code:
+            lines = err.getvalue().strip().splitlines()
+            last = lines[-1] if lines else f"exit {stop.code}"
+            if mention and "the following arguments are required" in last:
+                return None
+            return last
+    return None
+
+
+def bad_job_commands(md: Path, text: str) -> list[str]:
+    out = []
+    for line, name, args, inline in job_commands(text):
+        problem = command_problem(name, args, mention=inline)
+        if problem:
+            out.append(f"{md.name}:{line}: python jobs/{name}.py {' '.join(args)}: {problem}")
+    return out
+
+
+def test_every_job_script_exposes_its_parser() -> None:
+    for script in sorted((ROOT / "jobs").glob("*.py")):
+        job_parse(script.stem)  # raises for a script a shown command could not be checked with
+
+
+@pytest.mark.parametrize("md", markdown_docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_shown_job_commands_parse(md: Path) -> None:
+    bad = bad_job_commands(md, md.read_text(encoding="utf-8"))
+    assert not bad, "\n".join(bad)
+
+
+def test_shown_job_commands_are_found() -> None:
+    found = {(name, args[0] if args else "")
+             for md in markdown_docs()
+             for _, name, args, _ in job_commands(md.read_text(encoding="utf-8"))}
+    assert {("data", "systems"), ("report", "differential"), ("bench", "paced"),
+            ("docs", "configuration"), ("data", "models")} <= found, found
+
+
+BOGUS = """# Bogus
+
+A [dead link](no/such/file.md), a [dead anchor](#no-such-heading) and [one that works](#bogus).
+
+```bash
+python jobs/report.py no-such-subcommand RUN       # not a subcommand
+python jobs/data.py systems install mem0 \\
+    --no-such-option                               # continuation joined
+python jobs/nosuch.py build
+python jobs/report.py compare OUT DIRS... [--reference structmem]
+python jobs/report.py merge                        # required arguments left out
+```
+
+    python jobs/data.py no_such_dataset
+
+Inline: `python jobs/bench.py no-such-part --profile cpu`, `python jobs/docs.py
+configuration --check` and a mention, `python jobs/report.py differential`.
+"""
+
+
+def test_a_bogus_command_or_link_fails(tmp_path: Path) -> None:
+    md = tmp_path / "bogus.md"
+    md.write_text(BOGUS, encoding="utf-8")
+    links = bad_links(md, BOGUS)
+    assert links == ["no/such/file.md: no such file",
+                     "#no-such-heading: no heading with anchor #no-such-heading in bogus.md"]
+    bad = bad_job_commands(md, BOGUS)
+    want = [("bogus.md:6:", "invalid choice: 'no-such-subcommand'"),
+            ("bogus.md:7:", "unrecognized arguments: --no-such-option"),
+            ("bogus.md:9:", "jobs/nosuch.py does not exist"),
+            ("bogus.md:11:", "the following arguments are required: out, dirs"),
+            ("bogus.md:14:", "unknown dataset(s) ['no_such_dataset']"),
+            ("bogus.md:16:", "unknown part(s) ['no-such-part']")]
+    assert len(bad) == len(want), "\n".join(bad)
+    for line, (where, why) in zip(bad, want, strict=True):
+        assert line.startswith(where) and why in line, (line, where, why)
