@@ -82,6 +82,7 @@ from structmem_gpu.fetch.datasets import (  # noqa: E402,F401  (Dataset: the tes
 from structmem_gpu.config.sweep_points import sweep_points  # noqa: E402,F401
 from structmem_gpu.fetch.models import fetch_job_models  # noqa: E402
 from structmem_gpu.fetch.official import fetch_official  # noqa: E402
+from structmem_gpu.systems.admin import parse_systems_args, systems_command  # noqa: E402
 
 log = logging.getLogger("structmem_gpu.data_job")
 
@@ -128,9 +129,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    """The arguments of a command line as main reads them, nothing run: a subcommand's (its
-    name first, never a dataset name) or the datasets'. A bad one exits 2 with argparse's
-    usage line (tests/unit/test_docs_links.py checks every command the docs show with it)."""
+    """A command line's arguments as main reads them, nothing run (a bad one exits 2, argparse's
+    line): tests/unit/test_docs_links.py checks every command the docs show with it."""
     argv = list(argv)
     if argv and argv[0] in SUBCOMMANDS:
         return SUBCOMMANDS[argv[0]][0](argv[1:])
@@ -233,25 +233,12 @@ def cache_main(argv: Sequence[str]) -> int:
     return maintain(args.cache_dir or default_cache_dir(), args.action)
 
 
-def parse_systems_args(argv: Sequence[str]) -> argparse.Namespace:
-    from structmem_gpu.systems.admin import parse_systems_args as parse_systems
-
-    return parse_systems(argv)
-
-
-def systems_main(argv: Sequence[str]) -> int:
-    from structmem_gpu.systems.admin import systems_command
-
-    return systems_command(argv)
-
-
 # name -> (its parser, its entry point): `python jobs/data.py NAME ...`
-Parser = Callable[[Sequence[str]], argparse.Namespace]
-SUBCOMMANDS: dict[str, tuple[Parser, Callable[[Sequence[str]], int]]] = {
+SUBCOMMANDS: dict[str, tuple[Callable[..., argparse.Namespace], Callable[..., int]]] = {
     "models": (parse_models_args, models_main),
     "official": (parse_official_args, official_main),
     "cache": (parse_cache_args, cache_main),
-    "systems": (parse_systems_args, systems_main),
+    "systems": (parse_systems_args, systems_command),
 }
 
 
