@@ -8,12 +8,12 @@
   (and heading, when it has an anchor).
 - Every `make` target, conf override (`method=seem`, `hydra/launcher=slurm`) and `jobs/*.py`
   script the README and docs show exists.
-- Every `python jobs/X.py ...` command the README and docs show (fenced and indented code,
-  continuation lines joined; inline code up to its closing backtick) parses with that script's
-  own argparse parser, in-process and without running anything: its subcommand exists and its
-  options are the script's (`jobs/run.py`'s Hydra commands are composed instead, by
-  tests/integration/test_shown_commands.py). Each script other than run.py exposes `parse(argv)`
-  or `parser()` for this.
+- Every `python jobs/X.py ...` command the README, docs and conf/ headers show (fenced and
+  indented code, continuation lines joined; inline code up to its closing backtick) parses with
+  that script's own argparse parser, in-process and without running anything: its subcommand
+  exists and its options are the script's (`jobs/run.py`'s Hydra commands are composed instead,
+  by tests/integration/test_shown_commands.py). Each script other than run.py exposes
+  `parse(argv)` or `parser()` for this.
 """
 
 from __future__ import annotations
@@ -345,6 +345,28 @@ def test_every_job_script_exposes_its_parser() -> None:
 @pytest.mark.parametrize("md", markdown_docs(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_shown_job_commands_parse(md: Path) -> None:
     bad = bad_job_commands(md, md.read_text(encoding="utf-8"))
+    assert not bad, "\n".join(bad)
+
+
+def yaml_comments(path: Path) -> str:
+    """A conf/ file's comment lines as markdown: a line that starts with `python ` is code, the
+    rest prose (its inline code spans read as in a markdown file); other lines blank."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.lstrip()
+        body = text.lstrip("#").strip() if text.startswith("#") else ""
+        out.append(f"    {body}" if body.startswith("python ") else body)
+    return "\n".join(out)
+
+
+def test_conf_header_job_commands_parse() -> None:
+    """The commands conf/*.yaml headers show (`python jobs/data.py systems install mem0`, ...)."""
+    bad, seen = [], 0
+    for path in sorted((ROOT / "conf").rglob("*.yaml")):
+        text = yaml_comments(path)
+        seen += sum(1 for _ in job_commands(text))
+        bad += [f"{path.relative_to(ROOT / 'conf')}: {b}" for b in bad_job_commands(path, text)]
+    assert seen > 50, seen
     assert not bad, "\n".join(bad)
 
 
