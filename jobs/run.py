@@ -5,7 +5,7 @@
     python jobs/run.py -m consolidate.seed_k=0,5,10,15,20      # Hydra multirun sweep
 
 Before any stage, the preflight (structmem_gpu/node/preflight.py) checks that the node has every
-model, engine, CUDA device and the disk space the job needs (README "Replicate on a GPU node");
+model, engine, CUDA device and the disk space the job needs (docs/replication.md "Replicate on a GPU node");
 `dry_run=true` only reports what it finds. Expected errors (bad input files, bad config, a
 preflight problem, missing tables) end the job with exit code 2 and one line naming the file
 and record, without a traceback. In a multirun a failing point prints

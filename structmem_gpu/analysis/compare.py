@@ -287,7 +287,7 @@ def compare_runs(run_dirs: Iterable[Path], reference: str | None = "structmem") 
         for k in mixed:
             r[k] = None if r[k] is None else str(r[k])
     # A row whose reader/judge protocols differ from the most common pair is marked: its
-    # scores are not comparable with the others' (README "Evaluation protocols").
+    # scores are not comparable with the others' (docs/evaluation.md "Evaluation protocols").
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["protocols"]] = counts.get(r["protocols"], 0) + 1

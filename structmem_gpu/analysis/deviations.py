@@ -59,7 +59,7 @@ def _same_but_times_of_day(official: str, port: str) -> bool:
     return mask(official) == mask(port)
 
 
-_README_DEV = "README \"Replicating the papers\", remaining deviations"
+_README_DEV = "docs/replication.md \"Replicating the papers\", remaining deviations"
 LIGHTMEM_OFFICIAL = (
     Deviation("model-name", stages=("extract", "consolidate", "update", "answer", "judge"),
               listed="systems/front.py: the front forwards a system's chat to the job's model, "

@@ -260,10 +260,11 @@ def render_markdown(df: pl.DataFrame) -> str:
         "",
         ("Each cell is `ours / paper`. Scores: judge accuracy in %, LoCoMo categories 1-4; ours "
         "with its 95% intervals resampling questions and resampling whole conversations "
-        "(LoCoMo's 10 conversations make the second cover less than 95%, docs/evaluation.md "
-        "\"Intervals\"). Build cost: memory-building stages only, input and output tokens in "
-        "millions, LLM calls (cache hits included), wall seconds (not comparable: the paper's "
-        "is a hosted API's latency, ours a local server's throughput; docs/evaluation.md \"StructMem Table 1 and Table 4 rows\"). "
+        "(LoCoMo's 10 conversations make the second cover less than 95%, "
+        "docs/evaluation.md \"Intervals\"). Build cost: memory-building stages only, input and "
+        "output tokens in millions, LLM calls (cache hits included), wall seconds (not "
+        "comparable: the paper's is a hosted API's latency, ours a local server's throughput; "
+        "docs/evaluation.md \"StructMem Table 1 and Table 4 rows\"). "
         "vs StructMem: the paired difference in points against the StructMem run on the same "
         "questions, its 95% interval (questions) and McNemar's exact p. Status says whether "
         "the run is the configuration that produced the paper's number."),

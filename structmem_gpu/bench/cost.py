@@ -59,7 +59,7 @@ class Target:
 LOCOMO = Target(
     "LoCoMo (10 conversations, 5,882 turns, 1,540 questions in categories 1-4)", 10, 5882, 1540
 )
-# Paper Table 1, StructMem build on LoCoMo with gpt-4o-mini (README "Replicating the papers").
+# Paper Table 1, StructMem build on LoCoMo with gpt-4o-mini (docs/replication.md "Replicating the papers").
 PAPER_TABLE1: dict[str, float] = {
     "prompt_tokens": 1_501_000,
     "completion_tokens": 436_000,

@@ -37,7 +37,7 @@ ROOTS: dict[str, type[Settings]] = {"judge": JudgeSettings}
 
 # The key lists below are derived from the roles (tests and docs show them; the functions
 # read the roles themselves).
-# Top-level nodes that say where and how a job runs (README "Running jobs"): JobSettings'
+# Top-level nodes that say where and how a job runs (docs/getting-started.md "Running jobs"): JobSettings'
 # role "run" fields, and Hydra's own node.
 LAUNCH_TOP_KEYS = (*SKIPPED_TOP_KEYS, *(k for k in fields_with_role(JobSettings, RUN)
                                         if k not in SHARD_KEYS))

@@ -11,7 +11,7 @@ overrides, keeping only those that can change a result (structmem_gpu/config/res
 The same command always gives the same directory (so it resumes); two configurations never
 share one unless `hydra.run.dir` says so. In a single job, `method` and `benchmark` are already
 in the path and the judge is left out on purpose: rows of several judges accumulate in one
-run (README "Evaluation protocols"). A sweep point's subdirectory (`mode=sweep`) keeps method,
+run (docs/evaluation.md "Evaluation protocols"). A sweep point's subdirectory (`mode=sweep`) keeps method,
 benchmark and judge, since points of one sweep must never meet on a directory's lock. Shard
 keys stay in both, so shards never share a directory either.
 """

@@ -368,7 +368,7 @@ class PreflightSettings(Settings):
 
 
 class PromptsSettings(Settings):
-    """prompts: the official texts (README "Official texts")."""
+    """prompts: the official texts (docs/evaluation.md "Official texts")."""
 
     reference_dir: str | None = Field(None, description=(
         "Older name of sources.lightmem (kept working; setting both to different values is an "
@@ -525,7 +525,7 @@ class JobSettings(Settings):
         "questions to groups, so each group loads only its own questions instead of reading "
         "the whole file to assign them (run/groups.py)."))
     prompts: PromptsSettings = Field(PromptsSettings(), description=(
-        "Official texts (README \"Official texts\"), read at run time from checkouts on this "
+        "Official texts (docs/evaluation.md \"Official texts\"), read at run time from checkouts on this "
         "machine and never copied into this repository."))
     # Caches change no table, only what is kept beside them (result_keys.NO_TABLE_KEYS).
     cache: Annotated[CacheSettings | None, NO_TABLES] = None

@@ -3,7 +3,7 @@
     with PreemptionGuard(grace_s=20):          # jobs/run.py, around the whole job (preempt.grace_s)
         run_stages(...)                        # raises Preempted once a signal arrived
 
-What a signal does (README "Failure behaviour"):
+What a signal does (docs/failure-behaviour.md "Failure behaviour"):
 
 1. The LLM client sends no new request (each unsent one comes back as "not sent: preempted",
    i.e. unanswered) and lets the requests already in flight land, for at most `grace_s`

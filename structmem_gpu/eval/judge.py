@@ -19,7 +19,7 @@ Re-judging never re-answers: the stage reads answers.parquet only. For each judg
 - `reasoned`: eval/prompts/judge_locomo.py / judge_longmemeval.py (system + user message, a
   reasoning-then-label schema, any case of the label).
 
-Under `paper`, official texts replace our wording when configured (README "Official texts",
+Under `paper`, official texts replace our wording when configured (docs/evaluation.md "Official texts",
 prompts/official.py): the LoCoMo judge from `prompts.sources.mem0` (else `.lightmem`), the
 LongMemEval templates from `prompts.sources.longmemeval`, filled exactly as the official
 scripts fill them. `judge.input` picks what the judge sees: `reply` (default) = the reader's

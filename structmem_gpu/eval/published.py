@@ -12,7 +12,7 @@ row) and a `match` block of config values that make a run comparable, e.g.
 key; a row lists EVERY setting the published figure fixes (method, benchmark, ablation
 switches, seed_k, p_ret_k, rpe_factor, fusion window, passages per request, entries/syntheses
 per question, reader protocol, ...), and `match` is the configuration that PRODUCED the
-number: for StructMem the released code's (README "Evaluation protocols" says which run
+number: for StructMem the released code's (docs/evaluation.md "Evaluation protocols" says which run
 matches which row), i.e. its pipeline (every stage of
 experiment=structmem_locomo_reference_code, compress and segment included, see `method.stages`
 below; `extract.input: segments`, extraction from the segment stage's batches of compressed

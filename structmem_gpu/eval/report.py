@@ -384,7 +384,7 @@ def run_protocols(job: JobConfig, manifest: Mapping[str, Any]) -> dict[str, str]
         keeps = read == "pre" or bool(update.get("post_syntheses"))
         out["qa_store"] = (f"{read}-update ({'with' if keeps else 'without'} syntheses; "
                            f"update {'on' if update.get('enabled') else 'off'})")
-    # The reference's pre-processing, named only when its stages ran (README "Compression and
+    # The reference's pre-processing, named only when its stages ran (docs/methods.md "Compression and
     # topic segmentation").
     comp = (stages.get("compress") or {}).get("notes")
     if comp:

@@ -361,7 +361,7 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
             f"Protocols: reader `{protocols.get('answer', '?')}`, judge "
             f"`{protocols.get('judge', '?')}`; the LLM judge saw "
             f"{JUDGE_INPUTS.get(protocols.get('judge_input', ''), 'an unrecorded input')} "
-            f"(judge.input; README \"Evaluation protocols\"). Lexical metrics score the "
+            f"(judge.input; docs/evaluation.md \"Evaluation protocols\"). Lexical metrics score the "
             "extracted answer."
         ),
         "",
@@ -371,7 +371,7 @@ def render_markdown(rep: Mapping[str, Any], published: Sequence[PublishedRow]) -
     ]
     if "texts" in protocols or "qa_store" in protocols:
         lines += [
-            f"Texts: {protocols.get('texts', '?')} (prompts.sources; README \"Official texts\")"
+            f"Texts: {protocols.get('texts', '?')} (prompts.sources; docs/evaluation.md \"Official texts\")"
             + (f"; QA read the {protocols['qa_store']} store (update.read)"
                if "qa_store" in protocols else "") + ".",
             "",

@@ -1,4 +1,4 @@
-"""No request is sent over the model's context (README "Long inputs and the context guard").
+"""No request is sent over the model's context (docs/methods.md "Long inputs and the context guard").
 
 `open_llm` gives every backend a `ContextGuard`: a request whose prompt tokens plus its
 `max_tokens` exceed the model's context is not sent; it comes back failed with

@@ -7,7 +7,7 @@ is on this machine (a local folder, or an HF id already in the local cache; neve
 
 A tokenizer that is named but not on disk is a ConfigError naming the key and the fix (fetch
 it, or choose `chars`): counting by chars/4 instead would cut different windows on a machine
-without the tokenizer (README "Extraction windows").
+without the tokenizer (docs/methods.md "Extraction windows").
 """
 
 from __future__ import annotations

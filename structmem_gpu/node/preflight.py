@@ -3,7 +3,7 @@
     found = preflight.check(job, stages, run_dir, overrides)     # list[Finding]
     preflight.enforce(found, dry_run=False)  # PreflightError (exit 2, one line) on a problem
 
-What it checks (README "Replicate on a GPU node"), from the composed config and the roles the
+What it checks (docs/replication.md "Replicate on a GPU node"), from the composed config and the roles the
 job's stages use:
 
 - every model the job loads (structmem_gpu/node/model_refs.py: answer LLM, judges and panel

@@ -1,4 +1,4 @@
-"""The official prompt texts, read at run time from the user's checkouts (README "Official
+"""The official prompt texts, read at run time from the user's checkouts (docs/evaluation.md "Official
 texts"); none of them is part of this repository.
 
     prompts.sources.lightmem     zjunlp/LightMem: build prompts, each from the file its LoCoMo

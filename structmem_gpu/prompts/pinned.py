@@ -1,4 +1,4 @@
-"""The official checkouts the replication experiments read, pinned (README "Official texts").
+"""The official checkouts the replication experiments read, pinned (docs/evaluation.md "Official texts").
 
 `python jobs/data.py official` fetches each repository below as a bare git repository
 `<paths.official_dir>/<folder>` holding its pinned commit (verified); the replication

@@ -5,7 +5,7 @@ without a work tree (a bare mirror, `git clone --bare`), files are read with
 `git -C PATH show <commit>:<file>` (HEAD when no commit is given; always with
 `-c safe.directory=PATH`, so a checkout owned by another user is read); otherwise from the work tree,
 the commit being the work tree's HEAD when it is a git checkout (None for a plain directory).
-Nothing read here is executed: callers parse the text with `ast` (README "Official texts").
+Nothing read here is executed: callers parse the text with `ast` (docs/evaluation.md "Official texts").
 """
 
 from __future__ import annotations

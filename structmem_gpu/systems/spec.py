@@ -41,7 +41,8 @@ class SystemSpec:
     # resolve), in `pip install` order: each tuple is one pip call.
     extra_installs: tuple[tuple[str, ...], ...] = ()
     scripted_reply: ScriptedReply | None = None
-    # What the paper's row uses that differs from the system's defaults (README table).
+    # What the paper's row uses that differs from the system's defaults (docs/methods.md
+    # "Baseline systems from their own code").
     paper_settings: str = ""
     # Worker options (hello's `settings`) that make this system a variant of another one run by
     # the same code (Mem0^g = mem0 with graph=true): conf/method's system.options adds to them.

@@ -100,7 +100,8 @@ class SystemSettings(Settings):
         "Which system (structmem_gpu/systems/<name>.py); each method YAML sets its own."))
     top_k: COUNT = Field(10, description=(
         "Memories a search returns per question (mem0: per speaker). The default is the paper's "
-        "setting of the method's system (StructMem A.4 / SEEM 5.1); see README baselines."))
+        "setting of the method's system (StructMem A.4 / SEEM 5.1); see "
+        "docs/methods.md \"Baseline systems from their own code\"."))
     options: dict[str, Any] | None = Field(None, description=(
         "The system's own options for its worker (added to the spec's, e.g. mem0 batch_size); "
         "null = the system's defaults as the paper ran them."))

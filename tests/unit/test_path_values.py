@@ -37,7 +37,7 @@ def test_tilde_and_home_reach_the_same_path_in_every_path_knob(monkeypatch: pyte
         assert expand_paths(shell) == []
         got = {OmegaConf.select(c, knob) for c in (tilde, home, shell)}
         assert got == {want}, knob
-    with pytest.raises(HydraException):  # why the README writes $HOME: Hydra refuses a bare ~
+    with pytest.raises(HydraException):  # why the docs write $HOME: Hydra refuses a bare ~
         _compose(["prompts.sources.lightmem=~/src/LightMem"])
 
 

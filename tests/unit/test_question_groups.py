@@ -1,7 +1,7 @@
 """Question groups (structmem_gpu/run/groups.py): `question_groups=N` runs the job's stages per
 group of ~N conversations, each group a child process (jobs/run.py), then merges them.
 
-The grouped job through jobs/run.py (what the README shows) must give the scores, answers,
+The grouped job through jobs/run.py (what docs/scale-out.md shows) must give the scores, answers,
 judgments, retrievals and entries of the same job run at once (in-process, the same config
 but question_groups): the groups are shards, and StructMem's work is per conversation.
 """

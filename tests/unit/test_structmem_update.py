@@ -327,7 +327,7 @@ def test_update_equals_lightmem_offline_update(tmp_path: Path, lightmem_spec: st
 
 
 def test_table5_row_matches_the_gpt_oss_120b_command_only() -> None:
-    """SEEM Table 5's SEEM row is reached by the advertised command (README "Evaluation
+    """SEEM Table 5's SEEM row is reached by the advertised command (docs/evaluation.md "Evaluation
     protocols"), and not by the same experiment on another backbone."""
     from structmem_gpu.eval.published import matching_rows
     from tests.fixtures.pipeline import compose_cfg

@@ -1,5 +1,5 @@
 """Stage `compress`: LLMLingua-2 over every turn of every conversation, as the reference's
-pre-compression (LightMem 8fc9a91 `pre_compress: true`, rate 0.6; README
+pre-compression (LightMem 8fc9a91 `pre_compress: true`, rate 0.6; docs/methods.md
 "Compression and topic segmentation").
 
     python jobs/run.py experiment=structmem_locomo_reference_code stages=[load,compress]

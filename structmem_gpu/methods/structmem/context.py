@@ -9,7 +9,7 @@ graph-memory readers, which show StructMem's entries too. A `paper` prompt over 
 model's context drops its lowest-ranked entries and syntheses first until it fits
 (eval/context_fit.py); ordinary prompts are unchanged.
 
-With a LightMem source (`prompts.sources.lightmem`, README "Official texts") the `paper` reader
+With a LightMem source (`prompts.sources.lightmem`, docs/evaluation.md "Official texts") the `paper` reader
 of a LoCoMo-format benchmark is LightMem's own text instead: `ANSWER_PROMPT_StructMem` here,
 `ANSWER_PROMPT` for flat (eval/prompts/answer_official.py); the graph reader keeps ours.
 """

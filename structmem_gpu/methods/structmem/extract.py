@@ -165,7 +165,7 @@ class ExtractSettings(Settings):
         "the prompt carries that occurrence's date, as the reference extracts every session it "
         "is given. true = one request per distinct session content, at its first occurrence's "
         "date; each occurrence's entries take that occurrence's session date (a deviation, "
-        "README \"Replicating the papers\": dates the model wrote into an entry's text stay "
+        "docs/replication.md \"Replicating the papers\": dates the model wrote into an entry's text stay "
         "anchored to the first date)."))
     reference_mode: Literal["event", "flat"] = Field("event", description=(
         "With prompts.sources.lightmem only: add_locomo.py's --extraction_mode, i.e. which "

@@ -16,7 +16,7 @@ exceeds it.
 
 Tokens are counted by `extract.window_tokenizer` (structmem_gpu/llm/tokens.py): `chars`
 (characters / 4) or an HF tokenizer that must be on this machine, so every machine cuts the
-same windows (README "Extraction windows").
+same windows (docs/methods.md "Extraction windows").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Stage `segment`: the reference's topic segmentation and 512-token extraction batches
 (LightMem 8fc9a91 `topic_segment: true`; the rules are in methods/structmem/segmenting.py,
-README "Compression and topic segmentation").
+docs/methods.md "Compression and topic segmentation").
 
     python jobs/run.py experiment=structmem_locomo_reference_code stages=[load,compress,segment]
 

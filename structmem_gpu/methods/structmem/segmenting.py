@@ -1,6 +1,6 @@
 """The reference's topic segmentation and extraction batching as plain state machines
 (zjunlp/LightMem 8fc9a91, `factory/memory_buffer/sensory_memory.py` and
-`short_term_memory.py`; README "Compression and topic segmentation").
+`short_term_memory.py`; docs/methods.md "Compression and topic segmentation").
 Our own code, no torch: the two model signals come from the caller.
 
 Per conversation, the reference calls `add_memory` once per turn with two messages, the
