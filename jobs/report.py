@@ -82,51 +82,23 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from structmem_gpu.analysis.compare import compare_runs, discover_runs, write_comparison
-    from structmem_gpu.analysis.comparison_stats import write_stats
+    from structmem_gpu.analysis.commands import compare_command
 
-    runs = discover_runs(*args.dirs)
-    df = compare_runs(runs, reference=args.reference)
-    paths = write_comparison(df, args.out, reference=args.reference)
-    write_stats(df, args.out, reference=args.reference, md=paths["md"])  # paired tests, seeds
-    print(paths["md"].read_text(encoding="utf-8"))
-    from structmem_gpu.analysis.sweep_plots import write_sweep_plots
-
-    for path in write_sweep_plots(runs, args.out):
-        print(f"figure: {path}")
-    from structmem_gpu.analysis.compare import write_comparison_page
-
-    print(f"page: {write_comparison_page(args.out, runs)}")
+    compare_command(args.out, args.dirs, args.reference)
     return 0
 
 
 def cmd_table1(args: argparse.Namespace) -> int:
-    from structmem_gpu.analysis.compare import discover_runs
-    from structmem_gpu.analysis.table1 import table1, write_table1, write_table1_page
+    from structmem_gpu.analysis.commands import table1_command
 
-    runs = discover_runs(*args.dirs)
-    paths = write_table1(table1(runs), args.out)
-    print(paths["md"].read_text(encoding="utf-8"))
-    print(f"page: {write_table1_page(args.out, runs)}")
+    table1_command(args.out, args.dirs)
     return 0
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
-    import polars as pl
+    from structmem_gpu.analysis.commands import agreement_command
 
-    from structmem_gpu.core.artifacts import RunDir
-    from structmem_gpu.eval.agreement import agreement_markdown, judge_agreement, write_agreement
-
-    run = RunDir(args.run_dir)
-    judgments = run.read_table("judgments")
-    names = judgments["judge_name"].unique().to_list()
-    if len(names) < 2:
-        raise StructMemError(f"{run.table_path('judgments')}: only judge(s) {names}; agreement "
-                             "needs several (run stages=[judge,report] judge=panel_example there)")
-    table = judge_agreement(judgments.filter(pl.col("judge_name").is_not_null()))
-    paths = write_agreement(table, args.out or run.report_dir)
-    print(agreement_markdown(table))
-    print(f"written: {paths['md']}, {paths['json']}")
+    agreement_command(args.run_dir, args.out)
     return 0
 
 

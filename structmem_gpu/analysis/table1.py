@@ -92,22 +92,16 @@ def _json(path: Path) -> dict[str, Any]:
 def _agreement(run_dir: Path, row: Any) -> tuple[int, list[str]]:
     """(how many of the row's match keys the run's saved config agrees with, the differing
     keys as `key=ours (paper: theirs)`)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from structmem_gpu.eval.published import _meets, config_fact
+    from structmem_gpu.eval.published import meets, saved_facts
 
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return 0, ["configuration not saved (no .hydra/config.yaml)"]
-    cfg = OmegaConf.load(path)
+    get = saved_facts(path)
     agree, differ = 0, []
     for key, want in (row.match or {}).items():
-        try:
-            have = config_fact(cfg, key)
-        except OmegaConfBaseException as exc:  # a resolver of the launching job: differs
-            have = f"<{type(exc).__name__}>"
-        if _meets(key, have, want):
+        have = get(key)
+        if meets(key, have, want):
             agree += 1
         else:
             differ.append(f"{key}={have} (paper: {want})")

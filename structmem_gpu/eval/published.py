@@ -263,12 +263,12 @@ def match_note(facts: Facts, row: PublishedRow) -> str | None:
     if run_categories(get) != tuple(sorted(row.categories)):
         return None
     for note, match in (("", row.match), *((b.note, b.match) for b in row.beside)):
-        if all(_meets(k, get(k), v) for k, v in match.items()):
+        if all(meets(k, get(k), v) for k, v in match.items()):
             return note
     return None
 
 
-def _meets(key: str, have: Any, want: Any) -> bool:
+def meets(key: str, have: Any, want: Any) -> bool:
     """Whether the run's value `have` of match key `key` meets the row's `want`: equal, or for
     an `_INCLUDES` key (method.stages) a list holding every item of `want`."""
     if key in _INCLUDES:
@@ -324,6 +324,22 @@ def saved_yaml(path: Path) -> Any:
     """A saved Hydra file (config.yaml, overrides.yaml) as plain data, interpolations kept as
     their text."""
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def saved_facts(path: Path) -> Callable[[str], Any]:
+    """A saved config.yaml as a match-key lookup (config_fact): a value whose interpolation
+    needs the launching job's resolvers reads as "<unresolved: KEY>", which meets no row."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = OmegaConf.load(path)
+
+    def get(key: str) -> Any:
+        try:
+            return config_fact(cfg, key)
+        except OmegaConfBaseException:
+            return f"<unresolved: {key}>"
+
+    return get
 
 
 def saved_value(path: Path, key: str) -> Any:
