@@ -2,7 +2,7 @@
 
     python jobs/run.py -m experiment=structmem_table1            # StructMem + every system
     python jobs/report.py table1 outputs/table1 outputs/multirun/locomo/<date>
-    # -> outputs/table1/table1.md, .csv, .json, paired.csv/.json and index.html
+    # -> outputs/table1/table1.md, .csv, .json and index.html
 
 One row per Table 1 row of the paper (eval/published/structmem.json: the rows whose id starts
 with `structmem-table1`), in the paper's order, plus a row per run whose method has none:
