@@ -3,7 +3,8 @@ network (docs/evaluation.md "The HTML page"): the screenshot is not blank and th
 numbers (this run's score and interval, the published row beside it, the build cost) are in
 the DOM Chromium builds, the figure an inlined image. Needs Debian's `chromium`
 (`apt-get install -y chromium`; .ci/run installs it); skips naming that when it is absent.
-About 2 s: two Chromium starts, no LLM server, no job subprocess."""
+About 3 s: three Chromium starts; the last reads the session's llama.cpp run (shared with the
+other integration tests), no job subprocess."""
 
 from __future__ import annotations
 
@@ -98,4 +99,18 @@ def test_key_numbers_are_in_the_dom(page: Path, tmp_path: Path) -> None:
     assert "1,357,911" in dom and "2468" in dom                         # build cost
     imgs = re.findall(r'<img [^>]*src="([^"]{0,40})', dom)
     assert imgs and all(s.startswith("data:image/png;base64,") for s in imgs)
+    assert 'href="../tables/answers.parquet"' in dom
+
+
+def test_the_session_runs_own_page_renders(structmem_sample_run: Path, tmp_path: Path) -> None:
+    """The page the report stage wrote for the session's real llama.cpp run (what `make
+    quickstart` writes): Chromium builds it from disk, with the run's own score in it."""
+    import json
+
+    page_path = structmem_sample_run / "report" / "index.html"
+    report = json.loads((structmem_sample_run / "report" / "report.json").read_text())
+    dom = _chromium(page_path, tmp_path, "--dump-dom").stdout
+    assert "<title>Report: sample / structmem</title>" in dom
+    assert f"{100 * report['overall']['judge_accuracy']:.1f}" in dom
+    assert f"n={report['overall']['n']}" in dom
     assert 'href="../tables/answers.parquet"' in dom
