@@ -42,7 +42,7 @@ COST_KEYS = ("calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_
 METRICS = ("f1_locomo", "f1_mem0", "bleu1", "evidence_recall")
 
 
-def _load_json(path: Path) -> dict[str, Any]:
+def load_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise InputError(path, "missing; is this a finished run directory (stages up to report)?")
     try:
@@ -73,24 +73,32 @@ def slug(name: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
 
 
+def stage_costs(manifest: Mapping[str, Any], run_dir: Path, parts: Iterable[str],
+                keys: Sequence[str]) -> dict[str, float]:
+    """Sum of the manifest's build_cost `keys` over the stages whose part (Stage.kind as the
+    run's method declared it, stage_lookup.RunStages) is one of `parts`."""
+    from structmem_gpu.stage_lookup import RunStages
+
+    lookup, wanted = RunStages(run_dir, manifest), set(parts)
+    out: dict[str, float] = dict.fromkeys(keys, 0)
+    for name, entry in (manifest.get("stages") or {}).items():
+        if lookup.part(name) not in wanted:
+            continue
+        cost = entry.get("build_cost") or {}
+        for k in keys:
+            out[k] += cost.get(k) or 0
+    return out
+
+
 def build_cost(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, float]:
     """Sum of the build stages' manifest build_cost (memory building and audits: Stage.kind
     as the run's method declared it, stage_lookup.RunStages), plus the answer stage's
     calls/tokens."""
-    from structmem_gpu.stage_lookup import RunStages
     from structmem_gpu.core.stage_parts import AUDIT, BUILD
 
-    parts = RunStages(run_dir, manifest)
-    stages = manifest.get("stages") or {}
-    out: dict[str, float] = {f"build_{k}": 0 for k in COST_KEYS}
-    for name, entry in stages.items():
-        if parts.part(name) not in (BUILD, AUDIT):
-            continue
-        cost = entry.get("build_cost") or {}
-        for k in COST_KEYS:
-            out[f"build_{k}"] += cost.get(k) or 0
+    out = {f"build_{k}": v for k, v in stage_costs(manifest, run_dir, (BUILD, AUDIT), COST_KEYS).items()}
     out["build_wall_s"] = round(float(out["build_wall_s"]), 3)
-    answer = (stages.get("answer") or {}).get("build_cost") or {}
+    answer = ((manifest.get("stages") or {}).get("answer") or {}).get("build_cost") or {}
     out["answer_calls"] = answer.get("calls") or 0
     out["answer_prompt_tokens"] = answer.get("prompt_tokens") or 0
     return out
@@ -167,7 +175,7 @@ def _audit_cell(report: Mapping[str, Any], judge: str | None) -> str:
 
 def run_row(run_dir: Path) -> dict[str, Any]:
     """One comparison row from a run directory's report.json and manifest.json."""
-    report, manifest = _load_json(run_dir / REPORT), _load_json(run_dir / MANIFEST)
+    report, manifest = load_json(run_dir / REPORT), load_json(run_dir / MANIFEST)
     overall = report.get("overall") or {}
     ci = overall.get("judge_accuracy_ci95") or [None, None]
     judge = report.get("judge")

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from structmem_gpu.analysis.compare import load_json
 from structmem_gpu.core.artifacts import MANIFEST, atomic_write_text
 from structmem_gpu.core.errors import InputError
 
@@ -61,43 +62,22 @@ def table1_rows() -> list[Any]:
 
 def build_cost(manifest: Mapping[str, Any], run_dir: Path) -> dict[str, float]:
     """Sum of the memory-building stages' build_cost (Stage.part `build`, as the run's method
-    declared it): input/output tokens, calls (cache hits included: the method's cost, not this
-    rerun's) and wall seconds as measured."""
+    declared it; no audit, unlike compare's): input/output tokens, calls (cache hits included:
+    the method's cost, not this rerun's) and wall seconds as measured."""
+    from structmem_gpu.analysis.compare import stage_costs
     from structmem_gpu.core.stage_parts import BUILD
-    from structmem_gpu.stage_lookup import RunStages
 
-    parts = RunStages(run_dir, manifest)
-    out = dict.fromkeys(COST, 0.0)
-    for name, entry in (manifest.get("stages") or {}).items():
-        if parts.part(name) != BUILD:
-            continue
-        cost = entry.get("build_cost") or {}
-        for k in COST:
-            out[k] += float(cost.get(k) or 0)
-    return out
+    return {k: float(v) for k, v in stage_costs(manifest, run_dir, (BUILD,), COST).items()}
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputError(path, "missing; is this a finished run directory (stages up to report)?") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(path, f"not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise InputError(path, "expected a JSON object")
-    return data
+def _agreement(get: Callable[[str], Any] | None, row: Any) -> tuple[int, list[str]]:
+    """(how many of the row's match keys the run's saved config (`get`: a key lookup,
+    eval/published.saved_facts; None = not saved) agrees with, the differing keys as
+    `key=ours (paper: theirs)`)."""
+    from structmem_gpu.eval.published import meets
 
-
-def _agreement(run_dir: Path, row: Any) -> tuple[int, list[str]]:
-    """(how many of the row's match keys the run's saved config agrees with, the differing
-    keys as `key=ours (paper: theirs)`)."""
-    from structmem_gpu.eval.published import meets, saved_facts
-
-    path = run_dir / ".hydra" / "config.yaml"
-    if not path.is_file():
+    if get is None:
         return 0, ["configuration not saved (no .hydra/config.yaml)"]
-    get = saved_facts(path)
     agree, differ = 0, []
     for key, want in (row.match or {}).items():
         have = get(key)
@@ -108,12 +88,20 @@ def _agreement(run_dir: Path, row: Any) -> tuple[int, list[str]]:
     return agree, differ
 
 
+def _saved(run_dir: Path) -> Callable[[str], Any] | None:
+    """The run's saved config as a match-key lookup, None when it has none."""
+    from structmem_gpu.eval.published import saved_facts
+
+    path = run_dir / ".hydra" / "config.yaml"
+    return saved_facts(path) if path.is_file() else None
+
+
 def _assign(runs: Sequence[tuple[Path, dict[str, Any]]], rows: Sequence[Any]
             ) -> tuple[dict[str, tuple[Path, dict[str, Any], list[str]]],
                        list[tuple[Path, dict[str, Any], str]]]:
     """row id -> (run dir, report, differing keys) for the run put beside each row; the runs
-    beside no row, each with why. A run the report matched to a row goes there; else to the row of its method
-    it agrees with most; a row keeps the first run assigned to it (the others are unplaced)."""
+    beside no row, each with why. A run the report matched to a row goes there; else to the
+    row of its method it agrees with most; a row keeps the first run assigned to it."""
     placed: dict[str, tuple[Path, dict[str, Any], list[str]]] = {}
     unplaced = []
     for run_dir, report in runs:
@@ -123,7 +111,8 @@ def _assign(runs: Sequence[tuple[Path, dict[str, Any]]], rows: Sequence[Any]
             target, differ = exact[0], []
         else:
             mine = [r for r in rows if r.match and r.match.get("method") == report.get("method")]
-            scored = [(_agreement(run_dir, r), r) for r in mine]
+            get = _saved(run_dir)  # read once for every candidate row
+            scored = [(_agreement(get, r), r) for r in mine]
             if not scored:
                 unplaced.append((run_dir, report, "no Table 1 row for this method"))
                 continue
@@ -146,7 +135,7 @@ def _why_unmatched(run_dir: Path, report: Mapping[str, Any], differ: Sequence[st
 
 
 def _ours(run_dir: Path, report: Mapping[str, Any]) -> dict[str, Any]:
-    manifest = _json(run_dir / MANIFEST)
+    manifest = load_json(run_dir / MANIFEST)
     overall = report.get("overall") or {}
     cats = report.get("by_category") or {}
     ci = overall.get("judge_accuracy_ci95") or [None, None]
@@ -180,7 +169,7 @@ def _paper(row: Any) -> dict[str, Any]:
 
 def table1(run_dirs: Sequence[Path]) -> pl.DataFrame:
     """The table: one row per Table 1 row (and per run beside none), paper and ours."""
-    runs = [(Path(d), _json(Path(d) / "report" / "report.json")) for d in run_dirs]
+    runs = [(Path(d), load_json(Path(d) / "report" / "report.json")) for d in run_dirs]
     if not runs:
         raise InputError("table1", "no run directories given (none found under the folders named?)")
     rows = table1_rows()

@@ -18,6 +18,7 @@ import pytest
 from structmem_gpu.eval.html import write_run_page
 from structmem_gpu.eval.published import load_published, shown_label
 from structmem_gpu.eval.report_md import render_markdown
+from tests.fixtures.reports import a_report as report_dict
 
 CHROMIUM = Path("/usr/bin/chromium")
 WIDTH, HEIGHT = 1200, 1400
@@ -29,21 +30,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def _report() -> dict[str, object]:
-    g = {"name": "overall", "n": 154, "judge_accuracy": 0.7143,
-         "judge_accuracy_ci95": [0.6429, 0.7857],
-         "f1_locomo": 0.4111, "f1_mem0": 0.4222, "bleu1": 0.3333, "evidence_recall": 0.5555}
-    return {
-        "benchmark": "locomo", "method": "structmem", "questions": 154, "categories": [1, 2, 3, 4],
-        "category_names": {"1": "multi-hop"}, "judge": "qwen_judge",
-        "judge_models": {"qwen_judge": ["m"]},
-        "overall": g, "by_category": {"1": {**g, "name": "multi-hop"}}, "unjudged": 0,
-        "by_judge": {"qwen_judge": {"overall": g, "unjudged": 0, "judge_models": ["m"]}},
-        "parse_failure_rate": {"answer": 0.0}, "truncation_rate": {},
-        "build_cost": {"extract": {"calls": 2468, "cache_hits": 0, "prompt_tokens": 1357911,
-                                   "completion_tokens": 24680, "wall_s": 98.7}},
-        "evidence_recall_excluded": 0, "protocols": {"answer": "paper", "judge": "paper"},
-        "settings": {"bootstrap_resamples": 10, "bootstrap_seed": 0, "max_parse_failure_rate": 0.5},
-    }
+    return report_dict(154, 0.7143, [0.6429, 0.7857],
+                       {"calls": 2468, "cache_hits": 0, "prompt_tokens": 1357911,
+                        "completion_tokens": 24680, "wall_s": 98.7})
 
 
 def _chromium(page: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -22,6 +22,7 @@ from structmem_gpu.eval.html import (
 )
 from structmem_gpu.eval.published import load_published, shown_label
 from structmem_gpu.eval.report_md import render_markdown
+from tests.fixtures.reports import a_report as report_dict
 
 
 def tiny_png(path: Path, rgb: tuple[int, int, int] = (200, 30, 30)) -> Path:
@@ -38,21 +39,9 @@ def tiny_png(path: Path, rgb: tuple[int, int, int] = (200, 30, 30)) -> Path:
 
 def a_report() -> dict[str, object]:
     """A report.json dict as the report stage writes it (the keys render_markdown reads)."""
-    g = {"name": "overall", "n": 77, "judge_accuracy": 0.6234,
-         "judge_accuracy_ci95": [0.5123, 0.7351],
-         "f1_locomo": 0.4111, "f1_mem0": 0.4222, "bleu1": 0.3333, "evidence_recall": 0.5555}
-    return {
-        "benchmark": "locomo", "method": "structmem", "questions": 77, "categories": [1, 2, 3, 4],
-        "category_names": {"1": "multi-hop"}, "judge": "qwen_judge",
-        "judge_models": {"qwen_judge": ["m"]},
-        "overall": g, "by_category": {"1": {**g, "name": "multi-hop"}}, "unjudged": 0,
-        "by_judge": {"qwen_judge": {"overall": g, "unjudged": 0, "judge_models": ["m"]}},
-        "parse_failure_rate": {"answer": 0.0}, "truncation_rate": {},
-        "build_cost": {"extract": {"calls": 4321, "cache_hits": 12, "prompt_tokens": 987654,
-                                   "completion_tokens": 55555, "wall_s": 321.5}},
-        "evidence_recall_excluded": 0, "protocols": {"answer": "paper", "judge": "paper"},
-        "settings": {"bootstrap_resamples": 10, "bootstrap_seed": 0, "max_parse_failure_rate": 0.5},
-    }
+    return report_dict(77, 0.6234, [0.5123, 0.7351],
+                       {"calls": 4321, "cache_hits": 12, "prompt_tokens": 987654,
+                        "completion_tokens": 55555, "wall_s": 321.5})
 
 
 def a_run(tmp_path: Path) -> Path:
